@@ -1,0 +1,21 @@
+"""Errors specdec raises on bad input. Each message says what was wrong and what to do."""
+
+
+class SpecDecError(Exception):
+    """Base class of every error specdec raises on purpose."""
+
+
+class ConfigError(SpecDecError, ValueError):
+    """A config key or value that is not valid."""
+
+
+class ModelLoadError(SpecDecError, ValueError):
+    """A model, tokenizer or heads file that cannot be used."""
+
+
+class IncompatibleModelsError(SpecDecError, ValueError):
+    """Two models (or a model and its heads) that cannot work together."""
+
+
+class InputError(SpecDecError, ValueError):
+    """A prompt or generation argument that cannot be served."""

@@ -1,0 +1,76 @@
+"""Sampling settings and the one warp (temperature, top-k, top-p) applied alike to target and
+draft logits. Probabilities are always fp32, whatever the model's dtype."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0   # 0 = greedy (argmax), not a tiny temperature
+    top_k: int = 0             # 0 = off
+    top_p: float = 1.0         # 1.0 = off
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise InputError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise InputError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (Hugging Face's order) on [..., V] logits, fp32."""
+    logits = logits.float()
+    if params.temperature not in (0, 1):
+        logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]      # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)                    # ascending
+        drop_sorted = cum <= (1 - params.top_p)
+        drop_sorted[..., -1] = False                                          # keep the top token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> [..., V] fp32 probabilities of the warped distribution."""
+    return torch.softmax(warp_logits(logits, params), dim=-1)
+
+
+class TorchRandom:
+    """The random source of acceptance: Bernoulli trials and categorical draws from an explicit
+    torch.Generator (tests substitute a source that enumerates every outcome)."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def bernoulli(self, prob: torch.Tensor | float) -> bool:
+        u = torch.rand((), generator=self.generator, device=self.generator.device)
+        return bool(u < prob)
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(int(seed))
+    return generator

@@ -1,0 +1,189 @@
+"""CandidateTree: the one thing a strategy hands to the verifier, and pure functions on trees.
+
+A tree of N candidate tokens hangs below the *pending* token (the last committed token,
+whose KV entry is not in the target's cache yet). Node i holds `tokens[i]`; `parents[i]` is
+the index of its parent node, or -1 when its parent is the pending token. Parents always
+come before children (parents[i] < i), so index order is a topological order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Sequence
+
+import torch
+
+INDEPENDENT = "independent"
+WITHOUT_REPLACEMENT = "without_replacement"
+SIBLING_MODES = (INDEPENDENT, WITHOUT_REPLACEMENT)
+
+
+@dataclass(frozen=True)
+class CandidateTree:
+    tokens: torch.Tensor                      # [N] long: candidate token of each node
+    parents: tuple[int, ...]                  # [N]: parent node index, -1 = child of the pending token
+    draft_probs: torch.Tensor | None = None   # [N, V] fp32: distribution node i's token was drawn from,
+    #                                           None = deterministic proposals (point masses)
+    siblings: str = INDEPENDENT               # how siblings were drawn from their shared distribution
+    _children: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self):
+        parents = tuple(int(p) for p in self.parents)
+        object.__setattr__(self, "parents", parents)
+        if self.tokens.dim() != 1 or self.tokens.numel() != len(parents):
+            raise ValueError(f"tokens must be [N] with N = len(parents) = {len(parents)}, got {tuple(self.tokens.shape)}")
+        for i, p in enumerate(parents):
+            if not -1 <= p < i:
+                raise ValueError(f"parents[{i}] = {p}: a parent must come before its child (-1 <= parent < index)")
+        if self.draft_probs is not None and (self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != len(parents)):
+            raise ValueError(f"draft_probs must be [N, V] with N = {len(parents)}, got {tuple(self.draft_probs.shape)}")
+        if self.siblings not in SIBLING_MODES:
+            raise ValueError(f"siblings must be one of {SIBLING_MODES}, got {self.siblings!r}")
+        object.__setattr__(self, "_children", children_of(parents))
+
+    # ------------------------------------------------------------------ builders
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> "CandidateTree":
+        return cls(torch.empty(0, dtype=torch.long, device=device), ())
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int] | torch.Tensor, draft_probs: torch.Tensor | None = None,
+              device: torch.device | str | None = None) -> "CandidateTree":
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
+        return cls(tokens, tuple(range(-1, tokens.numel() - 1)), draft_probs)
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Sequence[int]], device: torch.device | str = "cpu",
+                   max_nodes: int | None = None) -> "CandidateTree":
+        """Merge token paths into a trie (shared prefixes share nodes) of point-mass proposals.
+
+        Paths are taken in order; a path is cut where the node budget runs out."""
+        node_of: dict[tuple[int, ...], int] = {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        for path in paths:
+            parent = -1
+            for depth in range(len(path)):
+                key = tuple(path[: depth + 1])
+                if key not in node_of:
+                    if max_nodes is not None and len(tokens) >= max_nodes:
+                        break
+                    node_of[key] = len(tokens)
+                    tokens.append(int(path[depth]))
+                    parents.append(parent)
+                parent = node_of[key]
+        return cls(torch.tensor(tokens, dtype=torch.long, device=device), tuple(parents))
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents)
+
+    @property
+    def is_chain(self) -> bool:
+        return is_chain(self.parents)
+
+    def children(self, node: int) -> tuple[int, ...]:
+        """Children of `node` in drafted order; node -1 is the pending token."""
+        return self._children[node + 1]
+
+    def depths(self) -> list[int]:
+        return depths_of(self.parents)
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf paths as lists of node indices."""
+        return root_to_leaf_paths(self.parents)
+
+    def prune_depth(self, max_depth: int) -> "CandidateTree":
+        """Keep the nodes at depth < max_depth (a root child has depth 0)."""
+        if max_depth <= 0:
+            return CandidateTree.empty(self.tokens.device)
+        depth = self.depths()
+        keep = [i for i in range(self.num_nodes) if depth[i] < max_depth]
+        if len(keep) == self.num_nodes:
+            return self
+        return self.select(keep)
+
+    def select(self, keep: Sequence[int]) -> "CandidateTree":
+        """Sub-tree of the nodes `keep` (closed under parents, in index order)."""
+        new_index = {old: new for new, old in enumerate(keep)}
+        parents = tuple(-1 if self.parents[o] == -1 else new_index[self.parents[o]] for o in keep)
+        idx = torch.tensor(list(keep), dtype=torch.long, device=self.tokens.device)
+        draft_probs = None if self.draft_probs is None else self.draft_probs[idx.to(self.draft_probs.device)]
+        return CandidateTree(self.tokens[idx], parents, draft_probs, self.siblings)
+
+
+# ---------------------------------------------------------------------- pure functions
+@lru_cache(maxsize=256)
+def children_of(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """children[p + 1] = the children of node p (p = -1: of the pending token)."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    return tuple(tuple(k) for k in kids)
+
+
+@lru_cache(maxsize=256)
+def _depths(parents: tuple[int, ...]) -> tuple[int, ...]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p == -1 else depth[p] + 1)
+    return tuple(depth)
+
+
+def depths_of(parents: Sequence[int]) -> list[int]:
+    return list(_depths(tuple(parents)))
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def root_to_leaf_paths(parents: Sequence[int]) -> list[list[int]]:
+    parents = tuple(parents)
+    kids = children_of(parents)
+    paths = []
+    for leaf in range(len(parents)):
+        if kids[leaf + 1]:
+            continue
+        path = [leaf]
+        while parents[path[-1]] != -1:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
+@lru_cache(maxsize=256)
+def _ancestor_matrix(parents: tuple[int, ...]) -> torch.Tensor:
+    n = len(parents)
+    sees = torch.eye(n, dtype=torch.bool)                   # [N, N]: row i sees column j
+    for i, p in enumerate(parents):
+        if p >= 0:
+            sees[i] |= sees[p]
+    return sees
+
+
+def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
+    """[N, N] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
+    return _ancestor_matrix(tuple(parents))
+
+
+def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """Additive 4-D mask [1, 1, N, prefix_len + N] for a forward over the N tree nodes on top of
+    a cache of prefix_len tokens: every node sees the whole prefix, itself and its ancestors."""
+    n = len(parents)
+    mask = torch.zeros(n, prefix_len + n, dtype=dtype, device=device)   # [N, prefix + N]
+    sees = ancestor_matrix(parents).to(device)
+    mask[:, prefix_len:].masked_fill_(~sees, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def tree_position_ids(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[1, N] position ids: prefix_len + depth of each node."""
+    return (torch.tensor(depths_of(parents), dtype=torch.long) + prefix_len).to(device)[None]
+
+
+def with_pending_root(parents: Sequence[int]) -> tuple[int, ...]:
+    """The parents of the verifier's input [pending token] + tree: the pending token becomes node 0."""
+    return (-1,) + tuple(p + 1 for p in parents)

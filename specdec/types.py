@@ -1,0 +1,92 @@
+"""The state strategies see, the result of one step, and per-call statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+from .tree import CandidateTree
+
+
+@dataclass
+class DecodeState:
+    """What a strategy may read when it proposes. The loop owns and updates it."""
+    token_ids: list[int]                  # committed tokens: prompt + generated; the last one is pending
+    prompt_len: int
+    sampling: SamplingParams
+    generator: torch.Generator            # the one random source of this call (drafting may use it)
+    max_depth: int                        # deepest tree worth proposing now (budget left - 1)
+    last_hidden: torch.Tensor | None = None   # [H] target's last hidden state at the node that
+    #                                           produced the pending token (strategies that ask for it)
+    eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one verify step decided, as strategies see it in observe()."""
+    tree: CandidateTree
+    accepted: tuple[int, ...]        # node indices of the accepted path, root first
+    next_token: int                  # the target's token after that path
+    committed_before: int            # len(token_ids) before this step
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted)
+
+
+@dataclass
+class Stats:
+    new_tokens: int = 0
+    target_forwards: int = 0          # verify forwards (prefill not counted)
+    proposed_nodes: int = 0           # tree nodes sent to the verifier
+    accepted_lengths: list[int] = field(default_factory=list)   # drafted tokens accepted per step
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0         # strategy.propose + strategy.observe
+    verify_time_s: float = 0.0        # target forward over the tree
+    total_time_s: float = 0.0         # whole call, prefill included
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Mean new tokens per target forward (tau)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens / proposed tree nodes."""
+        return sum(self.accepted_lengths) / self.proposed_nodes if self.proposed_nodes else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
+
+    @property
+    def other_time_s(self) -> float:
+        """Acceptance, cache commit, stop checks, Python: everything outside drafting and forwards."""
+        return max(0.0, self.total_time_s - self.prefill_time_s - self.draft_time_s - self.verify_time_s)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time_s if self.total_time_s else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
+            "tokens_per_forward": self.tokens_per_forward, "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length, "proposed_nodes": self.proposed_nodes,
+            "prefill_time_s": self.prefill_time_s, "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s, "other_time_s": self.other_time_s,
+            "total_time_s": self.total_time_s, "tokens_per_second": self.tokens_per_second,
+        }
+
+
+@dataclass
+class GenerationOutput:
+    text: str                  # the new text only
+    token_ids: list[int]       # the new tokens only
+    stats: Stats
+    finish_reason: str         # "eos", "stop", "length"

@@ -1,0 +1,64 @@
+"""The verifier: one forward of the unmodified target over [pending token] + tree, on top of its
+KV cache, then the commit of the accepted path. It never knows which strategy proposed the tree."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .cache import commit_rows, new_cache
+from .tree import CandidateTree, tree_attention_mask, tree_position_ids, with_pending_root
+
+
+@dataclass
+class TreeOutput:
+    logits: torch.Tensor               # [1 + N, V]: row 0 = pending token, row i + 1 = tree node i
+    hidden: torch.Tensor | None        # [1 + N, H] last hidden states (post final norm), when asked
+
+
+class Verifier:
+    def __init__(self, model):
+        self.model = model
+        self.cache = None
+        self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
+        self._forward_rows = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        """Start a new sequence: put the KV entries of `token_ids` (all committed tokens but the
+        pending one) in a fresh cache."""
+        self.cache = new_cache(self.model)
+        self.prefix_len = 0
+        if len(token_ids):
+            ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+            self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self.prefix_len = len(token_ids)
+
+    @torch.inference_mode()
+    def forward(self, pending_token: int, tree: CandidateTree, want_hidden: bool = False) -> TreeOutput:
+        """Target outputs for the pending token and every tree node, in one forward."""
+        pending = torch.tensor([pending_token], dtype=torch.long, device=self.device)
+        input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
+        if tree.is_chain:   # a chain is causal: let the model build its own mask
+            mask, positions = None, None
+        else:
+            parents = with_pending_root(tree.parents)
+            mask = tree_attention_mask(parents, self.prefix_len, self.model.dtype, self.device)
+            positions = tree_position_ids(parents, self.prefix_len, self.device)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True, output_hidden_states=want_hidden)
+        self._forward_rows = input_ids.shape[1]
+        hidden = out.hidden_states[-1][0] if want_hidden else None
+        return TreeOutput(out.logits[0], hidden)
+
+    def commit(self, kept_rows: Sequence[int]) -> None:
+        """Keep the rows `kept_rows` of the last forward (0 = pending token, then the accepted
+        nodes' rows, ascending) after the prefix. The last kept row's token is the new last
+        committed one before the next pending token."""
+        commit_rows(self.cache, self.prefix_len, kept_rows)
+        self.prefix_len += len(kept_rows)

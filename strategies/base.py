@@ -1,0 +1,26 @@
+"""The one protocol every drafting strategy follows. No strategy bends these signatures."""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from specdec.tree import CandidateTree
+from specdec.types import DecodeState, StepResult
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    name: str
+    needs_hidden_states: bool   # ask the verifier for the target's last hidden states
+
+    def bind(self, target, tokenizer) -> None:
+        """Called once with the target model and tokenizer: check compatibility, move to its device."""
+
+    def reset(self, state: DecodeState) -> None:
+        """A new generation starts: state.token_ids is the prompt (its last token pending)."""
+
+    def propose(self, state: DecodeState) -> CandidateTree:
+        """Candidate tokens after the pending token; CandidateTree.empty() for none.
+        Deeper than state.max_depth is wasted (the loop prunes it)."""
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        """The verdict of the last step; state.token_ids already holds the new tokens."""

@@ -1,0 +1,178 @@
+"""draft_model: a separate small causal LM with the target's tokenizer guesses ahead.
+
+Chain of gamma tokens, or a tree (per-depth branching: top-k children when greedy, siblings
+sampled without replacement when sampling). The draft keeps its own KV cache: after each verdict
+it keeps the entries of the accepted drafted tokens it already computed and catches up on the
+rest (the bonus token) at the start of the next proposal. Optional adaptive gamma picks the chain
+length that maximises expected tokens per unit of time from the acceptance history.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.cache import commit_rows, new_cache
+from specdec.errors import ConfigError
+from specdec.models import check_same_tokenizer, output_vocab_size
+from specdec.sampling import logits_to_probs
+from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
+from specdec.types import DecodeState, StepResult
+
+
+class DraftModel:
+    name = "draft_model"
+    needs_hidden_states = False
+
+    def __init__(self, draft, *, num_tokens: int = 4, branching: Sequence[int] | None = None,
+                 max_nodes: int = 64, adaptive: bool = False, min_tokens: int = 1, max_tokens: int = 12,
+                 draft_cost: float = 0.1, draft_tokenizer=None):
+        if num_tokens < 1:
+            raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
+        if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
+            raise ConfigError(f"draft.branching must be a list of children per depth, each >= 1, got {branching}")
+        if not 1 <= min_tokens <= max_tokens:
+            raise ConfigError(f"need 1 <= draft.min_tokens <= draft.max_tokens, got {min_tokens}, {max_tokens}")
+        self.draft = draft.eval()
+        self.num_tokens = int(num_tokens)
+        self.branching = None if branching is None else [int(b) for b in branching]
+        self.max_nodes = int(max_nodes)
+        self.adaptive = adaptive
+        self.min_tokens, self.max_tokens = int(min_tokens), int(max_tokens)
+        self.draft_cost = float(draft_cost)
+        self.draft_tokenizer = draft_tokenizer
+        self.vocab = output_vocab_size(draft)
+
+    # ------------------------------------------------------------------ protocol
+    def bind(self, target, tokenizer) -> None:
+        target_vocab = output_vocab_size(target)
+        check_same_tokenizer(tokenizer, self.draft_tokenizer, target_vocab, self.vocab)
+        self.vocab = target_vocab   # draft logits are cut / padded to the target's width
+        self.draft.to(device=target.device)
+
+    def reset(self, state: DecodeState) -> None:
+        self.cache = new_cache(self.draft)
+        self.cached = 0                       # committed tokens whose KV is in the draft cache
+        self.fed_nodes: list[int] = []        # tree nodes in the draft cache after `cached`, in order
+        self.gamma = self.num_tokens
+        self.acceptance = 0.7                 # running estimate of the per-token acceptance rate
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> CandidateTree:
+        depth = len(self.branching) if self.branching else self.gamma
+        depth = min(depth, state.max_depth)
+        device = self.draft.device
+        if depth <= 0:
+            return CandidateTree.empty(device)
+        pending_logits = self._catch_up(state.token_ids)              # [V]
+        if self.branching is None:
+            return self._chain(pending_logits, depth, state)
+        return self._tree(pending_logits, self.branching[:depth], state)
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        fed = set(self.fed_nodes)
+        kept = [node for node in result.accepted if node in fed]     # a leading part of the path
+        position = {node: i for i, node in enumerate(self.fed_nodes)}
+        commit_rows(self.cache, self.cached, [position[node] for node in kept])
+        self.cached += len(kept)
+        self.fed_nodes = []
+        if self.adaptive and self.branching is None:
+            self._adapt(result.num_accepted, result.tree.num_nodes)
+
+    # ------------------------------------------------------------------ drafting
+    def _logits(self, input_ids: torch.Tensor, mask=None, positions=None) -> torch.Tensor:
+        out = self.draft(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True)
+        logits = out.logits[0].float()                                 # [L, Vd]
+        if logits.shape[-1] > self.vocab:
+            logits = logits[:, : self.vocab]
+        elif logits.shape[-1] < self.vocab:
+            pad = logits.new_full((logits.shape[0], self.vocab - logits.shape[-1]), float("-inf"))
+            logits = torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def _catch_up(self, token_ids: list[int]) -> torch.Tensor:
+        """Feed the committed tokens the draft has not seen (at least the pending one)."""
+        new = torch.tensor([token_ids[self.cached:]], dtype=torch.long, device=self.draft.device)
+        logits = self._logits(new)[-1]
+        self.cached = len(token_ids)
+        return logits
+
+    def _pick(self, logits: torch.Tensor, k: int, state: DecodeState):
+        """k children from [V] draft logits: (tokens [k], draft distribution [V] or None)."""
+        if state.sampling.greedy:
+            return torch.topk(logits, k).indices, None
+        draft_probs = logits_to_probs(logits, state.sampling)                      # [V]
+        k = min(k, int((draft_probs > 0).sum()))
+        tokens = torch.multinomial(draft_probs, k, replacement=False, generator=state.generator)
+        return tokens, draft_probs
+
+    def _chain(self, logits: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
+        tokens, rows = [], []
+        for i in range(depth):
+            token, draft_probs = self._pick(logits, 1, state)                     # [1]
+            tokens.append(token)
+            rows.append(draft_probs)
+            if i < depth - 1:
+                logits = self._logits(token.view(1, 1))[-1]
+                self.fed_nodes.append(i)
+        draft_probs = None if state.sampling.greedy else torch.stack(rows)        # [depth, V]
+        return CandidateTree(torch.cat(tokens), tuple(range(-1, depth - 1)), draft_probs)
+
+    def _tree(self, logits: torch.Tensor, branching: list[int], state: DecodeState) -> CandidateTree:
+        tokens: list[torch.Tensor] = []      # per node: [1]
+        parents: list[int] = []
+        rows: list[torch.Tensor] = []        # per node: [V] distribution it was drawn from
+        level = [(-1, logits)]               # (parent node, its draft logits)
+        for depth, width in enumerate(branching):
+            level_start = len(parents)
+            for parent, parent_logits in level:
+                room = self.max_nodes - len(parents)
+                if room <= 0:
+                    break
+                children, draft_probs = self._pick(parent_logits, min(width, room), state)
+                for token in children:
+                    tokens.append(token.view(1))
+                    parents.append(parent)
+                    rows.append(draft_probs)
+            new_nodes = list(range(level_start, len(parents)))
+            if depth == len(branching) - 1 or not new_nodes:
+                break
+            # one draft forward over the whole new level, each node seeing only its ancestors
+            all_parents = tuple(parents)
+            mask = tree_attention_mask(all_parents, self.cached, self.draft.dtype, self.draft.device)
+            positions = tree_position_ids(all_parents, self.cached, self.draft.device)
+            level_ids = torch.cat([tokens[i] for i in new_nodes])[None]          # [1, L]
+            level_logits = self._logits(level_ids, mask[:, :, level_start:], positions[:, level_start:])
+            self.fed_nodes.extend(new_nodes)
+            level = list(zip(new_nodes, level_logits))
+        draft_probs = None if state.sampling.greedy else torch.stack(rows)       # [N, V]
+        siblings = INDEPENDENT if state.sampling.greedy else WITHOUT_REPLACEMENT
+        return CandidateTree(torch.cat(tokens), tuple(parents), draft_probs, siblings)
+
+    def _adapt(self, accepted: int, proposed: int) -> None:
+        """Update the acceptance estimate and pick gamma maximising expected tokens per unit time:
+        E[tokens] = (1 - a^(g+1)) / (1 - a), cost = 1 + c g (c = draft forward / target forward)."""
+        trials = accepted + (1 if accepted < proposed else 0)
+        if trials:
+            self.acceptance = 0.8 * self.acceptance + 0.2 * (accepted / trials)
+        a = min(self.acceptance, 0.999)
+
+        def rate(g: int) -> float:
+            return (1 - a ** (g + 1)) / (1 - a) / (1 + self.draft_cost * g)
+
+        self.gamma = max(range(self.min_tokens, self.max_tokens + 1), key=rate)
+
+
+def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
+    from specdec.models import load_model, load_tokenizer
+    import os
+    draft = load_model(cfg.draft.path, "draft", device, dtype)
+    tok_path = cfg.draft.path
+    draft_tokenizer = None
+    if os.path.isfile(os.path.join(tok_path, "tokenizer.json")) or os.path.isfile(os.path.join(tok_path, "tokenizer_config.json")):
+        draft_tokenizer = load_tokenizer(tok_path, "draft")
+    d = cfg.draft
+    return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
+                      max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
+                      max_tokens=d.max_tokens, draft_cost=d.draft_cost, draft_tokenizer=draft_tokenizer)
