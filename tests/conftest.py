@@ -1,0 +1,73 @@
+"""Shared fixtures: tiny random causal LMs of several architectures, built in-process."""
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+import transformers as T
+
+VOCAB = 96
+ARCHITECTURES = ["llama", "gpt2", "gpt_neox", "qwen2", "mistral"]
+
+
+def tiny_config(arch: str, vocab: int = VOCAB, layers: int = 2, hidden: int = 32, seed_offset: int = 0):
+    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        return T.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **common)
+    if arch == "gpt2":
+        return T.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **common)
+    if arch == "gpt_neox":
+        return T.GPTNeoXConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                               num_attention_heads=4, max_position_embeddings=512, **common)
+    if arch == "qwen2":
+        return T.Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **common)
+    if arch == "mistral":
+        return T.MistralConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                               sliding_window=None, **common)
+    raise ValueError(arch)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 2, hidden: int = 32,
+               sharpen: float = 1.0):
+    """A random tiny causal LM in fp32, eval mode. `sharpen` scales the output layer so the
+    model's distributions are peaked (realistic acceptance) or flat."""
+    torch.manual_seed(seed)
+    model = T.AutoModelForCausalLM.from_config(tiny_config(arch, vocab, layers, hidden)).eval()
+    if sharpen != 1.0:
+        with torch.no_grad():
+            head = model.get_output_embeddings()
+            if model.config.tie_word_embeddings:
+                model.get_input_embeddings().weight.mul_(sharpen)
+            else:
+                head.weight.mul_(sharpen)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def char_tokenizer(vocab: int = VOCAB):
+    """A character-level fast tokenizer over printable ASCII: ids 0-2 are <pad>, <bos>, <eos>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    chars = list(" \n\t" + string.ascii_letters + string.digits + string.punctuation)[: vocab - 3]
+    table = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
+    for c in chars:
+        table[c] = len(table)
+    tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+    """Reference: Hugging Face generate(do_sample=False), new tokens only."""
+    out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+    return out[0, len(prompt_ids):].tolist()
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def arch(request):
+    return request.param

@@ -1,0 +1,190 @@
+"""The core promise: whatever the tree, the verifier's output law is the target's.
+
+Exact: on a 4-token vocabulary, enumerate every draft draw and every accept/reject outcome
+(tests/law.py), complete the emitted tokens to a fixed length with the target, and compare with
+the target's own law of that many tokens. Monte Carlo: a 50-token vocabulary, real torch
+generators, total-variation bound. Negative control: an always-accept verifier fails both.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from law import enumerate_law, extend_to_length, random_table, sequence_law, total_variation
+from specdec.acceptance import Verdict, accept_greedy, accept_sampling
+from specdec.sampling import SamplingParams, TorchRandom, logits_to_probs
+from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
+
+V = 4
+LENGTH = 3  # emitted sequences are completed / cut to this many tokens
+
+
+def warped(table, params: SamplingParams):
+    """The table's distributions after temperature / top-k / top-p (as the loop applies them)."""
+    if params == SamplingParams(1.0):
+        return table
+
+    def dist(ctx):
+        return logits_to_probs(table(ctx).log(), params).double()
+    return dist
+
+
+def always_accept(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
+    """A deliberately wrong verifier: keeps the first child at every depth."""
+    accepted, node = [], -1
+    while tree.children(node):
+        node = tree.children(node)[0]
+        accepted.append(node)
+    return Verdict(tuple(accepted), rng.categorical(target_probs[node + 1]))
+
+
+# ----------------------------------------------------------------------------- tree samplers
+# Each sampler draws a tree with `rng` (so enumeration covers the draft's randomness too) and
+# returns (tree, contexts): contexts[i] is the token path from the pending token to node i.
+
+def stochastic_chain(draft, rng, depth=2):
+    tokens, rows, ctx = [], [], ()
+    contexts = []
+    for _ in range(depth):
+        q = draft(ctx)
+        x = rng.categorical(q)
+        tokens.append(x)
+        rows.append(q)
+        ctx = ctx + (x,)
+        contexts.append(ctx)
+    return CandidateTree.chain(tokens, torch.stack(rows).float()), contexts
+
+
+def stochastic_tree(draft, rng, siblings: str, widths=(2, 1)):
+    """widths[d] children per node at depth d, drawn from the draft (independently or without
+    replacement)."""
+    tokens, parents, rows, contexts = [], [], [], []
+    level = [(-1, ())]
+    for width in widths:
+        next_level = []
+        for parent, ctx in level:
+            q = draft(ctx)
+            if siblings == WITHOUT_REPLACEMENT:
+                drawn = rng.sample_without_replacement(q, width)
+            else:
+                drawn = [rng.categorical(q) for _ in range(width)]
+            for x in drawn:
+                tokens.append(x)
+                parents.append(parent)
+                rows.append(q)
+                contexts.append(ctx + (x,))
+                next_level.append((len(tokens) - 1, ctx + (x,)))
+        level = next_level
+    tree = CandidateTree(torch.tensor(tokens), tuple(parents), torch.stack(rows).float(), siblings)
+    return tree, contexts
+
+
+def point_mass_tree(paths):
+    tree = CandidateTree.from_paths(paths)
+    tokens = tree.tokens.tolist()
+    contexts = []
+    for i, p in enumerate(tree.parents):
+        contexts.append((contexts[p] if p >= 0 else ()) + (tokens[i],))
+    return lambda draft, rng: (tree, contexts)
+
+
+def emission_law(target, draft, sampler, verify=accept_sampling):
+    def one_step(rng):
+        tree, contexts = sampler(draft, rng)
+        target_probs = torch.stack([target(())] + [target(c) for c in contexts]).float()   # [1 + N, V]
+        verdict = verify(tree, target_probs, rng)
+        tokens = tree.tokens.tolist()
+        return tuple(tokens[n] for n in verdict.accepted) + (verdict.next_token,)
+    return enumerate_law(one_step)
+
+
+SAMPLERS = {
+    "chain": lambda d, rng: stochastic_chain(d, rng, depth=2),
+    "tree-independent": lambda d, rng: stochastic_tree(d, rng, INDEPENDENT, (2, 1)),
+    "tree-without-replacement": lambda d, rng: stochastic_tree(d, rng, WITHOUT_REPLACEMENT, (2, 1)),
+    "tree-without-replacement-3": lambda d, rng: stochastic_tree(d, rng, WITHOUT_REPLACEMENT, (3,)),
+    "point-mass-chain": point_mass_tree([[1, 3]]),
+    "point-mass-trie": point_mass_tree([[0, 1], [2, 1], [2, 3], [3]]),
+}
+WARPS = {
+    "plain": SamplingParams(1.0),
+    "temperature": SamplingParams(0.7),
+    "top-k": SamplingParams(1.0, top_k=2),
+    "top-p": SamplingParams(0.9, top_p=0.7),
+}
+
+
+@pytest.mark.parametrize("seeds", [(5, 6), (7, 8)])
+@pytest.mark.parametrize("warp", WARPS)
+@pytest.mark.parametrize("shape", SAMPLERS)
+def test_exact_law_equals_target(shape, warp, seeds):
+    target = warped(random_table(V, seed=seeds[0]), WARPS[warp])
+    draft = warped(random_table(V, seed=seeds[1]), WARPS[warp])
+    law = emission_law(target, draft, SAMPLERS[shape])
+    assert abs(sum(law.values()) - 1) < 1e-6
+    tv = total_variation(extend_to_length(law, target, LENGTH), sequence_law(target, LENGTH))
+    assert tv < 1e-5, f"{shape}/{warp}: output law differs from the target's (TV {tv:.2e})"
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree-without-replacement", "point-mass-trie"])
+def test_exact_law_negative_control(shape):
+    target, draft = random_table(V, seed=5), random_table(V, seed=6)
+    law = emission_law(target, draft, SAMPLERS[shape], verify=always_accept)
+    tv = total_variation(extend_to_length(law, target, LENGTH), sequence_law(target, LENGTH))
+    assert tv > 0.05, "the law test must be able to catch a verifier that accepts everything"
+
+
+def test_draft_equal_to_target_accepts_everything_without_nan():
+    target = random_table(V, seed=3)
+    law = emission_law(target, target, SAMPLERS["chain"])
+    assert all(len(seq) == 3 for seq in law)          # both drafted tokens kept, plus the bonus
+    probs = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    tree = CandidateTree.chain([0], probs[None].clone())
+    verdict = accept_sampling(tree, torch.stack([probs, probs]), TorchRandom(torch.Generator().manual_seed(0)))
+    assert verdict.accepted == (0,) and verdict.next_token in (0, 1)
+
+
+def test_greedy_walks_to_the_argmax_child():
+    tree = CandidateTree.from_paths([[5, 6, 7], [5, 8], [9]])   # nodes: 5 6 7 8 9
+    #               rows: pending, 5,  6,  7,  8,  9
+    verdict = accept_greedy(tree, [5, 8, 0, 0, 3, 0])
+    assert verdict.accepted == (0, 3) and verdict.next_token == 3
+    verdict = accept_greedy(tree, [4, 8, 0, 0, 3, 0])
+    assert verdict.accepted == () and verdict.next_token == 4
+
+
+# ----------------------------------------------------------------------------- Monte Carlo
+def _monte_carlo(verify, trials=6000, vocab=50, gamma=3, seed=0):
+    """Empirical law of the first two emitted tokens' marginals, drafts drawn by torch."""
+    gen = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(gamma + 1, vocab, generator=gen) * 2     # position-wise target
+    draft_logits = torch.randn(gamma, vocab, generator=gen) * 2
+    params = SamplingParams(0.9, top_p=0.95)
+    target_probs = logits_to_probs(target_logits, params)                # [gamma + 1, V]
+    draft_probs = logits_to_probs(draft_logits, params)                  # [gamma, V]
+    rng = TorchRandom(gen)
+    first = torch.zeros(vocab)
+    second = torch.zeros(vocab)
+    for _ in range(trials):
+        tokens = torch.multinomial(draft_probs, 1, generator=gen)[:, 0]  # [gamma]
+        verdict = verify(CandidateTree.chain(tokens, draft_probs), target_probs, rng)
+        emitted = tokens[list(verdict.accepted)].tolist() + [verdict.next_token]
+        first[emitted[0]] += 1
+        if len(emitted) > 1:
+            second[emitted[1]] += 1
+        else:
+            second[int(torch.multinomial(target_probs[1], 1, generator=gen))] += 1
+    # the target here ignores context: position d has distribution target_probs[d]
+    tv_first = 0.5 * (first / trials - target_probs[0]).abs().sum().item()
+    tv_second = 0.5 * (second / trials - target_probs[1]).abs().sum().item()
+    return tv_first, tv_second
+
+
+def test_monte_carlo_total_variation():
+    tv_first, tv_second = _monte_carlo(accept_sampling)
+    assert tv_first < 0.06 and tv_second < 0.06, (tv_first, tv_second)
+
+
+def test_monte_carlo_negative_control():
+    tv_first, tv_second = _monte_carlo(always_accept)
+    assert max(tv_first, tv_second) > 0.15, (tv_first, tv_second)
