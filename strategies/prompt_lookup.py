@@ -1,0 +1,139 @@
+"""prompt_lookup: guess the next tokens by finding the current suffix earlier in the context.
+
+When the last n tokens (prompt + generated, ending with the pending token) already occurred
+earlier, the tokens that followed them there are a cheap guess. Longer n-grams are tried first
+(min_ngram <= n <= max_ngram); up to `max_matches` distinct continuations, most recent first,
+are merged into one trie of point-mass proposals that the tree verifier checks in one forward.
+
+Matching costs O(1) per step whatever the context length: an n-gram -> end positions index is
+kept up to date incrementally (each committed token is indexed once), and a lookup reads only
+the few most recent occurrences of the suffix.
+"""
+from __future__ import annotations
+
+from typing import Collection, Sequence
+
+from specdec.errors import ConfigError
+from specdec.tree import CandidateTree
+from specdec.types import DecodeState, StepResult
+
+# How many occurrences of one n-gram a lookup reads (most recent first) before giving up on
+# finding more distinct continuations; keeps a lookup cheap when a short n-gram is everywhere.
+SCAN_PER_MATCH = 8
+
+
+class NgramIndex:
+    """n-gram (tuple of token ids, min_n <= n <= max_n) -> ascending positions where it ends."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.indexed = 0              # tokens of the context already indexed
+
+    def clear(self) -> None:
+        self.ends = {}
+        self.indexed = 0
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """Index the n-grams ending at the positions not seen yet (the context only grows)."""
+        if len(token_ids) < self.indexed:    # a different, shorter context: start over
+            self.clear()
+        for end in range(self.indexed, len(token_ids)):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                self.ends.setdefault(tuple(token_ids[end - n + 1: end + 1]), []).append(end)
+        self.indexed = len(token_ids)
+
+    def occurrences(self, ngram: tuple[int, ...]) -> list[int]:
+        """End positions of `ngram`, ascending (empty when it never occurred)."""
+        return self.ends.get(ngram, [])
+
+
+def cut_after_eos(tokens: list[int], eos_token_ids: Collection[int]) -> list[int]:
+    """Keep tokens up to and including the first EOS: nothing is proposed past an EOS."""
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+def add_continuation(found: list[list[int]], candidate: list[int]) -> bool:
+    """Add `candidate` to the distinct continuations `found` (in place); False if it adds nothing.
+
+    A candidate that is a prefix of one already found is a duplicate (it adds no trie node);
+    one that extends a found continuation replaces it, keeping its rank."""
+    for i, path in enumerate(found):
+        shared = min(len(path), len(candidate))
+        if path[:shared] == candidate[:shared]:
+            if len(candidate) > len(path):
+                found[i] = candidate
+            return False
+    found.append(candidate)
+    return True
+
+
+class PromptLookup:
+    name = "prompt_lookup"
+    needs_hidden_states = False
+
+    def __init__(self, *, min_ngram: int = 1, max_ngram: int = 3, num_tokens: int = 10,
+                 max_matches: int = 4, max_nodes: int = 40):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ConfigError(f"prompt_lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, "
+                              f"max_ngram={max_ngram}")
+        for key, value in (("num_tokens", num_tokens), ("max_matches", max_matches), ("max_nodes", max_nodes)):
+            if value < 1:
+                raise ConfigError(f"prompt_lookup.{key} must be >= 1, got {value}")
+        self.min_ngram, self.max_ngram = int(min_ngram), int(max_ngram)
+        self.num_tokens = int(num_tokens)
+        self.max_matches = int(max_matches)
+        self.max_nodes = int(max_nodes)
+        self.index = NgramIndex(self.min_ngram, self.max_ngram)
+        self.device = "cpu"
+
+    # ------------------------------------------------------------------ protocol
+    def bind(self, target, tokenizer) -> None:
+        self.device = target.device
+
+    def reset(self, state: DecodeState) -> None:
+        self.index.clear()
+        self.index.extend(state.token_ids)
+
+    def propose(self, state: DecodeState) -> CandidateTree:
+        depth = min(self.num_tokens, state.max_depth)
+        if depth <= 0:
+            return CandidateTree.empty(self.device)
+        self.index.extend(state.token_ids)          # a no-op when observe() already caught up
+        paths = self.continuations(state.token_ids, depth, state.eos_token_ids)
+        if not paths:
+            return CandidateTree.empty(self.device)
+        return CandidateTree.from_paths(paths, device=self.device, max_nodes=self.max_nodes)
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        self.index.extend(state.token_ids)          # indexes positions committed_before onwards
+
+    # ------------------------------------------------------------------ matching
+    def continuations(self, token_ids: Sequence[int], depth: int,
+                      eos_token_ids: Collection[int] = ()) -> list[list[int]]:
+        """Up to max_matches distinct continuations (each <= depth tokens) of the context's
+        suffix n-grams: longest n first, most recent occurrence first within one n."""
+        length = len(token_ids)
+        found: list[list[int]] = []
+        for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
+            ends = self.index.occurrences(tuple(token_ids[length - n:]))
+            scanned = 0
+            for end in reversed(ends):
+                if end >= length - 1:                 # the suffix itself: nothing follows it yet
+                    continue
+                scanned += 1
+                if scanned > SCAN_PER_MATCH * self.max_matches:
+                    break
+                candidate = cut_after_eos(list(token_ids[end + 1: end + 1 + depth]), eos_token_ids)
+                if add_continuation(found, candidate) and len(found) == self.max_matches:
+                    return found
+        return found
+
+
+def from_config(cfg, target, tokenizer, device, dtype) -> PromptLookup:
+    c = cfg.prompt_lookup
+    return PromptLookup(min_ngram=c.min_ngram, max_ngram=c.max_ngram, num_tokens=c.num_tokens,
+                        max_matches=c.max_matches, max_nodes=c.max_nodes)
