@@ -6,12 +6,12 @@ earlier, the tokens that followed them there are a cheap guess. Longer n-grams a
 are merged into one trie of point-mass proposals that the tree verifier checks in one forward.
 
 Matching costs O(1) per step whatever the context length: an n-gram -> end positions index is
-kept up to date incrementally (each committed token is indexed once), and a lookup reads only
-the few most recent occurrences of the suffix.
+kept up to date incrementally (each committed token is indexed once, in reset or observe), and
+a lookup walks only the few most recent occurrences of the suffix.
 """
 from __future__ import annotations
 
-from typing import Collection, Sequence
+from typing import Collection, Iterator, Sequence
 
 from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
@@ -23,29 +23,55 @@ SCAN_PER_MATCH = 8
 
 
 class NgramIndex:
-    """n-gram (tuple of token ids, min_n <= n <= max_n) -> ascending positions where it ends."""
+    """Where each n-gram (min_n <= n <= max_n) of a growing context ends, newest first.
+
+    Per n: `last_end` maps an n-gram to the last position where it ends, and `prev_end[pos]`
+    holds the previous end of the n-gram that ends at pos (-1: none), so the occurrences form a
+    linked list through the positions. An n-gram is packed into one int (32 bits per token):
+    indexing a token allocates no container, which keeps it cheap and out of the garbage
+    collector's way on long contexts."""
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self.ends: dict[tuple[int, ...], list[int]] = {}
-        self.indexed = 0              # tokens of the context already indexed
+        self.clear()
 
     def clear(self) -> None:
-        self.ends = {}
-        self.indexed = 0
+        sizes = range(self.min_n, self.max_n + 1)
+        self.last_end: dict[int, dict[int, int]] = {n: {} for n in sizes}   # n -> {packed n-gram: end}
+        self.prev_end: dict[int, list[int]] = {n: [] for n in sizes}        # n -> [context length]
+        self.indexed = 0              # tokens of the context already indexed
 
     def extend(self, token_ids: Sequence[int]) -> None:
         """Index the n-grams ending at the positions not seen yet (the context only grows)."""
         if len(token_ids) < self.indexed:    # a different, shorter context: start over
             self.clear()
         for end in range(self.indexed, len(token_ids)):
-            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
-                self.ends.setdefault(tuple(token_ids[end - n + 1: end + 1]), []).append(end)
+            key = 0
+            for n in range(1, self.max_n + 1):
+                if n <= end + 1:
+                    key |= int(token_ids[end - n + 1]) << (32 * (n - 1))
+                if n < self.min_n:
+                    continue
+                if n > end + 1:                        # too close to the start for an n-gram
+                    self.prev_end[n].append(-1)
+                    continue
+                last = self.last_end[n]
+                self.prev_end[n].append(last.get(key, -1))
+                last[key] = end
         self.indexed = len(token_ids)
 
-    def occurrences(self, ngram: tuple[int, ...]) -> list[int]:
-        """End positions of `ngram`, ascending (empty when it never occurred)."""
-        return self.ends.get(ngram, [])
+    def suffix_occurrences(self, token_ids: Sequence[int], n: int) -> Iterator[int]:
+        """End positions of the context's last n tokens, newest first (the suffix itself first)."""
+        if n > len(token_ids):
+            return
+        key = 0
+        for j in range(n):
+            key |= int(token_ids[len(token_ids) - 1 - j]) << (32 * j)
+        end = self.last_end[n].get(key, -1)
+        prev = self.prev_end[n]
+        while end >= 0:
+            yield end
+            end = prev[end]
 
 
 def cut_after_eos(tokens: list[int], eos_token_ids: Collection[int]) -> list[int]:
@@ -75,8 +101,8 @@ class PromptLookup:
     name = "prompt_lookup"
     needs_hidden_states = False
 
-    def __init__(self, *, min_ngram: int = 1, max_ngram: int = 3, num_tokens: int = 10,
-                 max_matches: int = 4, max_nodes: int = 40):
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 3, num_tokens: int = 10,
+                 max_matches: int = 4, max_nodes: int = 16):
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"prompt_lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, "
                               f"max_ngram={max_ngram}")
@@ -119,9 +145,8 @@ class PromptLookup:
         length = len(token_ids)
         found: list[list[int]] = []
         for n in range(min(self.max_ngram, length), self.min_ngram - 1, -1):
-            ends = self.index.occurrences(tuple(token_ids[length - n:]))
             scanned = 0
-            for end in reversed(ends):
+            for end in self.index.suffix_occurrences(token_ids, n):
                 if end >= length - 1:                 # the suffix itself: nothing follows it yet
                     continue
                 scanned += 1

@@ -149,6 +149,14 @@ def test_incremental_index_matches_a_brute_force_scan():
             strategy.observe(state, StepResult(tree, (), 0, before))
 
 
+def test_constructor_defaults_are_the_config_defaults():
+    from specdec.config import PromptLookupConfig
+    defaults = PromptLookupConfig()
+    strategy = PromptLookup()
+    for key in ("min_ngram", "max_ngram", "num_tokens", "max_matches", "max_nodes"):
+        assert getattr(strategy, key) == getattr(defaults, key), key
+
+
 def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match="min_ngram"):
         PromptLookup(min_ngram=3, max_ngram=2)
