@@ -50,10 +50,16 @@ class Speculator:
             ids = list(prompt)
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(p, (str, list, tuple)) for p in prompt):
             raise InputError(f"batch size {len(prompt)} > 1 is not supported yet: call generate once per prompt")
+        elif isinstance(prompt, Sequence) and not prompt:
+            ids = []
         else:
             raise InputError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise InputError("the prompt is empty: give at least one token")
+        vocab = self.target.get_input_embeddings().num_embeddings
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InputError(f"prompt token id {bad[0]} is outside the model's vocabulary of {vocab} ids (0..{vocab - 1})")
         return ids
 
     def _check_length(self, n_prompt: int, max_new_tokens: int) -> None:
