@@ -12,7 +12,6 @@ from conftest import char_tokenizer, hf_greedy, tiny_model
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 
-torch.set_num_threads(1)   # tiny models on a shared machine (see test_greedy_identity.py)
 
 PROMPT = "def f"
 

@@ -18,7 +18,6 @@ from specdec.errors import ConfigError, IncompatibleModelsError, InputError, Mod
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 
-torch.set_num_threads(1)   # tiny models on a shared machine (see test_greedy_identity.py)
 
 
 def other_char_tokenizer(vocab: int = VOCAB):

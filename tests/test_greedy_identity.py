@@ -19,9 +19,6 @@ from specdec import Speculator
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 
-# Tiny models on a shared 2-core machine: one intra-op thread avoids oversubscription, which
-# makes these tests 10-20x slower (better placed in conftest.py; harmless when repeated).
-torch.set_num_threads(1)
 
 N = 24
 PROMPT = [5, 17, 33, 9, 41, 60, 70]

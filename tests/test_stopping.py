@@ -14,7 +14,6 @@ from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 from test_greedy_identity import noisy_copy, with_eos_at
 
-torch.set_num_threads(1)   # tiny models on a shared machine (see test_greedy_identity.py)
 
 ARCH = "gpt_neox"          # its greedy continuation of PROMPT has no special token in N steps
 PROMPT = "def f"

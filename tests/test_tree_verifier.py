@@ -12,7 +12,6 @@ from specdec.tree import (CandidateTree, ancestor_matrix, children_of, depths_of
                           root_to_leaf_paths, tree_attention_mask, tree_position_ids, with_pending_root)
 from specdec.verifier import Verifier
 
-torch.set_num_threads(1)   # tiny models on a shared machine (see test_greedy_identity.py)
 
 ATOL = 1e-5
 PROMPT = [5, 17, 33, 9, 41, 60]
