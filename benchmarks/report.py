@@ -1,0 +1,144 @@
+"""Summaries of the raw records: per (row, prompt set, temperature) figures, the markdown table,
+the JSON file and the generated section of benchmarks/README.md."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import defaultdict
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def summarize(records: list[dict], rows, baseline_label: str | None, reference_label: str) -> list[dict]:
+    """One entry per (temperature, prompt set, row), rows in config order; ratios are within a (temperature,
+    prompt set) group of the same run."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for record in records:
+        groups[(record["temperature"], record["prompt_set"], record["row"])].append(record)
+    info = {row.label: row for row in rows}
+    summary = []
+    for (temperature, prompt_set, label), recs in groups.items():
+        new_tokens = sum(r["new_tokens"] for r in recs)
+        time_s = sum(r["time_s"] for r in recs)
+        tally = {k: sum(r["forwards"][k] for r in recs) for k in recs[0]["forwards"]}
+        entry = {
+            "row": label, "kind": recs[0]["kind"], "temperature": temperature, "prompt_set": prompt_set,
+            "generations": len(recs), "new_tokens": new_tokens, "time_s": time_s,
+            "tokens_per_s": new_tokens / time_s if time_s else 0.0,
+            "sweep": info[label].info.get("sweep"), "sweep_value": info[label].info.get("sweep_value"),
+            # time inside the model forwards, seen by hooks, the same way for every row
+            "forward_split": {"target": tally["target_time_s"] / time_s, "draft": tally["draft_time_s"] / time_s,
+                              "outside": max(0.0, 1 - (tally["target_time_s"] + tally["draft_time_s"]) / time_s)},
+            "draft_forwards": tally["draft_calls"],
+        }
+        stats = [r["stats"] for r in recs if r["stats"] is not None]
+        if stats:   # our rows: tau and the loop's own time split
+            forwards = sum(s["target_forwards"] for s in stats)
+            proposed = sum(s["proposed_nodes"] for s in stats)
+            accepted = sum(s["acceptance_rate"] * s["proposed_nodes"] for s in stats)
+            total = sum(s["total_time_s"] for s in stats)
+            entry["target_forwards"] = forwards
+            entry["acceptance_rate"] = accepted / proposed if proposed else None
+            entry["time_split"] = {part: sum(s[f"{part}_time_s"] for s in stats) / total
+                                   for part in ("prefill", "draft", "verify", "other")}
+        else:       # HF rows: every target forward yields tokens (the first one holds the prompt)
+            forwards = tally["target_calls"]
+            entry["target_forwards"] = forwards
+            entry["acceptance_rate"] = None
+            entry["time_split"] = None
+        entry["tokens_per_forward"] = new_tokens / forwards if forwards else None
+        checked = [r for r in recs if r["identical"] is not None]
+        entry["identity"] = ({"identical": sum(r["identical"] for r in checked), "compared": len(checked),
+                              "mismatches": sum(not r["identical"] for r in checked)} if checked else None)
+        summary.append(entry)
+    order = {row.label: i for i, row in enumerate(rows)}
+    summary.sort(key=lambda e: (e["temperature"], list(dict.fromkeys(r["prompt_set"] for r in records)).index(
+        e["prompt_set"]), order[e["row"]]))
+    speed = {(e["temperature"], e["prompt_set"], e["row"]): e["tokens_per_s"] for e in summary}
+    for e in summary:
+        key = (e["temperature"], e["prompt_set"])
+        e["speedup_vs_autoregressive"] = _ratio(e["tokens_per_s"], speed.get(key + (baseline_label,)))
+        e["speedup_vs_hf_plain"] = _ratio(e["tokens_per_s"], speed.get(key + (reference_label,)))
+    return summary
+
+
+def _f(value, fmt: str, dash: str = "—") -> str:
+    return dash if value is None else format(value, fmt)
+
+
+def _pct(split: dict | None, *parts: str) -> str:
+    return "—" if not split else " / ".join(f"{100 * split[p]:.0f}" for p in parts)
+
+
+def markdown_tables(summary: list[dict], reference_label: str, baseline_label: str | None) -> str:
+    lines = []
+    keys = list(dict.fromkeys((e["temperature"], e["prompt_set"]) for e in summary))
+    for temperature, prompt_set in keys:
+        greedy = temperature == 0
+        lines += [f"#### `{prompt_set}` prompts, " + ("greedy" if greedy else f"temperature {temperature:g}"), ""]
+        head = ["row", "tok/s", f"× {baseline_label or 'AR'}", "× HF plain", "tok/fwd", "accept",
+                "prefill / draft / verify / other %", "outside fwd %"] + (["same as HF greedy"] if greedy else [])
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for e in summary:
+            if (e["temperature"], e["prompt_set"]) != (temperature, prompt_set):
+                continue
+            name = f"`{e['row']}`" + (" (HF)" if e["kind"] == "hf" else "")
+            cells = [name, f"{e['tokens_per_s']:.1f}", _f(e["speedup_vs_autoregressive"], ".2f"),
+                     _f(e["speedup_vs_hf_plain"], ".2f"), _f(e["tokens_per_forward"], ".2f"),
+                     _f(e["acceptance_rate"], ".2f"), _pct(e["time_split"], "prefill", "draft", "verify", "other"),
+                     f"{100 * e['forward_split']['outside']:.0f}"]
+            if greedy:
+                ident = e["identity"]
+                if e["row"] == reference_label:
+                    cells.append("reference")
+                elif ident is None:
+                    cells.append("—")
+                elif ident["mismatches"]:
+                    cells.append(f"**{ident['identical']}/{ident['compared']} MISMATCH**")
+                else:
+                    cells.append(f"{ident['identical']}/{ident['compared']}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+COLUMNS_HELP = """\
+Columns: **tok/s** new tokens / wall time, summed over the prompts; **× AR** and **× HF plain** the
+ratio of tok/s to our `autoregressive` row and to Hugging Face plain `generate()` in the same run;
+**tok/fwd** new tokens per target forward (τ); **accept** accepted drafted tokens / drafted tree
+nodes; **prefill / draft / verify / other %** our loop's own split of its time (other = acceptance,
+cache commit, stop checks, Python); **outside fwd %** the share of wall time outside the target and
+draft model forwards, timed by forward hooks the same way for every row; **same** outputs identical
+to HF plain greedy, token for token."""
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=1, default=str)
+
+
+def readme_section(name: str, command: str, machine: str, tables: str, plots: list[str], notes: list[str],
+                   readme_dir: str, when: str) -> str:
+    links = [os.path.relpath(p, readme_dir) for p in plots]
+    parts = [f"Generated by `{command}` on {when}.", "", f"Machine: {machine}.", ""]
+    parts += [f"* note: {n}" for n in notes] + ([""] if notes else [])
+    parts += [tables, "Plots: " + ", ".join(f"[`{os.path.basename(l)}`]({l})" for l in links) + ".", ""]
+    parts += [f"![{os.path.basename(l)}]({l})" for l in links]
+    return "\n".join(parts)
+
+
+def rewrite_marked_section(readme_path: str, name: str, body: str) -> None:
+    """Replace the text between this preset's markers (appending them when absent)."""
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    text = open(readme_path).read() if os.path.exists(readme_path) else ""
+    block = f"{start}\n{body}\n{end}"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: block, text)
+    else:
+        text = text.rstrip("\n") + f"\n\n## Results: `{name}` preset\n\n{block}\n"
+    with open(readme_path, "w") as fh:
+        fh.write(text)

@@ -1,0 +1,64 @@
+"""Benchmark rows of our own: one Speculator per strategy entry, all sharing one target model."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.api import Speculator
+from specdec.config import load_spec_config
+from specdec.strategies import build_strategy
+
+NEEDED_BY_STRATEGY = {"draft_model": "draft", "medusa": "heads"}
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    stats: dict | None = None          # specdec Stats.as_dict(); None for HF rows
+
+
+@dataclass
+class SpecdecRow:
+    label: str
+    speculator: Speculator
+    info: dict = field(default_factory=dict)
+    kind: str = "specdec"
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
+        out = self.speculator.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                       top_k=0, top_p=1.0, seed=seed, ignore_eos=True)
+        return Generation(out.token_ids, out.stats.as_dict())
+
+    def modules(self) -> list[torch.nn.Module]:
+        """The strategy's own models (draft model, heads): their forwards count as drafting."""
+        strategy = self.speculator.strategy
+        return [m for m in vars(strategy).values()
+                if isinstance(m, torch.nn.Module) and m is not self.speculator.target]
+
+
+def _path_overrides(models) -> list[str]:
+    pairs = {"target.path": models.target, "target.tokenizer": models.tokenizer, "draft.path": models.draft,
+             "heads.path": models.heads, "device": models.device, "dtype": models.dtype}
+    return [f"{key}={value}" for key, value in pairs.items() if value is not None]
+
+
+def build_specdec_rows(entries, models, target, tokenizer, device, dtype, notes: list[str]) -> list[SpecdecRow]:
+    """A row per entry; entries whose draft model or heads are not given are skipped with a note."""
+    rows = []
+    for entry in entries:
+        missing = [need for need in entry.needs if getattr(models, need) is None]
+        if not missing:
+            cfg = load_spec_config(entry.config, list(entry.overrides) + _path_overrides(models))
+            need = NEEDED_BY_STRATEGY.get(cfg.strategy)
+            missing = [need] if need and getattr(models, need) is None else []
+        if missing:
+            notes.append(f"row {entry.label!r} skipped: it needs models.{missing[0]}=PATH "
+                         f"({'a draft checkpoint' if missing[0] == 'draft' else 'trained Medusa heads'})")
+            continue
+        strategy = build_strategy(cfg, target, tokenizer, device, dtype)
+        speculator = Speculator(target, tokenizer, strategy, config=cfg)
+        info = {"config": entry.config, "overrides": list(entry.overrides), "strategy": cfg.strategy,
+                "sweep": entry.sweep, "sweep_value": entry.sweep_value}
+        rows.append(SpecdecRow(entry.label, speculator, info))
+    return rows

@@ -1,0 +1,155 @@
+"""`specdec bench <preset or yaml> key=value ...`: every strategy against Hugging Face's own
+generate(), side by side in one process, on the same models and prompts.
+
+Writes into output_dir: results.json (every raw number, the settings, the machine), results.md
+(the tables), speedup.png and tokens_per_forward_sweep.png; with write_readme=true it also
+rewrites this preset's marked section of benchmarks/README.md."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shlex
+import sys
+
+from rich.console import Console
+
+from specdec.config import load_spec_config
+from specdec.errors import ConfigError, SpecDecError
+from specdec.models import context_length, load_model, load_tokenizer, resolve_device, resolve_dtype
+
+from .config import as_plain, load_bench_config
+from .machine import machine_info, machine_line
+from .meter import ForwardMeter
+from .peers import HFRow, build_peer_rows
+from .plots import write_plots
+from .prompts import build_prompt_sets
+from .report import COLUMNS_HELP, markdown_tables, readme_section, rewrite_marked_section, summarize, write_json
+from .rows import build_specdec_rows
+from .runner import run_all
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0],
+                                     epilog="e.g. specdec bench quick models.target=/m/target "
+                                            "models.draft=/m/draft output_dir=out")
+    parser.add_argument("preset", help="a preset in configs/bench (quick, full) or a YAML path")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. prompts.num=2 max_new_tokens=64 "
+                                                     "only=[autoregressive,draft]")
+    return parser.parse_args(argv)
+
+
+def _resolve_models(models) -> None:
+    """No target given: use the embedded default family (its builder says what to do when absent)."""
+    if models.target is None:
+        from specdec.default_models import apply_default_paths
+        cfg = load_spec_config("autoregressive")
+        apply_default_paths(cfg)
+        models.target = cfg.target.path
+        models.draft = models.draft or cfg.draft.path
+        models.heads = models.heads or cfg.heads.path
+    for role in ("target", "draft", "heads", "tokenizer"):
+        path = getattr(models, role)
+        if path is not None and not os.path.exists(path):
+            raise ConfigError(f"models.{role}={path!r} does not exist: give the folder of the {role} "
+                              f"(or models.{role}=null{' to skip its rows' if role in ('draft', 'heads') else ''})")
+
+
+def _plain_reference(peer_rows, target, notes) -> HFRow:
+    """HF plain generate() is the reference of every ratio and of the identity check: always run it."""
+    for row in peer_rows:
+        if row.entry.kind == "plain":
+            return row
+    from omegaconf import OmegaConf
+    from .config import PeerEntry
+    entry = OmegaConf.structured(PeerEntry(label="HF generate()", kind="plain"))
+    notes.append("no plain HF peer configured: added 'HF generate()' as the reference row")
+    row = HFRow(entry.label, target, entry, None, {"kind": "plain"})
+    peer_rows.insert(0, row)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)
+    cfg = load_bench_config(args.preset, args.overrides)
+    console = Console(stderr=True)
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+    if cfg.threads:
+        import torch
+        torch.set_num_threads(cfg.threads)
+    _resolve_models(cfg.models)
+    device = resolve_device(cfg.models.device)
+    dtype = resolve_dtype(cfg.models.dtype, device)
+    target = load_model(cfg.models.target, "target", device, dtype)
+    tokenizer = load_tokenizer(cfg.models.tokenizer or cfg.models.target, "target")
+    draft = load_model(cfg.models.draft, "draft", device, dtype) if cfg.models.draft else None
+
+    notes: list[str] = []
+    rows = build_specdec_rows(cfg.strategies, cfg.models, target, tokenizer, device, dtype, notes)
+    peer_rows = build_peer_rows(cfg.peers, target, draft, notes)
+    reference = _plain_reference(peer_rows, target, notes)
+    rows += peer_rows
+    if cfg.only:
+        rows = [r for r in rows if r is reference or any(part in r.label for part in cfg.only)]
+    baseline = next((r.label for r in rows if r.kind == "specdec" and r.info["strategy"] == "autoregressive"), None)
+    if baseline is None:
+        notes.append("no autoregressive row: the '× AR' column is empty")
+    for note in notes:
+        console.print(f"[yellow]note[/]: {note}")
+
+    meter = ForwardMeter(device)
+    meter.watch(target, "target")
+    for row in rows:
+        for module in row.modules():
+            meter.watch(module, "draft")
+
+    context = context_length(target, tokenizer) or 10 ** 9
+    prompt_sets = build_prompt_sets(cfg.prompts, tokenizer, context - cfg.max_new_tokens)
+    records = run_all(rows, reference, prompt_sets, cfg, meter, device, console)
+    meter.close()
+
+    summary = summarize(records, rows, baseline, reference.label)
+    mismatches = sum(e["identity"]["mismatches"] for e in summary if e["identity"])
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    plots = write_plots(summary, cfg.output_dir, reference.label)
+    tables = markdown_tables(summary, reference.label, baseline)
+    machine = machine_info(device, dtype)
+    command = "specdec bench " + shlex.join(argv)
+    when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    payload = {
+        "command": command, "date": when, "settings": as_plain(cfg), "machine": machine, "notes": notes,
+        "reference_row": reference.label, "baseline_row": baseline, "identity_mismatches": mismatches,
+        "rows": [{"label": r.label, "kind": r.kind, **r.info} for r in rows],
+        "prompts": {name: [{"index": p.index, "tokens": len(p.token_ids), **p.source} for p in prompts]
+                    for name, prompts in prompt_sets.items()},
+        "summary": summary, "records": records, "plots": [os.path.basename(p) for p in plots],
+    }
+    write_json(os.path.join(cfg.output_dir, "results.json"), payload)
+    with open(os.path.join(cfg.output_dir, "results.md"), "w") as fh:
+        fh.write(f"# `{cfg.name}` benchmark\n\n`{command}` — {when}\n\nMachine: {machine_line(machine)}\n\n")
+        fh.write("".join(f"* note: {n}\n" for n in notes) + "\n" + tables + "\n" + COLUMNS_HELP + "\n")
+    if cfg.write_readme:
+        readme = cfg.readme or README
+        rewrite_marked_section(readme, cfg.name, readme_section(cfg.name, command, machine_line(machine), tables,
+                                                                plots, notes, os.path.dirname(os.path.abspath(readme)), when))
+    console.print(tables, markup=False, highlight=False, soft_wrap=True)
+    console.print(f"results in {cfg.output_dir}/ (results.json, results.md, {', '.join(os.path.basename(p) for p in plots)})")
+    if mismatches:
+        console.print(f"[bold red]{mismatches} greedy output(s) differ from HF plain generate(): "
+                      f"speculative decoding must be lossless — see the 'same' column[/]")
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SpecDecError as exc:
+        print(f"specdec bench: error: {exc}", file=sys.stderr)
+        sys.exit(2)

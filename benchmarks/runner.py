@@ -1,0 +1,88 @@
+"""The timed runs: interleaved per prompt (every row on prompt 1, then prompt 2, ...; the row
+order rotates from prompt to prompt) so machine drift hits all rows alike; one untimed warm-up
+per row and temperature; an output-identity check against HF plain greedy at temperature 0."""
+from __future__ import annotations
+
+import time
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .meter import ForwardMeter
+
+
+def _first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def _progress(enabled: bool, console: Console) -> Progress:
+    return Progress(TextColumn("[bold]{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not enabled,
+                    transient=False)
+
+
+def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torch.device,
+            console: Console) -> list[dict]:
+    """One record per timed generation. `reference` is the HF plain row (identity at temperature 0)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    records: list[dict] = []
+    plan = [(t, s) for t in cfg.temperatures for s in (cfg.seeds if t > 0 else cfg.seeds[:1])]
+    total = len(rows) * cfg.repeats * len(plan) * sum(len(p) for p in prompt_sets.values())
+    first_prompt = next(iter(prompt_sets.values()))[0]
+    step = 0
+    with _progress(cfg.progress, console) as progress:
+        task = progress.add_task("warm-up", total=total)
+        for temperature in cfg.temperatures:
+            if cfg.warmup_tokens > 0:
+                for row in rows:
+                    progress.update(task, description=f"warm-up T={temperature:g} {row.label}")
+                    row.generate(first_prompt.token_ids, min(cfg.warmup_tokens, cfg.max_new_tokens), temperature,
+                                 cfg.seeds[0])
+            seeds = cfg.seeds if temperature > 0 else cfg.seeds[:1]
+            for set_name, prompts in prompt_sets.items():
+                for prompt in prompts:
+                    for seed in seeds:
+                        for repeat in range(cfg.repeats):
+                            shift = step % len(rows)
+                            step += 1
+                            outputs = {}
+                            for row in rows[shift:] + rows[:shift]:
+                                progress.update(task, description=f"T={temperature:g} {set_name}#{prompt.index} {row.label}")
+                                with meter.tally() as tally:
+                                    sync()
+                                    start = time.perf_counter()
+                                    generation = row.generate(prompt.token_ids, cfg.max_new_tokens, temperature, seed)
+                                    sync()
+                                    elapsed = time.perf_counter() - start
+                                outputs[row.label] = generation.token_ids
+                                records.append({
+                                    "row": row.label, "kind": row.kind, "prompt_set": set_name,
+                                    "prompt_index": prompt.index, "prompt_tokens": len(prompt.token_ids),
+                                    "temperature": temperature, "seed": seed, "repeat": repeat,
+                                    "new_tokens": len(generation.token_ids), "time_s": elapsed,
+                                    "forwards": tally.as_dict(), "stats": generation.stats,
+                                    "identical": None, "first_mismatch": None,
+                                })
+                                progress.advance(task)
+                            if cfg.progress and not console.is_terminal:   # a log file: a line per prompt
+                                console.print(f"T={temperature:g} {set_name}#{prompt.index} seed {seed}: "
+                                              f"{len(records)}/{total} generations done")
+                            if temperature == 0:
+                                _check_identity(records[-len(rows):], outputs, reference.label, console)
+    return records
+
+
+def _check_identity(batch: list[dict], outputs: dict, reference_label: str, console: Console) -> None:
+    expected = outputs[reference_label]
+    for record in batch:
+        mismatch = _first_mismatch(outputs[record["row"]], expected)
+        record["identical"] = mismatch is None
+        record["first_mismatch"] = mismatch
+        if mismatch is not None:
+            console.print(f"[bold red]IDENTITY MISMATCH[/]: row {record['row']!r} differs from "
+                          f"{reference_label!r} (greedy) on {record['prompt_set']} prompt #{record['prompt_index']} "
+                          f"at new token {mismatch}")

@@ -1,0 +1,118 @@
+"""The benchmark harness end to end on tiny random models (the quick preset), plus its pieces."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import char_tokenizer, tiny_model
+from specdec.benchmarks.config import load_bench_config
+from specdec.benchmarks.prompts import build_prompt_sets
+from specdec.benchmarks.report import rewrite_marked_section
+from specdec.benchmarks.run import main
+from specdec.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def tiny_family(tmp_path_factory):
+    """A tiny Llama target and, as its draft, the target without its last layer (so drafts are
+    partly accepted), saved as HF checkpoints with a character tokenizer."""
+    root = tmp_path_factory.mktemp("family")
+    tokenizer = char_tokenizer()
+    target = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
+    draft = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    for name, model in {"target": target, "draft": draft}.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def quick_run(tiny_family, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    readme = out / "README.md"
+    readme.write_text("# Benchmarks\n\nhand-written text stays\n")
+    code = main(["quick", f"models.target={tiny_family / 'target'}", f"models.draft={tiny_family / 'draft'}",
+                 f"output_dir={out}", "progress=false", "threads=1", "write_readme=true", f"readme={readme}"])
+    with open(out / "results.json") as fh:
+        return code, json.load(fh), out
+
+
+def test_quick_preset_writes_every_output(quick_run):
+    code, results, out = quick_run
+    assert code == 0
+    for name in ("results.json", "results.md", "speedup.png", "tokens_per_forward_sweep.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert results["machine"]["torch"] and results["settings"]["max_new_tokens"] == 24
+    readme = (out / "README.md").read_text()
+    assert "hand-written text stays" in readme and "<!-- bench:quick:start -->" in readme
+    assert "specdec bench quick" in readme and "speedup.png" in readme
+
+
+def test_quick_preset_numbers_are_consistent(quick_run):
+    _, results, _ = quick_run
+    settings = results["settings"]
+    labels = {row["label"] for row in results["rows"]}
+    assert {"autoregressive", "HF generate()", "HF assistant (default)", "draft_model γ=4"} <= labels
+    assert not any(label == "medusa" for label in labels)          # no heads given: skipped ...
+    assert any("medusa" in note for note in results["notes"])      # ... with a note
+    n_prompts = settings["prompts"]["num"] * len(settings["prompts"]["sets"])
+    assert len(results["records"]) == len(labels) * n_prompts * len(settings["temperatures"])
+    for record in results["records"]:
+        assert record["new_tokens"] == settings["max_new_tokens"], record["row"]
+        if record["stats"]:
+            assert record["stats"]["new_tokens"] == record["new_tokens"]
+            assert record["forwards"]["target_calls"] == record["stats"]["target_forwards"] + 1   # + prefill
+    for entry in results["summary"]:
+        assert entry["tokens_per_s"] > 0
+        if entry["row"] in ("autoregressive", "HF generate()"):
+            assert entry["tokens_per_forward"] == pytest.approx(1.0)
+        if entry["row"] == "autoregressive":
+            assert entry["speedup_vs_autoregressive"] == pytest.approx(1.0)
+        if entry["time_split"]:
+            assert sum(entry["time_split"].values()) == pytest.approx(1.0, abs=0.02)
+
+
+def test_quick_preset_greedy_outputs_match_hf(quick_run):
+    _, results, _ = quick_run
+    greedy = [r for r in results["records"] if r["temperature"] == 0]
+    assert greedy and all(r["identical"] for r in greedy)
+    assert all(r["identical"] is None for r in results["records"] if r["temperature"] > 0)
+    assert results["identity_mismatches"] == 0
+
+
+def test_grounded_prompts_repeat_their_own_text(tiny_family):
+    cfg = load_bench_config("quick", ["prompts.num=2", "prompts.tokens=90"])
+    tokenizer = char_tokenizer()
+    sets = build_prompt_sets(cfg.prompts, tokenizer, 400)
+    for prompt in sets["code"] + sets["grounded"]:
+        assert len(prompt.token_ids) == 90
+    repeat = next(p for p in sets["grounded"] if p.source["kind"] == "repeat")
+    text = tokenizer.decode(repeat.token_ids)
+    snippet, copy = text.split("\n\n# The same code again:\n")
+    assert copy and snippet.startswith(copy)
+
+
+def test_jsonl_prompts_and_their_errors(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "def add(a, b):"}) + "\n" + json.dumps({"prompt": "x = 1"}) + "\n")
+    cfg = load_bench_config("quick", ["prompts.sets=[jsonl]", f"prompts.jsonl={path}", "prompts.num=5"])
+    sets = build_prompt_sets(cfg.prompts, char_tokenizer(), 400)
+    assert [len(p.token_ids) for p in sets["jsonl"]] == [len("def add(a, b):"), len("x = 1")]
+    with pytest.raises(ConfigError, match="prompts.jsonl"):
+        load_bench_config("quick", ["prompts.sets=[jsonl]"])
+    with pytest.raises(ConfigError, match="valid keys"):
+        load_bench_config("quick", ["prompts.count=3"])
+
+
+def test_readme_section_is_replaced_not_duplicated(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n")
+    rewrite_marked_section(str(readme), "full", "first table")
+    rewrite_marked_section(str(readme), "full", "second table")
+    text = readme.read_text()
+    assert text.startswith("intro") and "second table" in text and "first table" not in text
+    assert text.count("<!-- bench:full:start -->") == 1
