@@ -1,0 +1,76 @@
+"""Training text for the heads: corpus files -> one token stream -> windows of seq_len tokens."""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Sequence
+
+import torch
+
+from specdec.errors import ConfigError
+
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
+
+
+def stdlib_folder() -> str:
+    """The Python standard library's source folder (every Python has it)."""
+    return os.path.dirname(os.__file__)
+
+
+def resolve_files(paths: Sequence[str], root: str | None = None) -> list[str]:
+    """Each entry: a folder (its text files, recursively, sorted), a file, relative to `root`
+    when not absolute. An empty list means the whole standard library."""
+    root = root or stdlib_folder()
+    if not paths:
+        paths = [root]
+    files: list[str] = []
+    for entry in paths:
+        path = entry if os.path.isabs(entry) else os.path.join(root, entry)
+        if os.path.isdir(path):
+            for folder, subfolders, names in os.walk(path):
+                subfolders[:] = sorted(d for d in subfolders if d != "__pycache__" and not d.startswith("."))
+                files += [os.path.join(folder, n) for n in sorted(names) if n.endswith(TEXT_SUFFIXES)]
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise ConfigError(f"corpus entry {entry!r} ({path}) is neither a file nor a folder: give corpus= "
+                              f"folders or files (relative paths are taken from corpus_root={root!r})")
+    if not files:
+        raise ConfigError(f"the corpus {list(paths)} holds no text files ({', '.join(TEXT_SUFFIXES)})")
+    return files
+
+
+def split_heldout(files: list[str], fraction: float = 0.05) -> tuple[list[str], list[str]]:
+    """Deterministic train / held-out split by a hash of each path (when no held-out list is given)."""
+    def bucket(path: str) -> float:
+        return int(hashlib.sha1(path.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    heldout = [f for f in files if bucket(f) < fraction] or files[-1:]
+    train = [f for f in files if f not in set(heldout)] or files
+    return train, heldout
+
+
+def tokenize_files(files: Sequence[str], tokenizer, separator_id: int | None) -> torch.Tensor:
+    """[T] long: the files' tokens, one after another, separated by `separator_id` (EOS)."""
+    texts = []
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            texts.append(f.read())
+    ids: list[int] = []
+    for encoded in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+        ids += encoded
+        if separator_id is not None:
+            ids.append(separator_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def sample_windows(stream: torch.Tensor, seq_len: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """[batch_size, seq_len] windows starting at random places of the [T] stream."""
+    starts = torch.randint(0, stream.numel() - seq_len + 1, (batch_size,), generator=generator)   # [B]
+    return torch.stack([stream[s: s + seq_len] for s in starts.tolist()])
+
+
+def fixed_windows(stream: torch.Tensor, seq_len: int, count: int) -> torch.Tensor:
+    """[n, seq_len] evenly spaced windows (the same on every run): held-out evaluation."""
+    count = max(1, min(count, stream.numel() // seq_len))
+    starts = torch.linspace(0, stream.numel() - seq_len, count).long()
+    return torch.stack([stream[s: s + seq_len] for s in starts.tolist()])

@@ -1,0 +1,180 @@
+"""The heads file format: a folder with `heads.safetensors` (the heads' own weights, never the
+target's shared lm_head) and `heads.json` (the head layout and the target they were trained for).
+
+    heads.json = {"format": "specdec-medusa-heads", "version": 1,
+                  "layout": {num_heads, num_layers, hidden_size, vocab_size, own_lm_head},
+                  "target": {architecture, hidden_size, vocab_size, fingerprint: [floats]},
+                  "training": {...free-form notes...}}
+
+The fingerprint is a few numbers computed from fixed rows of the target's input embedding and
+lm_head (dot products with a fixed vector), compared with a tolerance so the same target loaded
+in fp32, fp16 or bf16 still matches while another model does not. Saves are atomic.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from specdec.errors import IncompatibleModelsError, ModelLoadError
+
+from .module import HeadsLayout, MedusaHeads
+
+WEIGHTS_FILE = "heads.safetensors"
+CONFIG_FILE = "heads.json"
+FORMAT = "specdec-medusa-heads"
+VERSION = 1
+FINGERPRINT_ROWS = 8
+FINGERPRINT_RTOL = 2e-2         # bf16 keeps ~3 significant digits; another model is far off
+
+
+# ---------------------------------------------------------------------- target identity
+def output_vocab(target) -> int:
+    head = target.get_output_embeddings()
+    return head.weight.shape[0] if head is not None else target.config.vocab_size
+
+
+def target_fingerprint(target) -> list[float]:
+    """2 * FINGERPRINT_ROWS numbers: fixed rows of the input embedding and of the lm_head, each
+    projected on a fixed vector (fp32)."""
+    numbers = []
+    for layer in (target.get_input_embeddings(), target.get_output_embeddings()):
+        weight = layer.weight.detach()                                       # [V, H]
+        vocab, hidden = weight.shape
+        rows = torch.linspace(0, vocab - 1, FINGERPRINT_ROWS).long().to(weight.device)
+        probe = torch.cos(torch.arange(hidden, dtype=torch.float32) * 0.7 + 0.1).to(weight.device)   # [H]
+        numbers += (weight[rows].float() @ probe).tolist()                   # [ROWS]
+    return [float(x) for x in numbers]
+
+
+def target_identity(target) -> dict:
+    config = target.config
+    architectures = getattr(config, "architectures", None) or [type(target).__name__]
+    return {"architecture": architectures[0], "hidden_size": int(config.hidden_size),
+            "vocab_size": output_vocab(target), "fingerprint": target_fingerprint(target)}
+
+
+def fingerprints_match(saved: list[float], current: list[float]) -> bool:
+    if len(saved) != len(current):
+        return False
+    scale = max(1e-6, max(abs(x) for x in current + saved))
+    return all(math.isclose(a, b, rel_tol=FINGERPRINT_RTOL, abs_tol=FINGERPRINT_RTOL * scale)
+               for a, b in zip(saved, current))
+
+
+def check_heads_fit_target(info: dict, target, where: str = "these heads") -> None:
+    """IncompatibleModelsError naming the first field that differs between the target the heads
+    were trained for (`info` = heads.json's "target") and `target`."""
+    current = target_identity(target)
+    for field in ("architecture", "hidden_size", "vocab_size"):
+        if info.get(field) != current[field]:
+            raise IncompatibleModelsError(
+                f"{where} were trained for a target with {field}={info.get(field)!r}, but this target has "
+                f"{field}={current[field]!r}: train heads for this model with `specdec train-heads "
+                f"target=/path/to/it`, or load the target they belong to")
+    if not fingerprints_match(info.get("fingerprint", []), current["fingerprint"]):
+        raise IncompatibleModelsError(
+            f"{where} were trained for another model of the same shape ({current['architecture']}, hidden "
+            f"{current['hidden_size']}, vocab {current['vocab_size']}): the weight fingerprint differs. Heads only "
+            f"work on the exact target they were trained on: train heads for this model with "
+            f"`specdec train-heads target=/path/to/it`, or load the target they belong to")
+
+
+# ---------------------------------------------------------------------- atomic writes
+def atomic_write(path: str, write) -> None:
+    """Call write(temp_path) for a temp file in the same folder, then os.replace it onto `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask)         # mkstemp makes 0600; give the usual file mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _write_json(path: str, data: dict) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+    atomic_write(path, write)
+
+
+# ---------------------------------------------------------------------- save / load
+def save_heads(folder: str, heads: MedusaHeads, target, training: dict | None = None) -> str:
+    """Write heads.safetensors, then heads.json (the config last: a folder with a config has
+    weights that go with it)."""
+    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in heads.state_dict().items()}
+    atomic_write(os.path.join(folder, WEIGHTS_FILE), lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
+    _write_json(os.path.join(folder, CONFIG_FILE), {
+        "format": FORMAT, "version": VERSION, "layout": heads.layout.as_dict(),
+        "target": target_identity(target), "training": training or {}})
+    return folder
+
+
+def read_heads_config(folder: str) -> dict:
+    if not folder:
+        raise ModelLoadError("no heads given: set heads.path=/folder/written/by/specdec-train-heads")
+    path = os.path.join(folder, CONFIG_FILE)
+    if not os.path.isdir(folder):
+        raise ModelLoadError(f"heads folder {folder!r} does not exist: give heads.path= the output folder of "
+                             f"`specdec train-heads`")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"heads folder {folder!r} has no {CONFIG_FILE}: is it the output folder of "
+                             f"`specdec train-heads` (a run that finished)?")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+        HeadsLayout(**config["layout"])
+        config["target"]["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"{path} is corrupt or not a specdec heads config ({exc!r}): "
+                             f"train the heads again with `specdec train-heads`") from exc
+    if config.get("format") != FORMAT:
+        raise ModelLoadError(f"{path} is not a specdec heads config (format={config.get('format')!r})")
+    return config
+
+
+def load_heads(folder: str, target=None) -> MedusaHeads:
+    """Heads from `folder`; with `target`, checked against it and attached to its lm_head."""
+    config = read_heads_config(folder)
+    layout = HeadsLayout(**config["layout"])
+    if target is not None:
+        check_heads_fit_target(config["target"], target, where=f"the heads in {folder!r}")
+    weights = os.path.join(folder, WEIGHTS_FILE)
+    if not os.path.isfile(weights):
+        raise ModelLoadError(f"heads folder {folder!r} has {CONFIG_FILE} but no {WEIGHTS_FILE}: "
+                             f"train the heads again with `specdec train-heads`")
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"{weights} is corrupt or truncated ({exc}): train the heads again with "
+                             f"`specdec train-heads` (an interrupted run resumes from its checkpoint)") from exc
+    heads = MedusaHeads(layout)
+    try:
+        heads.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{weights} does not hold the weights its {CONFIG_FILE} describes ({exc}): "
+                             f"train the heads again with `specdec train-heads`") from exc
+    heads.info = config
+    if target is not None:
+        bind_heads(heads, target)
+    return heads.eval()
+
+
+def bind_heads(heads: MedusaHeads, target) -> MedusaHeads:
+    """Move the heads to the target's device and dtype and share its lm_head."""
+    heads.to(device=target.device, dtype=target.dtype)
+    heads.attach_lm_head(target.get_output_embeddings())
+    return heads

@@ -1,0 +1,82 @@
+"""Medusa-style heads: K small heads on the target's last hidden state (post final norm).
+
+Head k (k = 1..K) guesses the token k + 1 positions after the hidden state's position (the
+target's own lm_head guesses the token right after it). Each head is a few residual blocks
+`x + SiLU(W x)` with W = 0 at start (a fresh head is the identity), then either the target's
+own frozen lm_head (shared, kept out of the heads' parameters) or a projection of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class HeadsLayout:
+    num_heads: int          # K
+    num_layers: int         # residual blocks per head
+    hidden_size: int        # H: the target's hidden size
+    vocab_size: int         # V: the width of the target's logits
+    own_lm_head: bool = False   # True: each head has its own [V, H] projection
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class ResidualBlock(nn.Module):
+    """x + SiLU(W x + b), W and b zero at start: the identity until trained."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # [..., H] -> [..., H]
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, layout: HeadsLayout):
+        super().__init__()
+        self.layout = layout
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResidualBlock(layout.hidden_size) for _ in range(layout.num_layers)])
+            for _ in range(layout.num_heads))
+        self.lm_heads = (nn.ModuleList(nn.Linear(layout.hidden_size, layout.vocab_size, bias=False)
+                                       for _ in range(layout.num_heads))
+                         if layout.own_lm_head else None)
+        self._shared_lm_head: list[nn.Module] = []     # the target's lm_head, outside state_dict()
+
+    @property
+    def num_heads(self) -> int:
+        return self.layout.num_heads
+
+    def attach_lm_head(self, lm_head: nn.Module) -> None:
+        """Share the target's (frozen) output layer; it is not saved with the heads."""
+        self._shared_lm_head[:] = [lm_head]
+
+    def init_own_lm_heads(self, lm_head_weight: torch.Tensor) -> None:
+        """Start each own projection as a copy of the target's lm_head weights [V, H]."""
+        if self.lm_heads is None:
+            return
+        with torch.no_grad():
+            for head in self.lm_heads:
+                head.weight.copy_(lm_head_weight)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., K, H]: each head's residual blocks applied to the hidden state."""
+        return torch.stack([blocks(hidden) for blocks in self.blocks], dim=-2)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] last hidden states -> [..., K, V] logits; [..., k-1, :] guesses token +k+1."""
+        features = self.features(hidden)                                     # [..., K, H]
+        if self.lm_heads is not None:
+            return torch.stack([head(features[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
+        if not self._shared_lm_head:
+            raise RuntimeError("these heads use the target's lm_head: call attach_lm_head(target's "
+                               "get_output_embeddings()) first (Medusa.bind and load_heads do)")
+        return self._shared_lm_head[0](features)                             # [..., K, V]

@@ -1,0 +1,276 @@
+"""`specdec train-heads`: train Medusa-style heads for a frozen target by self-distillation.
+
+Each batch: corpus windows -> one no-grad target forward (last hidden states [B, T, H] and logits
+[B, T, V]) -> the heads on every position; head k at position t learns the target's own
+distribution at position t + k (the one that predicts token t + k + 1), by soft cross-entropy,
+weighted decay ** (k - 1). Held-out evaluation reports per-head top-1 / top-5 agreement with
+the target's greedy token. Checkpoints (heads, optimizer, step, RNG) are written atomically;
+re-running with the same output_dir resumes from the last one.
+
+    specdec train-heads train_heads target=/path/to/model output_dir=/path/to/heads steps=600
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+from typing import Callable
+
+import torch
+from omegaconf import OmegaConf
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from specdec.errors import ConfigError, ModelLoadError
+from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
+
+from .config import TrainHeadsConfig, load_train_config, validate
+from .data import fixed_windows, resolve_files, sample_windows, split_heldout, tokenize_files
+from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
+from .module import HeadsLayout, MedusaHeads
+
+CHECKPOINT_FILE = "checkpoint.pt"
+LOG_FILE = "train.json"
+
+
+# ---------------------------------------------------------------------- losses and metrics
+@torch.no_grad()
+def target_outputs(target, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] ids -> (last hidden states [B, T, H], logits [B, T, V]), fp32, no grad."""
+    out = target(input_ids=input_ids.to(target.device), output_hidden_states=True, use_cache=False)
+    return out.hidden_states[-1].float(), out.logits.float()
+
+
+def head_losses(head_logits: torch.Tensor, teacher_logits: torch.Tensor, with_top5: bool = True):
+    """Per-head soft cross-entropy against the target's distribution at the shifted position.
+
+    head_logits [B, T, K, V]: head k (index k - 1) at t guesses token t + k + 1;
+    teacher_logits [B, T, V]: the target at t guesses token t + 1.
+    Returns (loss [K], top-1 agreement [K], top-5 agreement [K] or None) with the target's argmax."""
+    num_heads, seq_len = head_logits.shape[2], head_logits.shape[1]
+    teacher_probs = teacher_logits.softmax(dim=-1)                          # [B, T, V]
+    teacher_best = teacher_logits.argmax(dim=-1)                            # [B, T]
+    losses, top1, top5 = [], [], []
+    for k in range(1, num_heads + 1):
+        student = head_logits[:, : seq_len - k, k - 1].float().flatten(0, 1)   # [B*(T-k), V]
+        wanted = teacher_best[:, k:].flatten()                                 # [B*(T-k)]
+        losses.append(F.cross_entropy(student, teacher_probs[:, k:].flatten(0, 1)))
+        with torch.no_grad():
+            top1.append((student.argmax(dim=-1) == wanted).float().mean())
+            if with_top5:
+                best5 = student.topk(min(5, student.shape[-1]), dim=-1).indices    # [B*(T-k), 5]
+                top5.append((best5 == wanted[:, None]).any(dim=-1).float().mean())
+    return torch.stack(losses), torch.stack(top1), (torch.stack(top5) if with_top5 else None)
+
+
+def loss_weights(num_heads: int, decay: float, device) -> torch.Tensor:
+    return torch.tensor([decay ** k for k in range(num_heads)], device=device)   # [K]
+
+
+def lr_at(step: int, cfg: TrainHeadsConfig) -> float:
+    """Linear warmup, then cosine from lr down to lr * min_lr_ratio."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+class HeldOut:
+    """Fixed held-out windows with the target's outputs computed once."""
+
+    def __init__(self, target, windows: torch.Tensor, batch_size: int):
+        self.batches = [target_outputs(target, windows[i: i + batch_size])
+                        for i in range(0, windows.shape[0], batch_size)]
+        self.num_windows = windows.shape[0]
+
+    @torch.no_grad()
+    def evaluate(self, heads: MedusaHeads, weights: torch.Tensor) -> dict:
+        totals = None
+        for hidden, teacher_logits in self.batches:
+            losses, top1, top5 = head_losses(heads(hidden), teacher_logits)
+            parts = torch.stack([losses, top1, top5]) * hidden.shape[0]      # [3, K]
+            totals = parts if totals is None else totals + parts
+        losses, top1, top5 = (totals / self.num_windows).tolist()
+        return {"loss": float(sum(w * l for w, l in zip(weights.tolist(), losses))),
+                "head_loss": losses, "top1": top1, "top5": top5}
+
+
+# ---------------------------------------------------------------------- set-up
+def corpus_files(cfg: TrainHeadsConfig) -> tuple[list[str], list[str]]:
+    corpus, heldout = list(cfg.corpus), list(cfg.heldout)
+    if cfg.split_file:
+        try:
+            with open(cfg.split_file) as f:
+                split = json.load(f)
+            corpus, heldout = list(split["train"]), list(split["heldout"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"split_file={cfg.split_file!r} could not be read as JSON with 'train' and "
+                              f"'heldout' file lists: {exc}") from exc
+    files = resolve_files(corpus, cfg.corpus_root)
+    if heldout:
+        return files, resolve_files(heldout, cfg.corpus_root)
+    return split_heldout(files)
+
+
+def build_heads(cfg: TrainHeadsConfig, target) -> MedusaHeads:
+    """Fresh heads in fp32 on the target's device, with an fp32 frozen copy of its lm_head."""
+    lm_head = target.get_output_embeddings()
+    layout = HeadsLayout(cfg.num_heads, cfg.num_layers, int(target.config.hidden_size), output_vocab(target),
+                         cfg.own_lm_head)
+    heads = MedusaHeads(layout).to(target.device)
+    heads.init_own_lm_heads(lm_head.weight.float())
+    heads.attach_lm_head(copy.deepcopy(lm_head).float().requires_grad_(False))
+    return heads
+
+
+def _rng_generator(seed: int) -> torch.Generator:
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def save_checkpoint(path: str, step: int, heads, optimizer, generator, fingerprint, history) -> None:
+    state = {"step": step, "heads": heads.state_dict(), "optimizer": optimizer.state_dict(),
+             "window_rng": generator.get_state(), "layout": heads.layout.as_dict(),
+             "target_fingerprint": fingerprint, "history": history}
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: str, heads, optimizer, generator, fingerprint) -> tuple[int, list]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
+        raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
+    if state["layout"] != heads.layout.as_dict():
+        raise ConfigError(f"{path} holds heads of layout {state['layout']}, this run asks for "
+                          f"{heads.layout.as_dict()}: use another output_dir, or delete the checkpoint")
+    if not fingerprints_match(state["target_fingerprint"], fingerprint):
+        raise ConfigError(f"{path} was trained for another target: use another output_dir, or delete it")
+    heads.load_state_dict(state["heads"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["window_rng"])
+    return int(state["step"]), list(state["history"])
+
+
+def _write_log(folder: str, cfg, history: list, extra: dict) -> None:
+    data = {"config": OmegaConf.to_container(OmegaConf.structured(cfg)) if not isinstance(cfg, dict) else cfg,
+            "history": history, **extra}
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+    atomic_write(os.path.join(folder, LOG_FILE), write)
+
+
+def _fmt(values: list[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
+# ---------------------------------------------------------------------- the loop
+def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | None = None) -> str:
+    """Train (or resume) heads as `cfg` says; returns the output folder (heads.json +
+    heads.safetensors + checkpoint.pt + train.json). `on_step(step, metrics)` runs after each step."""
+    if not OmegaConf.is_config(cfg):
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainHeadsConfig), OmegaConf.structured(cfg))
+    validate(cfg)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32))
+    target.requires_grad_(False)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target")
+    separator = tokenizer.eos_token_id
+
+    train_files, heldout_files = corpus_files(cfg)
+    train_stream = tokenize_files(train_files, tokenizer, separator)                # [T_train]
+    heldout_stream = tokenize_files(heldout_files, tokenizer, separator)            # [T_heldout]
+    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
+        if stream.numel() < cfg.seq_len + 1:
+            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
+                              f"give a larger corpus or a smaller seq_len")
+    heldout = HeldOut(target, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows), cfg.batch_size)
+
+    heads = build_heads(cfg, target)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = _rng_generator(cfg.seed)
+    weights = loss_weights(cfg.num_heads, cfg.head_loss_decay, device)              # [K]
+    fingerprint = target_fingerprint(target)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
+    step, history = 0, []
+    if os.path.isfile(checkpoint):
+        step, history = load_checkpoint(checkpoint, heads, optimizer, generator, fingerprint)
+    extra = {"train_files": len(train_files), "heldout_files": len(heldout_files),
+             "train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout_stream.numel())}
+
+    def evaluate(at_step: int) -> dict:
+        heads.eval()
+        result = {"step": at_step, **heldout.evaluate(heads, weights)}
+        heads.train()
+        if not history or history[-1]["step"] != at_step:
+            history.append(result)
+        _write_log(cfg.output_dir, cfg, history, extra)
+        bar.write(f"eval @ {at_step}: loss {result['loss']:.3f} | top-1 per head {_fmt(result['top1'])} "
+                  f"| top-5 {_fmt(result['top5'])}")
+        return result
+
+    bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-heads", disable=not cfg.progress,
+               dynamic_ncols=True, file=sys.stderr)
+    if step == 0:
+        evaluate(0)
+    heads.train()
+    started = time.perf_counter()
+    while step < cfg.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        batch = sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator)  # [B, T]
+        hidden, teacher_logits = target_outputs(target, batch)                         # [B,T,H], [B,T,V]
+        losses, top1, _ = head_losses(heads(hidden), teacher_logits, with_top5=False)                 # [K] each
+        loss = (weights * losses).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        step += 1
+        metrics = {"loss": loss.item(), "top1": top1.tolist(), "lr": lr_at(step - 1, cfg)}
+        bar.update(1)
+        bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
+        if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
+            save_checkpoint(checkpoint, step, heads, optimizer, generator, fingerprint, history)
+        if step % cfg.eval_interval == 0 and step != cfg.steps:
+            evaluate(step)
+        if on_step is not None:
+            on_step(step, metrics)
+    bar.close()
+    final = evaluate(step)
+    extra["train_time_s"] = extra.get("train_time_s", 0) + (time.perf_counter() - started)
+    save_heads(cfg.output_dir, heads, target, training={
+        "steps": step, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "head_loss_decay": cfg.head_loss_decay,
+        "heldout": {k: final[k] for k in ("loss", "top1", "top5")}})
+    _write_log(cfg.output_dir, cfg, history, extra)
+    return cfg.output_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n\n"
+              "keys: " + ", ".join(TrainHeadsConfig.__dataclass_fields__))
+        return 0
+    name = None
+    if argv and "=" not in argv[0]:
+        name, argv = argv[0], argv[1:]
+    cfg = load_train_config(name, argv)
+    folder = train_heads(cfg)
+    print(f"heads saved in {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

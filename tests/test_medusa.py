@@ -1,0 +1,138 @@
+"""The medusa strategy: greedy identity with untrained heads on several architectures, tree
+building (dynamic = best paths by cumulative head probability, static = rank choices)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from conftest import hf_greedy, tiny_model
+from specdec.api import Speculator
+from specdec.errors import ConfigError
+from specdec.heads import HeadsLayout, MedusaHeads
+from specdec.heads.io import output_vocab
+from specdec.sampling import SamplingParams
+from specdec.strategies.medusa import Medusa, best_rank_paths
+from specdec.types import DecodeState
+
+
+def fresh_heads(model, num_heads: int = 3, num_layers: int = 1, noise: float = 0.0, seed: int = 0) -> MedusaHeads:
+    """Untrained heads for `model`; noise > 0 makes the blocks differ from the identity."""
+    layout = HeadsLayout(num_heads, num_layers, model.config.hidden_size, output_vocab(model))
+    heads = MedusaHeads(layout)
+    if noise:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for p in heads.parameters():
+                p.add_(noise * torch.randn_like(p))
+    return heads
+
+
+def prompt_ids(seed: int, length: int = 12, vocab: int = 96) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (length,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5])
+def test_greedy_identity_untrained_heads(arch, noise):
+    model = tiny_model(arch, seed=1, sharpen=4.0)
+    sd = Speculator(model, None, Medusa(fresh_heads(model, noise=noise), max_nodes=8, top_k=3))
+    for seed in (0, 1):
+        ids = prompt_ids(seed)
+        out = sd.generate(ids, max_new_tokens=20, ignore_eos=True)
+        assert out.token_ids == hf_greedy(model, ids, 20, min_new_tokens=20)
+        assert out.stats.target_forwards <= 20
+
+
+def test_greedy_identity_static_tree():
+    model = tiny_model("llama", seed=2, sharpen=4.0)
+    choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    sd = Speculator(model, None, Medusa(fresh_heads(model, noise=0.3), tree="static", choices=choices))
+    ids = prompt_ids(3)
+    out = sd.generate(ids, max_new_tokens=24, ignore_eos=True)
+    assert out.token_ids == hf_greedy(model, ids, 24, min_new_tokens=24)
+
+
+def test_right_guesses_are_accepted():
+    """A target that always says token 7 (zero lm_head weights, a bias for 7): untrained heads on
+    its lm_head say 7 too, so every drafted token is accepted, K + 1 tokens per forward."""
+    model = tiny_model("llama", seed=0)
+    lm_head = torch.nn.Linear(32, 96, bias=True)
+    with torch.no_grad():
+        lm_head.weight.zero_()
+        lm_head.bias.zero_()
+        lm_head.bias[7] = 5.0
+    model.set_output_embeddings(lm_head)
+    sd = Speculator(model, None, Medusa(fresh_heads(model, num_heads=3), max_nodes=6, top_k=2))
+    ids = prompt_ids(5)
+    out = sd.generate(ids, max_new_tokens=33, ignore_eos=True)
+    assert out.token_ids == [7] * 33 == hf_greedy(model, ids, 33, min_new_tokens=33)
+    assert out.stats.target_forwards == 1 + 32 // 4          # first step: no hidden state yet
+
+
+def _state(hidden, max_depth=16):
+    return DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
+                       max_depth=max_depth, last_hidden=hidden)
+
+
+def test_first_step_proposes_nothing_then_a_tree_within_budget():
+    model = tiny_model("gpt2", seed=0)
+    medusa = Medusa(fresh_heads(model, num_heads=3, noise=0.5), max_nodes=10, top_k=3)
+    medusa.bind(model, None)
+    assert medusa.propose(_state(None)).num_nodes == 0
+    tree = medusa.propose(_state(torch.randn(32)))
+    assert 1 <= tree.num_nodes <= 10
+    assert max(tree.depths()) < 3
+    shallow = medusa.propose(_state(torch.randn(32), max_depth=1))
+    assert max(shallow.depths()) == 0
+
+
+def test_dynamic_tree_root_child_is_head_one_argmax():
+    model = tiny_model("llama", seed=0)
+    heads = fresh_heads(model, num_heads=2, noise=0.5)
+    medusa = Medusa(heads, max_nodes=6, top_k=3)
+    medusa.bind(model, None)
+    hidden = torch.randn(32)
+    tree = medusa.propose(_state(hidden))
+    with torch.no_grad():
+        logits = heads(hidden)                                                  # [K, V]
+    assert tree.tokens[0].item() == logits[0].argmax().item()
+    for node in tree.children(0):   # children of the first node come from head 2's top guesses
+        assert tree.tokens[node].item() in logits[1].topk(3).indices.tolist()
+
+
+@pytest.mark.parametrize("depth,width,budget", [(3, 3, 7), (2, 4, 5), (4, 2, 11), (1, 5, 3)])
+def test_best_rank_paths_matches_brute_force(depth, width, budget):
+    torch.manual_seed(depth * 10 + width)
+    logprobs = torch.randn(depth, width).log_softmax(-1).sort(dim=-1, descending=True).values   # [D, k]
+    chosen = best_rank_paths(logprobs, budget)
+    all_paths = [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
+    score = {p: sum(logprobs[i, r].item() for i, r in enumerate(p)) for p in all_paths}
+    expected = sorted(all_paths, key=lambda p: -score[p])[:budget]
+    assert len(chosen) == min(budget, len(all_paths))
+    assert sorted(score[p] for p in chosen) == pytest.approx(sorted(score[p] for p in expected))
+    assert all(p[:-1] in set(chosen) for p in chosen if len(p) > 1)          # closed under prefixes
+    assert chosen == sorted(chosen, key=lambda p: (len(p), p))               # parents first
+
+
+def test_bad_tree_settings_are_config_errors():
+    model = tiny_model("llama", seed=0)
+    heads = fresh_heads(model, num_heads=2)
+    with pytest.raises(ConfigError, match="dynamic"):
+        Medusa(heads, tree="wide")
+    with pytest.raises(ConfigError, match="choices"):
+        Medusa(heads, tree="static")
+    with pytest.raises(ConfigError, match="1..2"):
+        Medusa(heads, tree="static", choices=[[0, 0, 0]])
+
+
+def test_sampling_runs_are_seeded():
+    model = tiny_model("qwen2", seed=0, sharpen=2.0)
+    sd = Speculator(model, None, Medusa(fresh_heads(model, noise=0.5), max_nodes=6))
+    ids = prompt_ids(7)
+    a = sd.generate(ids, max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True).token_ids
+    b = sd.generate(ids, max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True).token_ids
+    assert a == b and len(a) == 16
+    assert not math.isnan(sum(a))
