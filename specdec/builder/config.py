@@ -1,0 +1,116 @@
+"""What the default model family is made of: corpus, tokenizer, model sizes and training
+budgets, as a structured config (defaults in configs/default_family.yaml). Its hash names
+the cache folder, so changing any size or budget builds a new family beside the old one."""
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+from specdec.config import build_config
+from specdec.errors import ConfigError
+from specdec.heads.config import TrainHeadsConfig
+
+# Bump when the builder's output changes for the same config (invalidates every cache).
+BUILDER_VERSION = 1
+
+
+@dataclass
+class CorpusConfig:
+    root: Optional[str] = None          # folder of .py files; None = this Python's standard library
+    heldout_fraction: float = 0.05      # files kept out of training (seeded split)
+    max_files: int = 0                  # 0 = every file; tests use a handful
+    min_file_chars: int = 200           # skip near-empty files (bare __init__.py)
+    tokenizer_chars: int = 3_000_000    # characters of training text the BPE trainer reads
+    train_chars: int = 4_000_000        # characters of training text tokenized for the LMs
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 2048              # byte-level BPE; <|endoftext|> is EOS, BOS and pad
+    min_frequency: int = 2
+
+
+@dataclass
+class LMTrainConfig:
+    steps: int = 100
+    batch_size: int = 8
+    seq_len: int = 256
+    lr: float = 3e-3                    # peak; cosine decay to lr * min_lr_ratio
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_windows: int = 8               # held-out windows for the loss written to train.json
+
+
+@dataclass
+class LMConfig:
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 688
+    max_position_embeddings: int = 1024
+    train: LMTrainConfig = field(default_factory=LMTrainConfig)
+
+
+@dataclass
+class HeadsBuildConfig:
+    enabled: bool = True                # False: no Medusa heads (the demo skips the medusa row)
+    # the `specdec train-heads` config; target, output_dir and the corpus split are filled in
+    train: TrainHeadsConfig = field(default_factory=TrainHeadsConfig)
+
+
+@dataclass
+class FamilyConfig:
+    seed: int = 0
+    threads: int = 1                    # torch threads while building; a fixed number keeps the result
+    #                                     bit-identical across machines (0 = torch's default)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    target: LMConfig = field(default_factory=LMConfig)
+    draft: LMConfig = field(default_factory=lambda: LMConfig(hidden_size=96, num_layers=1, num_heads=2,
+                                                             intermediate_size=256))
+    heads: HeadsBuildConfig = field(default_factory=HeadsBuildConfig)
+
+
+DEFAULT_FAMILY_CONFIG = "default_family"
+
+
+def load_family_config(name_or_path: str | None = DEFAULT_FAMILY_CONFIG,
+                       overrides: dict | list | None = None) -> FamilyConfig:
+    """Schema defaults <- configs/default_family.yaml (or a YAML path) <- dotted overrides."""
+    cfg = build_config(FamilyConfig, name_or_path, overrides)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: FamilyConfig) -> None:
+    if cfg.threads < 0:
+        raise ConfigError(f"threads must be >= 0 (0 = torch's default), got {cfg.threads}")
+    if not 0 < cfg.corpus.heldout_fraction < 1:
+        raise ConfigError(f"corpus.heldout_fraction must be in (0, 1), got {cfg.corpus.heldout_fraction}")
+    if cfg.tokenizer.vocab_size < 257:
+        raise ConfigError(f"tokenizer.vocab_size must be > 256 (the byte alphabet + <|endoftext|>), "
+                          f"got {cfg.tokenizer.vocab_size}")
+    for role in ("target", "draft"):
+        lm = cfg[role]
+        if lm.hidden_size % lm.num_heads:
+            raise ConfigError(f"{role}.hidden_size ({lm.hidden_size}) must be a multiple of "
+                              f"{role}.num_heads ({lm.num_heads})")
+        if lm.train.seq_len + 1 > lm.max_position_embeddings:
+            raise ConfigError(f"{role}.train.seq_len ({lm.train.seq_len}) must be below "
+                              f"{role}.max_position_embeddings ({lm.max_position_embeddings})")
+        if lm.train.steps < 1 or lm.train.batch_size < 1:
+            raise ConfigError(f"{role}.train.steps and {role}.train.batch_size must be >= 1")
+
+
+def config_hash(cfg: FamilyConfig) -> str:
+    """12 hex digits naming this exact family: config, builder version and Python version
+    (the corpus is that Python's standard library)."""
+    text = OmegaConf.to_yaml(cfg, sort_keys=True)
+    text += f"\nbuilder={BUILDER_VERSION}\npython={sys.version_info.major}.{sys.version_info.minor}\n"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -1,0 +1,150 @@
+"""Build (once) and find the default model family: tokenizer, target, draft, Medusa heads."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from . import store
+from .config import FamilyConfig, config_hash
+from .corpus import CorpusSplit, split_corpus
+
+PARTS = ("tokenizer", "target", "draft", "heads")
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class FamilyPaths:
+    folder: str
+    tokenizer: str
+    target: str
+    draft: str
+    heads: Optional[str]      # None when the config builds no heads
+
+
+def family_paths(cfg: FamilyConfig) -> FamilyPaths:
+    folder = store.family_folder(config_hash(cfg))
+    return FamilyPaths(folder=folder, tokenizer=os.path.join(folder, "tokenizer"),
+                       target=os.path.join(folder, "target"), draft=os.path.join(folder, "draft"),
+                       heads=os.path.join(folder, "heads") if cfg.heads.enabled else None)
+
+
+def family_is_built(cfg: FamilyConfig) -> bool:
+    return store.is_complete(family_paths(cfg).folder, config_hash(cfg))
+
+
+def ensure_family(cfg: FamilyConfig) -> FamilyPaths:
+    """The family's paths, building whatever is missing first (a few minutes, once)."""
+    paths = family_paths(cfg)
+    digest = config_hash(cfg)
+    if store.is_complete(paths.folder, digest):
+        return paths
+    with store.build_lock(paths.folder):
+        if not store.is_complete(paths.folder, digest):     # another process may have finished it
+            _build(cfg, paths, digest)
+    return paths
+
+
+class _Builder:
+    """Builds the parts in order; shares the corpus split and token stream between them."""
+
+    def __init__(self, cfg: FamilyConfig, paths: FamilyPaths):
+        self.cfg = cfg
+        self.paths = paths
+        self._split: CorpusSplit | None = None
+        self._streams = None
+
+    @property
+    def split(self) -> CorpusSplit:
+        if self._split is None:
+            c = self.cfg.corpus
+            self._split = split_corpus(c.root, c.heldout_fraction, self.cfg.seed, c.max_files, c.min_file_chars)
+        return self._split
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(self.paths.tokenizer, local_files_only=True)
+
+    def streams(self):
+        """(train, heldout) token streams, tokenized once for both models."""
+        if self._streams is None:
+            from .lm import tokenize_stream
+            tok = self.tokenizer()
+            train = tokenize_stream(tok, self.split.texts("train", self.cfg.corpus.train_chars))
+            heldout = tokenize_stream(tok, self.split.texts("heldout", self.cfg.corpus.train_chars // 10))
+            self._streams = (train, heldout)
+        return self._streams
+
+    # ------------------------------------------------------------------ parts
+    def build_tokenizer(self, out: str) -> None:
+        from .tokenizer import train_tokenizer
+        c = self.cfg
+        texts = self.split.texts("train", c.corpus.tokenizer_chars)
+        tok = train_tokenizer(texts, c.tokenizer.vocab_size, c.tokenizer.min_frequency,
+                              max(c.target.max_position_embeddings, c.draft.max_position_embeddings))
+        tok.save_pretrained(out)
+        _write_json(os.path.join(out, "split.json"), {"root": self.split.root, "train": self.split.train,
+                                                       "heldout": self.split.heldout})
+
+    def build_lm(self, role: str, out: str) -> None:
+        from .lm import heldout_loss, new_llama, train_lm
+        lm_cfg = self.cfg[role]
+        seed = self.cfg.seed + (0 if role == "target" else 1)
+        tok = self.tokenizer()
+        train_stream, heldout_stream = self.streams()
+        model = new_llama(lm_cfg, len(tok), tok.eos_token_id, seed)
+        started = time.perf_counter()
+        losses = train_lm(model, train_stream, lm_cfg.train, seed, desc=f"train {role}")
+        minutes = (time.perf_counter() - started) / 60
+        model.generation_config.pad_token_id = tok.eos_token_id
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        held = heldout_loss(model, heldout_stream, lm_cfg.train, seed)
+        _write_json(os.path.join(out, "train.json"), {
+            "role": role, "parameters": sum(p.numel() for p in model.parameters()),
+            "steps": len(losses), "train_tokens": lm_cfg.train.steps * lm_cfg.train.batch_size * lm_cfg.train.seq_len,
+            "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes})
+        console.print(f"  {role}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+                      f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
+                      + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
+
+    def build_heads(self, out: str) -> None:
+        from .heads import train_default_heads
+        train_default_heads(self.paths.target, self.split, self.cfg, out)
+
+
+def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
+    wanted = [p for p in PARTS if p != "heads" or cfg.heads.enabled]
+    store.remove_stale(paths.folder, keep={p for p in wanted if store.part_is_complete(paths.folder, p, digest)})
+    todo = [p for p in wanted if not store.part_is_complete(paths.folder, p, digest)]
+    console.print(f"[bold]specdec[/bold]: building the default model family ({', '.join(todo)}) in "
+                  f"{paths.folder} - once, a few minutes on a CPU")
+    builder = _Builder(cfg, paths)
+    started = time.perf_counter()
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        for part in todo:
+            console.print(f"[bold]{part}[/bold] ...")
+            build = builder.build_tokenizer if part == "tokenizer" else \
+                builder.build_heads if part == "heads" else \
+                (lambda out, role=part: builder.build_lm(role, out))
+            store.build_part(paths.folder, part, digest, build)
+    finally:
+        torch.set_num_threads(threads_before)
+    store.write_atomically(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))
+    store.mark_complete(paths.folder, digest)
+    console.print(f"[bold]specdec[/bold]: default model family ready in "
+                  f"{(time.perf_counter() - started) / 60:.1f} min: {paths.folder}")
+
+
+def _write_json(path: str, data) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)

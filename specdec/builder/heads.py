@@ -1,0 +1,35 @@
+"""Medusa heads for the default target, trained by the library's own `specdec train-heads`
+code on the same training files the language models read (and evaluated on the held-out ones)."""
+from __future__ import annotations
+
+import json
+import os
+
+from .config import FamilyConfig
+from .corpus import CorpusSplit
+
+SPLIT_FILE = "corpus_split.json"
+
+
+def _files_within(split: CorpusSplit, which: str, max_chars: int) -> list[str]:
+    files, total = [], 0
+    for relpath in getattr(split, which):
+        if files and total >= max_chars:
+            break
+        files.append(relpath)
+        total += os.path.getsize(os.path.join(split.root, relpath))
+    return files
+
+
+def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
+    from omegaconf import OmegaConf
+
+    from specdec.heads.train import train_heads
+
+    split_file = os.path.join(out, SPLIT_FILE)
+    with open(split_file, "w", encoding="utf-8") as f:
+        json.dump({"train": _files_within(split, "train", cfg.corpus.train_chars),
+                   "heldout": _files_within(split, "heldout", cfg.corpus.train_chars // 10)}, f, indent=1)
+    train_cfg = OmegaConf.merge(cfg.heads.train, {"target": target_path, "tokenizer": None, "output_dir": out,
+                                                  "split_file": split_file, "corpus_root": split.root})
+    return train_heads(train_cfg)

@@ -1,0 +1,289 @@
+"""`make demo` / `python -m specdec.demo`: one code prompt completed by every strategy.
+
+Builds the embedded default model family first when it is missing (a few minutes, once), or
+uses the models you point it at:
+
+    python -m specdec.demo                                   # the default family (cached)
+    python -m specdec.demo --models ../shared/models/pycode  # DIR/target, DIR/draft (DIR/heads)
+    python -m specdec.demo --target T --draft D --heads H    # any Hugging Face checkpoints
+    SPECDEC_DEMO_MODELS=DIR SPECDEC_DEMO_HEADS=H make demo   # the same, from the environment
+
+Prints the completion once and a table: tokens/s, tokens per target forward, speed-up over
+`autoregressive` and whether the tokens are identical to the target's own greedy
+`generate(do_sample=False)` (they must be; the exit status is 1 if any row differs).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+STRATEGIES = ("autoregressive", "draft_model", "medusa", "prompt_lookup")
+
+# Ends mid-line: a prompt ending in a bare newline splits a whitespace token the tokenizer
+# never splits in training, and small models then continue with blank lines.
+DEFAULT_PROMPT = '''import os
+import sys
+
+
+def read_lines(path):
+    """Return the lines of the file at path, without their line endings."""
+    with open(path) as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+def count_words(path):
+    """Return a dict mapping each word in the file at path to its number of occurrences."""
+    counts = {}
+    for line in read_lines(path):
+        for word in line.split():
+            counts[word] = counts.get(word, 0) + 1
+    return counts
+
+
+def main(argv):
+    """Print the most common words of each file named in argv."""
+    for path in argv'''
+
+
+@dataclass(frozen=True)
+class DemoModels:
+    target: str
+    draft: str | None
+    heads: str | None
+    origin: str                       # where they came from, for the header line
+
+
+@dataclass
+class Row:
+    strategy: str
+    new_tokens: int
+    seconds: float
+    target_forwards: int
+    identical: bool
+    speedup: float = 1.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+
+@dataclass
+class DemoResult:
+    models: DemoModels
+    prompt: str
+    completion: str                   # the target's own greedy completion
+    reference_ids: list[int]
+    hf_seconds: float                 # HF generate(do_sample=False), for reference
+    rows: list[Row] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)    # strategy -> why
+
+    @property
+    def all_identical(self) -> bool:
+        return bool(self.rows) and all(row.identical for row in self.rows)
+
+
+# ---------------------------------------------------------------------- which models
+def choose_models(target: str | None = None, draft: str | None = None, heads: str | None = None,
+                  models_dir: str | None = None, family_config: str | None = None,
+                  family_overrides: list[str] | None = None) -> DemoModels:
+    """Explicit paths > a family folder (DIR/target, DIR/draft, DIR/heads) > the default family."""
+    models_dir = models_dir or os.environ.get("SPECDEC_DEMO_MODELS") or None
+    heads = heads or os.environ.get("SPECDEC_DEMO_HEADS") or None
+    if target is None and models_dir is not None:
+        if not os.path.isdir(os.path.join(models_dir, "target")):
+            from .errors import ModelLoadError
+            raise ModelLoadError(f"--models {models_dir!r} has no target/ folder: give a folder holding "
+                                 f"target/ (and draft/, heads/), or --target PATH")
+        target = os.path.join(models_dir, "target")
+        draft = draft or _existing(os.path.join(models_dir, "draft"))
+        heads = heads or _existing(os.path.join(models_dir, "heads"))
+        return DemoModels(target, draft, heads, origin=models_dir)
+    if target is not None:
+        return DemoModels(target, draft, heads, origin="given paths")
+    from .builder import ensure_family, load_family_config
+    from .default_models import default_family_config_name
+    family = ensure_family(load_family_config(family_config or default_family_config_name(), family_overrides))
+    return DemoModels(family.target, draft or family.draft, heads or family.heads,
+                      origin=f"default family {family.folder}")
+
+
+def _existing(path: str) -> str | None:
+    return path if os.path.isdir(path) else None
+
+
+def unavailable_reason(strategy: str, models: DemoModels) -> str | None:
+    """Why a row cannot run here (module not written yet, no draft, no heads), or None."""
+    from .config import find_config_file
+    from .errors import ConfigError
+    from .strategies import REGISTRY
+    if importlib.util.find_spec(REGISTRY[strategy]) is None:
+        return f"module {REGISTRY[strategy]} is not available in this checkout"
+    try:
+        find_config_file(strategy)
+    except ConfigError:
+        return f"no configs/{strategy}.yaml"
+    if strategy == "draft_model" and models.draft is None:
+        return "no draft model: pass --draft PATH"
+    if strategy == "medusa" and models.heads is None:
+        return "no Medusa heads for this target: train them with `specdec train-heads`, then pass --heads PATH"
+    return None
+
+
+# ---------------------------------------------------------------------- running
+@torch.inference_mode()
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target's own greedy decoding; EOS does not stop it (as ignore_eos=True)."""
+    input_ids = torch.tensor([prompt_ids], device=model.device)
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=None)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def _timed(fn):
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
+
+
+def load_overrides(strategy: str, models: DemoModels, device: str) -> dict:
+    """The dotted overrides of specdec.load for one row."""
+    overrides = {"target.path": models.target, "device": device}
+    if strategy == "draft_model":
+        overrides["draft.path"] = models.draft
+    if strategy == "medusa":
+        overrides["heads.path"] = models.heads
+    return overrides
+
+
+def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 128,
+             strategies=STRATEGIES, device: str = "cpu", log=print) -> DemoResult:
+    """Each strategy through the public API (specdec.load), warmed up once, then timed once;
+    every row is compared with the target's own greedy generate()."""
+    import specdec
+    from .errors import IncompatibleModelsError, ModelLoadError
+    result: DemoResult | None = None
+    skipped: dict[str, str] = {}
+    for name in strategies:
+        reason = unavailable_reason(name, models)
+        if reason is not None:
+            skipped[name] = reason
+            log(f"skipping {name}: {reason}")
+            continue
+        log(f"running {name} ...")
+        try:
+            sd = specdec.load(name, **load_overrides(name, models, device))
+        except (ModelLoadError, IncompatibleModelsError) as exc:
+            if name == strategies[0]:
+                raise
+            skipped[name] = str(exc)                 # e.g. heads trained for another target
+            log(f"skipping {name}: {exc}")
+            continue
+        if result is None:   # the reference: the target's own greedy decoding, timed for the caption
+            prompt_ids = sd.tokenizer(prompt)["input_ids"]
+            hf_greedy(sd.target, prompt_ids, max_new_tokens)                        # warm-up
+            reference, hf_seconds = _timed(lambda: hf_greedy(sd.target, prompt_ids, max_new_tokens))
+            result = DemoResult(models, prompt, sd.tokenizer.decode(reference, skip_special_tokens=True),
+                                reference, hf_seconds)
+        call = lambda: sd.generate(prompt, max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)  # noqa: E731
+        call()                                                                       # warm-up
+        out, seconds = _timed(call)
+        result.rows.append(Row(name, out.stats.new_tokens, seconds, out.stats.target_forwards,
+                               identical=out.token_ids == result.reference_ids))
+    if result is None:
+        raise RuntimeError(f"no strategy could run: {skipped}")
+    result.skipped = skipped
+    base = next((r for r in result.rows if r.strategy == "autoregressive"), None)
+    for row in result.rows:
+        row.speedup = (row.tokens_per_second / base.tokens_per_second
+                       if base is not None and base.tokens_per_second else float("nan"))
+    return result
+
+
+# ---------------------------------------------------------------------- output
+def render(result: DemoResult, console: Console) -> None:
+    console.rule("[bold]prompt")
+    console.print(result.prompt, end="", markup=False, highlight=False)
+    console.rule("[bold]completion (identical for every strategy below)")
+    console.print(result.completion, markup=False, highlight=False)
+    console.rule()
+    table = Table(title=f"{len(result.reference_ids)} new tokens, greedy, on {result.models.origin}")
+    for column, justify in (("strategy", "left"), ("tokens/s", "right"), ("tokens / target forward", "right"),
+                            ("speed-up vs autoregressive", "right"), ("identical to greedy", "center")):
+        table.add_column(column, justify=justify)
+    for row in result.rows:
+        table.add_row(row.strategy, f"{row.tokens_per_second:.1f}", f"{row.tokens_per_forward:.2f}",
+                      f"{row.speedup:.2f}x", "[green]yes[/green]" if row.identical else "[red bold]NO[/red bold]")
+    for name, reason in result.skipped.items():
+        table.add_row(name, "-", "-", "-", "skipped")
+    hf_rate = len(result.reference_ids) / result.hf_seconds if result.hf_seconds else 0.0
+    table.caption = (f"reference: Hugging Face generate(do_sample=False) on the same target, "
+                     f"{hf_rate:.1f} tokens/s. One timed run per row after a warm-up; ratios are the "
+                     f"figures to read, absolute speeds vary from run to run.")
+    console.print(table)
+    for name, reason in result.skipped.items():
+        console.print(f"[yellow]{name} skipped[/yellow]: {reason}")
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="python -m specdec.demo", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", help="folder holding target/ and draft/ (and heads/); env SPECDEC_DEMO_MODELS")
+    parser.add_argument("--target", help="target checkpoint folder (replaces the default target)")
+    parser.add_argument("--draft", help="draft checkpoint folder (same tokenizer as the target)")
+    parser.add_argument("--heads", help="Medusa heads folder for the target; env SPECDEC_DEMO_HEADS")
+    parser.add_argument("--prompt", help="the prompt (default: a small Python function to finish)")
+    parser.add_argument("--prompt-file", help="read the prompt from this file")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated rows, autoregressive first (default: {','.join(STRATEGIES)})")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (default: cpu)")
+    parser.add_argument("--family-config", help="YAML of the default family to build (sizes, budget); "
+                                                "default configs/default_family.yaml or $SPECDEC_FAMILY_CONFIG")
+    parser.add_argument("--family-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the family config, e.g. target.train.steps=50 (repeatable)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import SpecDecError
+    args = parse_args(argv)
+    console = Console()
+    prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    if args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompt = f.read()
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies or strategies[0] != "autoregressive":
+        console.print(f"[red]--strategies must start with autoregressive (the baseline) and use only "
+                      f"{', '.join(STRATEGIES)}; got {args.strategies!r}[/red]")
+        return 2
+    try:
+        models = choose_models(args.target, args.draft, args.heads, args.models, args.family_config,
+                               args.family_set)
+        result = run_demo(models, prompt, args.max_new_tokens, strategies, args.device,
+                          log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    except SpecDecError as exc:
+        console.print(f"[red]demo: error:[/red] {exc}")
+        return 2
+    render(result, console)
+    if not result.all_identical:
+        console.print("[red bold]a strategy's output differs from greedy decoding: this is a bug, please report it[/red bold]")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The default-family builder on a minimal budget: loadable checkpoints, a cache that is
+reused, and interrupted builds that are detected and rebuilt, never loaded."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import specdec
+from specdec.builder import config_hash, ensure_family, family_is_built, family_paths, load_family_config
+from specdec.builder import family as family_module
+from specdec.builder import store
+
+# A family built in a few seconds: a handful of stdlib files, tiny models, a few steps.
+MINIMAL_FAMILY = {
+    "corpus.max_files": 8, "corpus.tokenizer_chars": 60_000, "corpus.train_chars": 60_000,
+    "tokenizer.vocab_size": 320,
+    "target.hidden_size": 32, "target.num_layers": 1, "target.num_heads": 2, "target.intermediate_size": 64,
+    "target.max_position_embeddings": 512,
+    "target.train.steps": 3, "target.train.batch_size": 2, "target.train.seq_len": 32,
+    "target.train.warmup_steps": 1, "target.train.eval_windows": 2,
+    "draft.hidden_size": 16, "draft.num_layers": 1, "draft.num_heads": 2, "draft.intermediate_size": 32,
+    "draft.max_position_embeddings": 512,
+    "draft.train.steps": 3, "draft.train.batch_size": 2, "draft.train.seq_len": 32,
+    "draft.train.warmup_steps": 1, "draft.train.eval_windows": 2,
+    "heads.train": {"num_heads": 2, "num_layers": 1, "seq_len": 32, "batch_size": 2, "steps": 2,
+                    "warmup_steps": 1, "eval_interval": 1000, "eval_windows": 2,
+                    "checkpoint_interval": 1, "progress": False},
+}
+
+
+def minimal_config(**extra):
+    return load_family_config("default_family", {**MINIMAL_FAMILY, **extra})
+
+
+def write_minimal_yaml(path) -> str:
+    """The minimal family as a YAML file (what --family-config / $SPECDEC_FAMILY_CONFIG take)."""
+    OmegaConf.save(minimal_config(), str(path))
+    return str(path)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One minimal family (heads included), built once for the tests that only read it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("cache")))
+        cfg = minimal_config()
+        paths = ensure_family(cfg)
+        yield cfg, paths, os.environ["SPECDEC_HOME"]
+
+
+def test_minimal_build_gives_loadable_checkpoints(built):
+    cfg, paths, home = built
+    assert paths.folder.startswith(home)
+    assert os.path.basename(paths.folder) == f"default-{config_hash(cfg)}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_HOME", home)
+        assert family_is_built(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
+    assert len(tokenizer) == 320
+    assert tokenizer.eos_token == tokenizer.bos_token == tokenizer.pad_token == "<|endoftext|>"
+    text = "def parse(line):\n    return line.split(',')\n"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text            # byte-level: lossless
+    target = AutoModelForCausalLM.from_pretrained(paths.target)
+    draft = AutoModelForCausalLM.from_pretrained(paths.draft)
+    assert target.config.hidden_size == 32 and draft.config.hidden_size == 16
+    assert AutoTokenizer.from_pretrained(paths.draft).get_vocab() == tokenizer.get_vocab()
+    for folder in (paths.target, paths.draft):
+        with open(os.path.join(folder, "train.json")) as f:
+            log = json.load(f)
+        assert log["steps"] == 3 and log["heldout_loss"] is not None
+    assert os.path.isfile(os.path.join(paths.heads, "heads.json"))
+    assert os.path.isfile(os.path.join(paths.heads, "heads.safetensors"))
+
+
+def test_minimal_family_generates_through_the_public_api(built):
+    _, paths, _ = built
+    sd = specdec.load("draft_model", **{"target.path": paths.target, "draft.path": paths.draft, "device": "cpu"})
+    out = sd.generate("def parse(", max_new_tokens=10, ignore_eos=True)
+    prompt_ids = sd.tokenizer("def parse(")["input_ids"]
+    reference = sd.target.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
+                                   dtype=torch.long), max_new_tokens=10, do_sample=False, eos_token_id=None)
+    assert out.token_ids == reference[0, len(prompt_ids):].tolist()
+    assert out.stats.new_tokens == 10
+
+
+def test_load_without_target_path_uses_the_default_family(built, tmp_path, monkeypatch):
+    cfg, paths, home = built
+    monkeypatch.setenv("SPECDEC_HOME", home)
+    monkeypatch.setenv("SPECDEC_FAMILY_CONFIG", write_minimal_yaml(tmp_path / "family.yaml"))
+    monkeypatch.setattr(family_module, "_build", _must_not_build)
+    sd = specdec.load("draft_model", device="cpu")
+    assert sd.config.target.path == paths.target and sd.config.draft.path == paths.draft
+    assert sd.config.heads.path == paths.heads
+    # a path the user gives is kept
+    sd = specdec.load("draft_model", device="cpu", **{"draft.path": paths.target})
+    assert sd.config.draft.path == paths.target
+
+
+def _must_not_build(*args, **kwargs):
+    raise AssertionError("a complete family was rebuilt")
+
+
+def test_complete_family_is_reused(built, monkeypatch):
+    cfg, paths, home = built
+    monkeypatch.setenv("SPECDEC_HOME", home)
+    monkeypatch.setattr(family_module, "_build", _must_not_build)
+    assert ensure_family(cfg) == paths
+
+
+def test_other_config_other_folder(home):
+    cfg = minimal_config()
+    other = minimal_config(**{"target.train.steps": 4})
+    assert config_hash(cfg) != config_hash(other)
+    assert family_paths(cfg).folder != family_paths(other).folder
+
+
+def test_same_seed_same_weights(home, tmp_path, monkeypatch):
+    cfg = minimal_config(**{"heads.enabled": False})
+    first = ensure_family(cfg)
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "second"))
+    second = ensure_family(cfg)
+    assert first.folder != second.folder
+    for part in ("target", "draft"):
+        a = load_file(os.path.join(first.folder, part, "model.safetensors"))
+        b = load_file(os.path.join(second.folder, part, "model.safetensors"))
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_part_folder_without_complete_marker_is_rebuilt(home):
+    cfg = minimal_config(**{"heads.enabled": False})
+    paths = family_paths(cfg)
+    os.makedirs(paths.target)                     # what a crash mid-copy could leave behind
+    with open(os.path.join(paths.target, "config.json"), "w") as f:
+        f.write("{ half written")
+    assert not family_is_built(cfg)
+    ensure_family(cfg)
+    assert family_is_built(cfg)
+    AutoModelForCausalLM.from_pretrained(paths.target)           # the stale part was replaced
+    assert store.part_is_complete(paths.folder, "target", config_hash(cfg))
+
+
+def test_interrupted_build_is_not_complete_and_resumes(home, monkeypatch):
+    cfg = minimal_config(**{"heads.enabled": False})
+    paths = family_paths(cfg)
+    built_parts = []
+    real_build_lm = family_module._Builder.build_lm
+
+    def build_lm_then_crash_on_draft(self, role, out):
+        built_parts.append(role)
+        if role == "draft":
+            with open(os.path.join(out, "config.json"), "w") as f:
+                f.write("{}")                        # a partly written part...
+            raise KeyboardInterrupt("simulated interruption")   # ...then the user hits Ctrl-C
+        return real_build_lm(self, role, out)
+
+    monkeypatch.setattr(family_module._Builder, "build_lm", build_lm_then_crash_on_draft)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_family(cfg)
+    assert built_parts == ["target", "draft"]
+    assert not family_is_built(cfg)
+    assert not os.path.exists(os.path.join(paths.folder, store.COMPLETE))
+    assert not os.path.exists(paths.draft)                  # the half-built part never took its name
+    assert [n for n in os.listdir(paths.folder) if ".building-" in n] == []
+
+    monkeypatch.setattr(family_module._Builder, "build_lm",
+                        lambda self, role, out: (built_parts.append(role), real_build_lm(self, role, out)))
+    ensure_family(cfg)
+    assert family_is_built(cfg)
+    assert built_parts == ["target", "draft", "draft"]      # finished parts are kept, the rest rebuilt
+    AutoModelForCausalLM.from_pretrained(paths.draft)
+
+
+def test_stale_complete_marker_from_another_config_is_not_trusted(home):
+    cfg = minimal_config(**{"heads.enabled": False})
+    paths = family_paths(cfg)
+    os.makedirs(paths.folder)
+    store.mark_complete(paths.folder, "0123456789ab")            # a marker with another hash
+    assert not family_is_built(cfg)
+
+
+def test_bad_family_config_names_the_problem():
+    with pytest.raises(specdec.ConfigError, match="hidden_size"):
+        minimal_config(**{"target.num_heads": 3})
+    with pytest.raises(specdec.ConfigError, match="unknown config key"):
+        load_family_config("default_family", {"target.layers": 2})
