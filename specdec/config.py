@@ -30,6 +30,7 @@ class DraftConfig:
     min_tokens: int = 1
     max_tokens: int = 12
     draft_cost: float = 0.1             # draft forward time / target forward time, for adaptive gamma
+    min_confidence: float = 0.0         # chains stop early where the draft's own token prob < this (0 = off)
 
 
 @dataclass

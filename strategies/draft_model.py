@@ -26,7 +26,7 @@ class DraftModel:
 
     def __init__(self, draft, *, num_tokens: int = 4, branching: Sequence[int] | None = None,
                  max_nodes: int = 64, adaptive: bool = False, min_tokens: int = 1, max_tokens: int = 12,
-                 draft_cost: float = 0.1, draft_tokenizer=None):
+                 draft_cost: float = 0.1, min_confidence: float = 0.0, draft_tokenizer=None):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
@@ -40,6 +40,7 @@ class DraftModel:
         self.adaptive = adaptive
         self.min_tokens, self.max_tokens = int(min_tokens), int(max_tokens)
         self.draft_cost = float(draft_cost)
+        self.min_confidence = float(min_confidence)
         self.draft_tokenizer = draft_tokenizer
         self.vocab = output_vocab_size(draft)
 
@@ -113,11 +114,21 @@ class DraftModel:
             token, draft_probs = self._pick(logits, 1, state)                     # [1]
             tokens.append(token)
             rows.append(draft_probs)
-            if i < depth - 1:
-                logits = self._logits(token.view(1, 1))[-1]
-                self.fed_nodes.append(i)
-        draft_probs = None if state.sampling.greedy else torch.stack(rows)        # [depth, V]
-        return CandidateTree(torch.cat(tokens), tuple(range(-1, depth - 1)), draft_probs)
+            if i == depth - 1 or self._unsure(logits, token, draft_probs):
+                break
+            logits = self._logits(token.view(1, 1))[-1]
+            self.fed_nodes.append(i)
+        draft_probs = None if state.sampling.greedy else torch.stack(rows)        # [n, V]
+        return CandidateTree(torch.cat(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
+
+    def _unsure(self, logits: torch.Tensor, token: torch.Tensor, draft_probs: torch.Tensor | None) -> bool:
+        """Stop the chain when the draft gave its own token less than min_confidence: the rest
+        would likely be rejected and only widen the verify forward. (The chain's length depends
+        on the draft alone, so the verdict stays lossless.)"""
+        if self.min_confidence <= 0:
+            return False
+        probs = torch.softmax(logits, dim=-1) if draft_probs is None else draft_probs   # [V]
+        return bool(probs[token] < self.min_confidence)
 
     def _tree(self, logits: torch.Tensor, branching: list[int], state: DecodeState) -> CandidateTree:
         tokens: list[torch.Tensor] = []      # per node: [1]
@@ -175,4 +186,5 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     d = cfg.draft
     return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
-                      max_tokens=d.max_tokens, draft_cost=d.draft_cost, draft_tokenizer=draft_tokenizer)
+                      max_tokens=d.max_tokens, draft_cost=d.draft_cost, min_confidence=d.min_confidence,
+                      draft_tokenizer=draft_tokenizer)

@@ -55,6 +55,22 @@ def stochastic_chain(draft, rng, depth=2):
     return CandidateTree.chain(tokens, torch.stack(rows).float()), contexts
 
 
+def early_stopping_chain(draft, rng, depth=3, min_confidence=0.3):
+    """A chain that stops where the draft gave its own token less than min_confidence (the
+    draft_model strategy's early stop): its length depends on the draws."""
+    tokens, rows, ctx, contexts = [], [], (), []
+    for _ in range(depth):
+        q = draft(ctx)
+        x = rng.categorical(q)
+        tokens.append(x)
+        rows.append(q)
+        ctx = ctx + (x,)
+        contexts.append(ctx)
+        if q[x] < min_confidence:
+            break
+    return CandidateTree.chain(tokens, torch.stack(rows).float()), contexts
+
+
 def stochastic_tree(draft, rng, siblings: str, widths=(2, 1)):
     """widths[d] children per node at depth d, drawn from the draft (independently or without
     replacement)."""
@@ -100,6 +116,7 @@ def emission_law(target, draft, sampler, verify=accept_sampling):
 
 SAMPLERS = {
     "chain": lambda d, rng: stochastic_chain(d, rng, depth=2),
+    "chain-early-stop": early_stopping_chain,
     "tree-independent": lambda d, rng: stochastic_tree(d, rng, INDEPENDENT, (2, 1)),
     "tree-without-replacement": lambda d, rng: stochastic_tree(d, rng, WITHOUT_REPLACEMENT, (2, 1)),
     "tree-without-replacement-3": lambda d, rng: stochastic_tree(d, rng, WITHOUT_REPLACEMENT, (3,)),
