@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 STRATEGIES = ("autoregressive", "draft_model", "medusa", "prompt_lookup")
 
@@ -85,7 +87,8 @@ class DemoResult:
     prompt: str
     completion: str                   # the target's own greedy completion
     reference_ids: list[int]
-    hf_seconds: float                 # HF generate(do_sample=False), for reference
+    hf_seconds: float = 0.0           # HF generate(do_sample=False), for reference (median)
+    repeats: int = 0                  # timed runs per row
     rows: list[Row] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)    # strategy -> why
 
@@ -168,13 +171,15 @@ def load_overrides(strategy: str, models: DemoModels, device: str) -> dict:
 
 
 def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 128,
-             strategies=STRATEGIES, device: str = "cpu", log=print) -> DemoResult:
-    """Each strategy through the public API (specdec.load), warmed up once, then timed once;
-    every row is compared with the target's own greedy generate()."""
+             strategies=STRATEGIES, device: str = "cpu", repeats: int = 3, log=print) -> DemoResult:
+    """Each strategy through the public API (specdec.load): its output (from the warm-up call) is
+    compared with the target's own greedy generate(), then the rows are timed `repeats` times in
+    turn and each keeps its median time."""
     import specdec
     from .errors import IncompatibleModelsError, ModelLoadError
     result: DemoResult | None = None
     skipped: dict[str, str] = {}
+    loaded = []                       # one Speculator per row that runs
     for name in strategies:
         reason = unavailable_reason(name, models)
         if reason is not None:
@@ -184,25 +189,38 @@ def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: i
         log(f"running {name} ...")
         try:
             sd = specdec.load(name, **load_overrides(name, models, device))
-        except (ModelLoadError, IncompatibleModelsError) as exc:
+        except (ModelLoadError, IncompatibleModelsError, ImportError) as exc:
             if name == strategies[0]:
                 raise
-            skipped[name] = str(exc)                 # e.g. heads trained for another target
+            skipped[name] = f"{type(exc).__name__}: {exc}"     # e.g. heads trained for another target
             log(f"skipping {name}: {exc}")
             continue
-        if result is None:   # the reference: the target's own greedy decoding, timed for the caption
-            prompt_ids = sd.tokenizer(prompt)["input_ids"]
-            hf_greedy(sd.target, prompt_ids, max_new_tokens)                        # warm-up
-            reference, hf_seconds = _timed(lambda: hf_greedy(sd.target, prompt_ids, max_new_tokens))
+        if result is None:   # the reference: the target's own greedy decoding
+            result_prompt_ids = sd.tokenizer(prompt)["input_ids"]
+            reference = hf_greedy(sd.target, result_prompt_ids, max_new_tokens)    # also its warm-up
             result = DemoResult(models, prompt, sd.tokenizer.decode(reference, skip_special_tokens=True),
-                                reference, hf_seconds)
-        call = lambda: sd.generate(prompt, max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)  # noqa: E731
-        call()                                                                       # warm-up
-        out, seconds = _timed(call)
-        result.rows.append(Row(name, out.stats.new_tokens, seconds, out.stats.target_forwards,
+                                reference)
+        out = sd.generate(prompt, max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)  # warm-up
+        result.rows.append(Row(name, out.stats.new_tokens, 0.0, out.stats.target_forwards,
                                identical=out.token_ids == result.reference_ids))
+        loaded.append(sd)
     if result is None:
         raise RuntimeError(f"no strategy could run: {skipped}")
+    # timing: rounds over all rows in turn (a busy machine slows every row alike), median per row
+    calls = [lambda sd=sd: sd.generate(prompt, max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+             for sd in loaded]
+    calls.append(lambda: hf_greedy(loaded[0].target, result_prompt_ids, max_new_tokens))
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for index, call in enumerate(calls):
+            out, seconds = _timed(call)
+            times[index].append(seconds)
+            if index < len(result.rows):          # every timed output is checked too
+                result.rows[index].identical &= out.token_ids == result.reference_ids
+    for row, row_times in zip(result.rows, times):
+        row.seconds = statistics.median(row_times)
+    result.hf_seconds = statistics.median(times[-1])
+    result.repeats = repeats
     result.skipped = skipped
     base = next((r for r in result.rows if r.strategy == "autoregressive"), None)
     for row in result.rows:
@@ -213,10 +231,8 @@ def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: i
 
 # ---------------------------------------------------------------------- output
 def render(result: DemoResult, console: Console) -> None:
-    console.rule("[bold]prompt")
-    console.print(result.prompt, end="", markup=False, highlight=False)
-    console.rule("[bold]completion (identical for every strategy below)")
-    console.print(result.completion, markup=False, highlight=False)
+    console.rule("[bold]prompt[/bold] (dim) + [bold]completion[/bold] (identical for every strategy below)")
+    console.print(Text(result.prompt, style="dim") + Text(result.completion, style="bold cyan"))
     console.rule()
     table = Table(title=f"{len(result.reference_ids)} new tokens, greedy, on {result.models.origin}")
     for column, justify in (("strategy", "left"), ("tokens/s", "right"), ("tokens / target forward", "right"),
@@ -229,8 +245,8 @@ def render(result: DemoResult, console: Console) -> None:
         table.add_row(name, "-", "-", "-", "skipped")
     hf_rate = len(result.reference_ids) / result.hf_seconds if result.hf_seconds else 0.0
     table.caption = (f"reference: Hugging Face generate(do_sample=False) on the same target, "
-                     f"{hf_rate:.1f} tokens/s. One timed run per row after a warm-up; ratios are the "
-                     f"figures to read, absolute speeds vary from run to run.")
+                     f"{hf_rate:.1f} tokens/s. Median of {result.repeats} timed runs per row (rows in turn), after a "
+                     f"warm-up; ratios are the figures to read, absolute speeds vary from run to run.")
     console.print(table)
     for name, reason in result.skipped.items():
         console.print(f"[yellow]{name} skipped[/yellow]: {reason}")
@@ -248,6 +264,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated rows, autoregressive first (default: {','.join(STRATEGIES)})")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, in turn (median kept)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (default: cpu)")
     parser.add_argument("--family-config", help="YAML of the default family to build (sizes, budget); "
                                                 "default configs/default_family.yaml or $SPECDEC_FAMILY_CONFIG")
@@ -273,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models = choose_models(args.target, args.draft, args.heads, args.models, args.family_config,
                                args.family_set)
-        result = run_demo(models, prompt, args.max_new_tokens, strategies, args.device,
+        result = run_demo(models, prompt, args.max_new_tokens, strategies, args.device, max(1, args.repeats),
                           log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
     except SpecDecError as exc:
         console.print(f"[red]demo: error:[/red] {exc}")

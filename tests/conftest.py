@@ -51,10 +51,13 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: i
     return model
 
 
-def char_tokenizer(vocab: int = VOCAB):
-    """A character-level fast tokenizer over printable ASCII: ids 0-2 are <pad>, <bos>, <eos>."""
+def char_tokenizer(vocab: int = VOCAB, reverse: bool = False):
+    """A character-level fast tokenizer over printable ASCII: ids 0-2 are <pad>, <bos>, <eos>.
+    reverse=True assigns the character ids in the opposite order (same size, other vocabulary)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     chars = list(" \n\t" + string.ascii_letters + string.digits + string.punctuation)[: vocab - 3]
+    if reverse:
+        chars = chars[::-1]
     table = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
     for c in chars:
         table[c] = len(table)

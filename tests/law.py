@@ -115,3 +115,13 @@ def extend_to_length(emission_law: dict, dist: Callable, length: int) -> dict:
 def total_variation(a: dict, b: dict) -> float:
     keys = set(a) | set(b)
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)
+
+
+def always_accept(tree, target_probs: torch.Tensor, rng):
+    """A deliberately wrong verifier (the negative control): keeps the first child at every depth."""
+    from specdec.acceptance import Verdict
+    accepted, node = [], -1
+    while tree.children(node):
+        node = tree.children(node)[0]
+        accepted.append(node)
+    return Verdict(tuple(accepted), rng.categorical(target_probs[node + 1]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from law import enumerate_law, extend_to_length, random_table, sequence_law, total_variation
+from law import always_accept, enumerate_law, extend_to_length, random_table, sequence_law, total_variation
 from specdec.acceptance import Verdict, accept_greedy, accept_sampling
 from specdec.sampling import SamplingParams, TorchRandom, logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
@@ -27,15 +27,6 @@ def warped(table, params: SamplingParams):
     def dist(ctx):
         return logits_to_probs(table(ctx).log(), params).double()
     return dist
-
-
-def always_accept(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
-    """A deliberately wrong verifier: keeps the first child at every depth."""
-    accepted, node = [], -1
-    while tree.children(node):
-        node = tree.children(node)[0]
-        accepted.append(node)
-    return Verdict(tuple(accepted), rng.categorical(target_probs[node + 1]))
 
 
 # ----------------------------------------------------------------------------- tree samplers

@@ -22,15 +22,7 @@ from specdec.strategies.draft_model import DraftModel
 
 def other_char_tokenizer(vocab: int = VOCAB):
     """A character tokenizer of the same size whose ids are assigned in another order."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    chars = list(" \n\t" + string.ascii_letters + string.digits + string.punctuation)[: vocab - 3][::-1]
-    table = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
-    for c in chars:
-        table[c] = len(table)
-    tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+    return char_tokenizer(vocab, reverse=True)
 
 
 def save(folder, model, tokenizer=None) -> str:

@@ -9,7 +9,7 @@ import torch
 
 import specdec
 from conftest import char_tokenizer, hf_greedy, tiny_model
-from law import enumerate_law, extend_to_length, random_table, sequence_law, total_variation
+from law import always_accept, enumerate_law, extend_to_length, random_table, sequence_law, total_variation
 from specdec.acceptance import Verdict, accept_sampling
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingParams, logits_to_probs
@@ -237,15 +237,6 @@ LAW_CONTEXTS = {
 }
 
 
-def always_accept_first(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
-    """A deliberately wrong acceptance: keeps the first child at every depth."""
-    accepted, node = [], -1
-    while tree.children(node):
-        node = tree.children(node)[0]
-        accepted.append(node)
-    return Verdict(tuple(accepted), rng.categorical(target_probs[node + 1]))
-
-
 def lookup_emission_law(context, target, verify):
     tree = propose(context, min_ngram=1, max_ngram=2, num_tokens=2, max_matches=4)
     assert tree.num_nodes > 1 and tree.draft_probs is None
@@ -291,7 +282,7 @@ def test_sampling_with_lookup_trees_is_lossless(shape, seed, params):
 def test_law_negative_control(shape):
     context = LAW_CONTEXTS[shape]
     target = context_target(context, 3, SamplingParams(1.0))
-    _, law = lookup_emission_law(context, target, always_accept_first)
+    _, law = lookup_emission_law(context, target, always_accept)
     tv = total_variation(extend_to_length(law, target, LENGTH), sequence_law(target, LENGTH))
     assert tv > 0.05, "the law test must catch an acceptance that keeps the first child"
 

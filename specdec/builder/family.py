@@ -114,6 +114,14 @@ class _Builder:
                       f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
                       + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
 
+    def step(self, part: str):
+        """The function that builds `part` into a given folder."""
+        if part == "tokenizer":
+            return self.build_tokenizer
+        if part == "heads":
+            return self.build_heads
+        return lambda out: self.build_lm(part, out)
+
     def build_heads(self, out: str) -> None:
         from .heads import train_default_heads
         train_default_heads(self.paths.target, self.split, self.cfg, out)
@@ -133,10 +141,7 @@ def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
     try:
         for part in todo:
             console.print(f"[bold]{part}[/bold] ...")
-            build = builder.build_tokenizer if part == "tokenizer" else \
-                builder.build_heads if part == "heads" else \
-                (lambda out, role=part: builder.build_lm(role, out))
-            store.build_part(paths.folder, part, digest, build)
+            store.build_part(paths.folder, part, digest, builder.step(part))
     finally:
         torch.set_num_threads(threads_before)
     store.write_atomically(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))
