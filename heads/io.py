@@ -2,7 +2,8 @@
 target's shared lm_head) and `heads.json` (the head layout and the target they were trained for).
 
     heads.json = {"format": "specdec-medusa-heads", "version": 1,
-                  "layout": {num_heads, num_layers, hidden_size, vocab_size, own_lm_head},
+                  "layout": {num_heads, num_layers, hidden_size, vocab_size, own_lm_head,
+                             token_conditioned (absent = false)},
                   "target": {architecture, hidden_size, vocab_size, fingerprint: [floats]},
                   "training": {...free-form notes...}}
 
@@ -174,7 +175,9 @@ def load_heads(folder: str, target=None) -> MedusaHeads:
 
 
 def bind_heads(heads: MedusaHeads, target) -> MedusaHeads:
-    """Move the heads to the target's device and dtype and share its lm_head."""
+    """Move the heads to the target's device and dtype and share its lm_head (and its input
+    embedding, which token-conditioned heads read)."""
     heads.to(device=target.device, dtype=target.dtype)
     heads.attach_lm_head(target.get_output_embeddings())
+    heads.attach_embedding(target.get_input_embeddings())
     return heads

@@ -4,6 +4,12 @@ Head k (k = 1..K) guesses the token k + 1 positions after the hidden state's pos
 target's own lm_head guesses the token right after it). Each head is a few residual blocks
 `x + SiLU(W x)` with W = 0 at start (a fresh head is the identity), then either the target's
 own frozen lm_head (shared, kept out of the heads' parameters) or a projection of its own.
+
+Token-conditioned heads (layout.token_conditioned) also see the token right after the hidden
+state's position (at decode time: the pending token, known when the heads run): each head's
+input is `hidden + P_k · embed(next token)`, with the target's own frozen input embedding and
+P_k = 0 at start (so a fresh head is still the identity of the hidden state). Plain Medusa
+heads must guess that token implicitly; when sampling they cannot know it at all.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ class HeadsLayout:
     hidden_size: int        # H: the target's hidden size
     vocab_size: int         # V: the width of the target's logits
     own_lm_head: bool = False   # True: each head has its own [V, H] projection
+    token_conditioned: bool = False   # True: heads also see the embedding of the next token
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,7 +56,13 @@ class MedusaHeads(nn.Module):
         self.lm_heads = (nn.ModuleList(nn.Linear(layout.hidden_size, layout.vocab_size, bias=False)
                                        for _ in range(layout.num_heads))
                          if layout.own_lm_head else None)
+        self.token_projs = (nn.ModuleList(nn.Linear(layout.hidden_size, layout.hidden_size, bias=False)
+                                          for _ in range(layout.num_heads))
+                            if layout.token_conditioned else None)
+        for proj in self.token_projs or ():
+            nn.init.zeros_(proj.weight)
         self._shared_lm_head: list[nn.Module] = []     # the target's lm_head, outside state_dict()
+        self._shared_embedding: list[nn.Module] = []   # the target's input embedding, likewise
 
     @property
     def num_heads(self) -> int:
@@ -59,6 +72,10 @@ class MedusaHeads(nn.Module):
         """Share the target's (frozen) output layer; it is not saved with the heads."""
         self._shared_lm_head[:] = [lm_head]
 
+    def attach_embedding(self, embedding: nn.Module) -> None:
+        """Share the target's (frozen) input embedding, for token-conditioned heads; not saved."""
+        self._shared_embedding[:] = [embedding]
+
     def init_own_lm_heads(self, lm_head_weight: torch.Tensor) -> None:
         """Start each own projection as a copy of the target's lm_head weights [V, H]."""
         if self.lm_heads is None:
@@ -67,13 +84,26 @@ class MedusaHeads(nn.Module):
             for head in self.lm_heads:
                 head.weight.copy_(lm_head_weight)
 
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., K, H]: each head's residual blocks applied to the hidden state."""
-        return torch.stack([blocks(hidden) for blocks in self.blocks], dim=-2)
+    def features(self, hidden: torch.Tensor, next_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., H] (and next_ids [...]) -> [..., K, H]: each head's residual blocks applied to the
+        hidden state (plus, when token-conditioned, its projection of the next token's embedding)."""
+        if self.token_projs is None:
+            return torch.stack([blocks(hidden) for blocks in self.blocks], dim=-2)
+        if next_ids is None:
+            raise ValueError("token-conditioned heads need next_ids: the token after each hidden state's "
+                             "position (the pending token at decode time)")
+        if not self._shared_embedding:
+            raise RuntimeError("token-conditioned heads use the target's input embedding: call "
+                               "attach_embedding(target's get_input_embeddings()) first (Medusa.bind and "
+                               "load_heads do)")
+        embedded = self._shared_embedding[0](next_ids).to(hidden.dtype)       # [..., H]
+        return torch.stack([blocks(hidden + proj(embedded)) for blocks, proj in zip(self.blocks, self.token_projs)],
+                           dim=-2)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] last hidden states -> [..., K, V] logits; [..., k-1, :] guesses token +k+1."""
-        features = self.features(hidden)                                     # [..., K, H]
+    def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., H] last hidden states (and next_ids [...], the token after each position, for
+        token-conditioned heads) -> [..., K, V] logits; [..., k-1, :] guesses token +k+1."""
+        features = self.features(hidden, next_ids)                           # [..., K, H]
         if self.lm_heads is not None:
             return torch.stack([head(features[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
         if not self._shared_lm_head:

@@ -1,9 +1,9 @@
 """`specdec train-heads`: train Medusa-style heads for a frozen target by self-distillation.
 
 Each batch: corpus windows -> one no-grad target forward (last hidden states [B, T, H] and logits
-[B, T, V]) -> the heads on every position; head k at position t learns the target's own
-distribution at position t + k (the one that predicts token t + k + 1), by soft cross-entropy,
-weighted decay ** (k - 1). Held-out evaluation reports per-head top-1 / top-5 agreement with
+[B, T, V]) -> the heads on every position but the last (token-conditioned heads also read the
+token at t + 1); head k at position t learns the target's own distribution at position t + k
+(the one that predicts token t + k + 1), by soft cross-entropy, weighted decay ** (k - 1). Held-out evaluation reports per-head top-1 / top-5 agreement with
 the target's greedy token. Checkpoints (heads, optimizer, step, RNG) are written atomically;
 re-running with the same output_dir resumes from the last one.
 
@@ -44,13 +44,20 @@ def target_outputs(target, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch
     return out.hidden_states[-1].float(), out.logits.float()
 
 
+def run_heads(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """The heads on every position but the last: hidden [B, T, H], input_ids [B, T] -> [B, T - 1, K, V]
+    (position t also reads token t + 1, which token-conditioned heads see)."""
+    next_ids = input_ids[:, 1:].to(hidden.device) if heads.layout.token_conditioned else None
+    return heads(hidden[:, :-1], next_ids)
+
+
 def head_losses(head_logits: torch.Tensor, teacher_logits: torch.Tensor, with_top5: bool = True):
     """Per-head soft cross-entropy against the target's distribution at the shifted position.
 
-    head_logits [B, T, K, V]: head k (index k - 1) at t guesses token t + k + 1;
+    head_logits [B, T - 1, K, V]: head k (index k - 1) at t guesses token t + k + 1;
     teacher_logits [B, T, V]: the target at t guesses token t + 1.
     Returns (loss [K], top-1 agreement [K], top-5 agreement [K] or None) with the target's argmax."""
-    num_heads, seq_len = head_logits.shape[2], head_logits.shape[1]
+    num_heads, seq_len = head_logits.shape[2], teacher_logits.shape[1]
     teacher_probs = teacher_logits.softmax(dim=-1)                          # [B, T, V]
     teacher_best = teacher_logits.argmax(dim=-1)                            # [B, T]
     losses, top1, top5 = [], [], []
@@ -83,15 +90,15 @@ class HeldOut:
     """Fixed held-out windows with the target's outputs computed once."""
 
     def __init__(self, target, windows: torch.Tensor, batch_size: int):
-        self.batches = [target_outputs(target, windows[i: i + batch_size])
+        self.batches = [(windows[i: i + batch_size], *target_outputs(target, windows[i: i + batch_size]))
                         for i in range(0, windows.shape[0], batch_size)]
         self.num_windows = windows.shape[0]
 
     @torch.no_grad()
     def evaluate(self, heads: MedusaHeads, weights: torch.Tensor) -> dict:
         totals = None
-        for hidden, teacher_logits in self.batches:
-            losses, top1, top5 = head_losses(heads(hidden), teacher_logits)
+        for input_ids, hidden, teacher_logits in self.batches:
+            losses, top1, top5 = head_losses(run_heads(heads, hidden, input_ids), teacher_logits)
             parts = torch.stack([losses, top1, top5]) * hidden.shape[0]      # [3, K]
             totals = parts if totals is None else totals + parts
         losses, top1, top5 = (totals / self.num_windows).tolist()
@@ -117,13 +124,15 @@ def corpus_files(cfg: TrainHeadsConfig) -> tuple[list[str], list[str]]:
 
 
 def build_heads(cfg: TrainHeadsConfig, target) -> MedusaHeads:
-    """Fresh heads in fp32 on the target's device, with an fp32 frozen copy of its lm_head."""
+    """Fresh heads in fp32 on the target's device, with fp32 frozen copies of its lm_head and
+    input embedding."""
     lm_head = target.get_output_embeddings()
     layout = HeadsLayout(cfg.num_heads, cfg.num_layers, int(target.config.hidden_size), output_vocab(target),
-                         cfg.own_lm_head)
+                         cfg.own_lm_head, cfg.token_conditioned)
     heads = MedusaHeads(layout).to(target.device)
     heads.init_own_lm_heads(lm_head.weight.float())
     heads.attach_lm_head(copy.deepcopy(lm_head).float().requires_grad_(False))
+    heads.attach_embedding(copy.deepcopy(target.get_input_embeddings()).float().requires_grad_(False))
     return heads
 
 
@@ -229,7 +238,7 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
             group["lr"] = lr_at(step, cfg)
         batch = sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator)  # [B, T]
         hidden, teacher_logits = target_outputs(target, batch)                         # [B,T,H], [B,T,V]
-        losses, top1, _ = head_losses(heads(hidden), teacher_logits, with_top5=False)                 # [K] each
+        losses, top1, _ = head_losses(run_heads(heads, hidden, batch), teacher_logits, with_top5=False)  # [K] each
         loss = (weights * losses).sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

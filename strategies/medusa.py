@@ -110,7 +110,8 @@ class Medusa:
         depth = min(self.heads.num_heads, state.max_depth)
         if state.last_hidden is None or depth <= 0:     # first step after prefill: no hidden state yet
             return CandidateTree.empty(self.device)
-        head_logits = self.heads(state.last_hidden)[:depth].float()               # [D, V]
+        pending = torch.tensor(state.token_ids[-1], device=state.last_hidden.device)   # the token after last_hidden
+        head_logits = self.heads(state.last_hidden, pending)[:depth].float()      # [D, V]
         if self.tree == "static":
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1

@@ -20,8 +20,9 @@ from specdec.strategies.medusa import Medusa
 from specdec.types import DecodeState
 
 
-def noisy_heads(model, num_heads=3, num_layers=2, own_lm_head=False, seed=0) -> MedusaHeads:
-    heads = MedusaHeads(HeadsLayout(num_heads, num_layers, model.config.hidden_size, output_vocab(model), own_lm_head))
+def noisy_heads(model, num_heads=3, num_layers=2, own_lm_head=False, seed=0, token_conditioned=False) -> MedusaHeads:
+    heads = MedusaHeads(HeadsLayout(num_heads, num_layers, model.config.hidden_size, output_vocab(model), own_lm_head,
+                                    token_conditioned))
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -41,6 +42,22 @@ def test_fresh_head_is_the_identity_before_the_lm_head():
     assert torch.allclose(logits[:, 2], model.get_output_embeddings()(hidden))
 
 
+def test_fresh_token_conditioned_head_is_the_identity_and_reads_the_token():
+    model = tiny_model("llama", seed=0)
+    heads = MedusaHeads(HeadsLayout(3, 1, 32, 96, token_conditioned=True))
+    heads.attach_lm_head(model.get_output_embeddings())
+    heads.attach_embedding(model.get_input_embeddings())
+    hidden, next_ids = torch.randn(5, 32), torch.tensor([3, 4, 5, 6, 7])
+    assert torch.equal(heads.features(hidden, next_ids), hidden[:, None].expand(5, 3, 32))
+    with pytest.raises(ValueError, match="next_ids"):
+        heads(hidden)
+    with torch.no_grad():
+        for proj in heads.token_projs:
+            proj.weight.normal_()
+    other_ids = torch.tensor([8, 9, 10, 11, 12])
+    assert not torch.allclose(heads(hidden, next_ids), heads(hidden, other_ids))
+
+
 def test_verifier_hidden_state_feeds_the_lm_head(arch):
     """The heads train on hidden_states[-1] and the verifier hands the same: post final norm,
     so the target's lm_head on it gives the target's logits."""
@@ -58,17 +75,17 @@ def _proposal(heads, model, hidden):
     return medusa.propose(state)
 
 
-@pytest.mark.parametrize("own_lm_head", [False, True])
-def test_save_load_round_trip_gives_identical_proposals(tmp_path, own_lm_head):
+@pytest.mark.parametrize("own_lm_head,token_conditioned", [(False, False), (True, False), (False, True)])
+def test_save_load_round_trip_gives_identical_proposals(tmp_path, own_lm_head, token_conditioned):
     model = tiny_model("gpt2", seed=0)
-    heads = noisy_heads(model, own_lm_head=own_lm_head)
+    heads = noisy_heads(model, own_lm_head=own_lm_head, token_conditioned=token_conditioned)
     folder = save_heads(str(tmp_path / "heads"), heads, model)
     assert sorted(os.listdir(folder)) == ["heads.json", "heads.safetensors"]
     saved = load_file(os.path.join(folder, "heads.safetensors"))
     assert not any(t.shape == (96, 32) for t in saved.values()) or own_lm_head   # shared lm_head not saved
     config = json.load(open(os.path.join(folder, "heads.json")))
     assert config["layout"] == {"num_heads": 3, "num_layers": 2, "hidden_size": 32, "vocab_size": 96,
-                                "own_lm_head": own_lm_head}
+                                "own_lm_head": own_lm_head, "token_conditioned": token_conditioned}
     assert config["target"]["architecture"] == "GPT2LMHeadModel"
 
     loaded = load_heads(folder, model)
@@ -168,6 +185,17 @@ def test_training_lowers_heldout_loss(tiny_target, tmp_path):
     assert all(after < before for before, after in zip(first["head_loss"], last["head_loss"]))
     heads = load_heads(folder, tiny_model("llama", seed=0, sharpen=3.0))
     assert heads.num_heads == 2
+
+
+def test_heads_files_without_token_conditioning_key_load_as_plain_medusa(tmp_path):
+    """heads.json written before token conditioning existed has no such layout key."""
+    model = tiny_model("llama", seed=0)
+    folder = save_heads(str(tmp_path / "heads"), noisy_heads(model), model)
+    path = os.path.join(folder, "heads.json")
+    config = json.load(open(path))
+    del config["layout"]["token_conditioned"]
+    json.dump(config, open(path, "w"))
+    assert load_heads(folder, model).layout.token_conditioned is False
 
 
 def test_interrupted_run_resumes_from_its_checkpoint(tiny_target, tmp_path):

@@ -18,9 +18,11 @@ from specdec.strategies.medusa import Medusa, best_rank_paths
 from specdec.types import DecodeState
 
 
-def fresh_heads(model, num_heads: int = 3, num_layers: int = 1, noise: float = 0.0, seed: int = 0) -> MedusaHeads:
+def fresh_heads(model, num_heads: int = 3, num_layers: int = 1, noise: float = 0.0, seed: int = 0,
+                token_conditioned: bool = False) -> MedusaHeads:
     """Untrained heads for `model`; noise > 0 makes the blocks differ from the identity."""
-    layout = HeadsLayout(num_heads, num_layers, model.config.hidden_size, output_vocab(model))
+    layout = HeadsLayout(num_heads, num_layers, model.config.hidden_size, output_vocab(model),
+                         token_conditioned=token_conditioned)
     heads = MedusaHeads(layout)
     if noise:
         torch.manual_seed(seed)
@@ -35,10 +37,11 @@ def prompt_ids(seed: int, length: int = 12, vocab: int = 96) -> list[int]:
     return torch.randint(3, vocab, (length,), generator=g).tolist()
 
 
-@pytest.mark.parametrize("noise", [0.0, 0.5])
-def test_greedy_identity_untrained_heads(arch, noise):
+@pytest.mark.parametrize("noise,token_conditioned", [(0.0, False), (0.5, False), (0.5, True)])
+def test_greedy_identity_untrained_heads(arch, noise, token_conditioned):
     model = tiny_model(arch, seed=1, sharpen=4.0)
-    sd = Speculator(model, None, Medusa(fresh_heads(model, noise=noise), max_nodes=8, top_k=3))
+    heads = fresh_heads(model, noise=noise, token_conditioned=token_conditioned)
+    sd = Speculator(model, None, Medusa(heads, max_nodes=8, top_k=3))
     for seed in (0, 1):
         ids = prompt_ids(seed)
         out = sd.generate(ids, max_new_tokens=20, ignore_eos=True)
