@@ -22,7 +22,7 @@ class TrainHeadsConfig:
     num_heads: int = 4
     num_layers: int = 1
     own_lm_head: bool = False           # False: share the target's frozen lm_head (not saved with heads)
-    token_conditioned: bool = True      # heads also see the pending token's embedding (False: plain Medusa)
+    token_conditioned: bool = True      # head k also sees token t + k, the one before its guess (False: plain Medusa)
     # optimisation
     seq_len: int = 256
     batch_size: int = 8

@@ -5,11 +5,13 @@ target's own lm_head guesses the token right after it). Each head is a few resid
 `x + SiLU(W x)` with W = 0 at start (a fresh head is the identity), then either the target's
 own frozen lm_head (shared, kept out of the heads' parameters) or a projection of its own.
 
-Token-conditioned heads (layout.token_conditioned) also see the token right after the hidden
-state's position (at decode time: the pending token, known when the heads run): each head's
-input is `hidden + P_k · embed(next token)`, with the target's own frozen input embedding and
-P_k = 0 at start (so a fresh head is still the identity of the hidden state). Plain Medusa
-heads must guess that token implicitly; when sampling they cannot know it at all.
+Token-conditioned heads (layout.token_conditioned) also see the token right before the one they
+guess: head k, guessing token t + k + 1, reads the embedding of token t + k (for head 1 the
+pending token, known when the heads run; for head k > 1 the drafted parent node in the tree).
+Its input is `hidden + P_k · embed(that token)`, with the target's own frozen input embedding
+and P_k = 0 at start (so a fresh head is still the identity of the hidden state). Plain Medusa
+heads must guess every earlier token implicitly, and cannot know a sampled one at all; these
+heads expand a tree node by node (see strategies/medusa.py).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ class HeadsLayout:
     hidden_size: int        # H: the target's hidden size
     vocab_size: int         # V: the width of the target's logits
     own_lm_head: bool = False   # True: each head has its own [V, H] projection
-    token_conditioned: bool = False   # True: heads also see the embedding of the next token
+    token_conditioned: bool = False   # True: head k also sees the token before the one it guesses
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -84,29 +86,47 @@ class MedusaHeads(nn.Module):
             for head in self.lm_heads:
                 head.weight.copy_(lm_head_weight)
 
-    def features(self, hidden: torch.Tensor, next_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """[..., H] (and next_ids [...]) -> [..., K, H]: each head's residual blocks applied to the
-        hidden state (plus, when token-conditioned, its projection of the next token's embedding)."""
-        if self.token_projs is None:
-            return torch.stack([blocks(hidden) for blocks in self.blocks], dim=-2)
-        if next_ids is None:
-            raise ValueError("token-conditioned heads need next_ids: the token after each hidden state's "
-                             "position (the pending token at decode time)")
+    def _check_token_inputs(self, prev_ids) -> None:
+        if prev_ids is None:
+            raise ValueError("token-conditioned heads need prev_ids: for head k, the token right before the one "
+                             "it guesses (the pending token for head 1)")
         if not self._shared_embedding:
             raise RuntimeError("token-conditioned heads use the target's input embedding: call "
                                "attach_embedding(target's get_input_embeddings()) first (Medusa.bind and "
                                "load_heads do)")
-        embedded = self._shared_embedding[0](next_ids).to(hidden.dtype)       # [..., H]
-        return torch.stack([blocks(hidden + proj(embedded)) for blocks, proj in zip(self.blocks, self.token_projs)],
-                           dim=-2)
 
-    def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """[..., H] last hidden states (and next_ids [...], the token after each position, for
-        token-conditioned heads) -> [..., K, V] logits; [..., k-1, :] guesses token +k+1."""
-        features = self.features(hidden, next_ids)                           # [..., K, H]
+    def head_features(self, k: int, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Head k (1..K): [..., H] (and prev_ids [...]: the token before the one head k guesses) -> [..., H]."""
+        x = hidden
+        if self.token_projs is not None:
+            self._check_token_inputs(prev_ids)
+            x = hidden + self.token_projs[k - 1](self._shared_embedding[0](prev_ids).to(hidden.dtype))
+        return self.blocks[k - 1](x)
+
+    def head_logits(self, k: int, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Head k (1..K) alone: [..., H] (and prev_ids [...]) -> [..., V] logits for token +k+1."""
+        features = self.head_features(k, hidden, prev_ids)
         if self.lm_heads is not None:
-            return torch.stack([head(features[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
+            return self.lm_heads[k - 1](features)
+        return self._lm_head()(features)
+
+    def features(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., H] (and prev_ids [..., K], column k - 1 for head k) -> [..., K, H]."""
+        if self.token_projs is not None:
+            self._check_token_inputs(prev_ids)
+        return torch.stack([self.head_features(k, hidden, None if prev_ids is None else prev_ids[..., k - 1])
+                            for k in range(1, self.num_heads + 1)], dim=-2)
+
+    def _lm_head(self) -> nn.Module:
         if not self._shared_lm_head:
             raise RuntimeError("these heads use the target's lm_head: call attach_lm_head(target's "
                                "get_output_embeddings()) first (Medusa.bind and load_heads do)")
-        return self._shared_lm_head[0](features)                             # [..., K, V]
+        return self._shared_lm_head[0]
+
+    def forward(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., H] last hidden states (and, for token-conditioned heads, prev_ids [..., K]: column k - 1
+        is the token before the one head k guesses) -> [..., K, V]; [..., k-1, :] guesses token +k+1."""
+        features = self.features(hidden, prev_ids)                           # [..., K, H]
+        if self.lm_heads is not None:
+            return torch.stack([head(features[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
+        return self._lm_head()(features)                                     # [..., K, V]

@@ -1,8 +1,8 @@
 """`specdec train-heads`: train Medusa-style heads for a frozen target by self-distillation.
 
 Each batch: corpus windows -> one no-grad target forward (last hidden states [B, T, H] and logits
-[B, T, V]) -> the heads on every position but the last (token-conditioned heads also read the
-token at t + 1); head k at position t learns the target's own distribution at position t + k
+[B, T, V]) -> the heads on the first T - K positions (token-conditioned head k also reads the
+token at t + k); head k at position t learns the target's own distribution at position t + k
 (the one that predicts token t + k + 1), by soft cross-entropy, weighted decay ** (k - 1). Held-out evaluation reports per-head top-1 / top-5 agreement with
 the target's greedy token. Checkpoints (heads, optimizer, step, RNG) are written atomically;
 re-running with the same output_dir resumes from the last one.
@@ -45,16 +45,20 @@ def target_outputs(target, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def run_heads(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """The heads on every position but the last: hidden [B, T, H], input_ids [B, T] -> [B, T - 1, K, V]
-    (position t also reads token t + 1, which token-conditioned heads see)."""
-    next_ids = input_ids[:, 1:].to(hidden.device) if heads.layout.token_conditioned else None
-    return heads(hidden[:, :-1], next_ids)
+    """The heads on the first T - K positions: hidden [B, T, H], input_ids [B, T] -> [B, T - K, K, V].
+    Token-conditioned head k at position t reads token t + k (the one before the token it guesses)."""
+    num_heads, positions = heads.num_heads, hidden.shape[1] - heads.num_heads
+    prev_ids = None
+    if heads.layout.token_conditioned:
+        ids = input_ids.to(hidden.device)
+        prev_ids = torch.stack([ids[:, k: k + positions] for k in range(1, num_heads + 1)], dim=-1)   # [B, T-K, K]
+    return heads(hidden[:, :positions], prev_ids)
 
 
 def head_losses(head_logits: torch.Tensor, teacher_logits: torch.Tensor, with_top5: bool = True):
     """Per-head soft cross-entropy against the target's distribution at the shifted position.
 
-    head_logits [B, T - 1, K, V]: head k (index k - 1) at t guesses token t + k + 1;
+    head_logits [B, P, K, V] (P <= T): head k (index k - 1) at t guesses token t + k + 1;
     teacher_logits [B, T, V]: the target at t guesses token t + 1.
     Returns (loss [K], top-1 agreement [K], top-5 agreement [K] or None) with the target's argmax."""
     num_heads, seq_len = head_logits.shape[2], teacher_logits.shape[1]
@@ -62,9 +66,10 @@ def head_losses(head_logits: torch.Tensor, teacher_logits: torch.Tensor, with_to
     teacher_best = teacher_logits.argmax(dim=-1)                            # [B, T]
     losses, top1, top5 = [], [], []
     for k in range(1, num_heads + 1):
-        student = head_logits[:, : seq_len - k, k - 1].float().flatten(0, 1)   # [B*(T-k), V]
-        wanted = teacher_best[:, k:].flatten()                                 # [B*(T-k)]
-        losses.append(F.cross_entropy(student, teacher_probs[:, k:].flatten(0, 1)))
+        n = min(head_logits.shape[1], seq_len - k)                             # positions scored
+        student = head_logits[:, :n, k - 1].float().flatten(0, 1)              # [B*n, V]
+        wanted = teacher_best[:, k: k + n].flatten()                           # [B*n]
+        losses.append(F.cross_entropy(student, teacher_probs[:, k: k + n].flatten(0, 1)))
         with torch.no_grad():
             top1.append((student.argmax(dim=-1) == wanted).float().mean())
             if with_top5:

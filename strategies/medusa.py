@@ -8,6 +8,10 @@ r1-th best, ...):
   * dynamic: the max_nodes paths of highest cumulative head probability (the product of the
     heads' probabilities along the path), by best-first search over ranks < top_k;
   * static: a fixed list of rank paths (Medusa's "choices").
+Token-conditioned heads (head k also reads the token before the one it guesses) expand the
+tree node by node instead: a node's children come from the next head run on that node's own
+token, so the dynamic tree is a best-first search over nodes (each popped node costs one small
+head evaluation) and the static tree is built depth by depth (one batched evaluation per depth).
 Proposals are point masses (draft_probs None): lossless under sampling by the core's rule.
 """
 from __future__ import annotations
@@ -57,6 +61,70 @@ def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor
     paths = sorted((tuple(p) for p in rank_paths), key=lambda p: (len(p), p))
     table = head_tokens.tolist()
     return CandidateTree.from_paths([[table[d][r] for d, r in enumerate(p)] for p in paths], device=device)
+
+
+class ConditionedExpander:
+    """Children of tree nodes for token-conditioned heads: the top-k guesses of head depth + 1 run on
+    the hidden state and each parent's token (depth 0 = children of the pending token)."""
+
+    def __init__(self, heads, hidden: torch.Tensor, top_k: int):
+        self.heads, self.hidden, self.top_k = heads, hidden, top_k              # hidden [H]
+
+    def children(self, depth: int, parent_tokens: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:
+        """parent_tokens [n] -> (log-probs [n][k], tokens [n][k]) of each parent's best children."""
+        ids = torch.tensor(list(parent_tokens), device=self.hidden.device)     # [n]
+        logits = self.heads.head_logits(depth + 1, self.hidden.expand(len(ids), -1), ids).float()   # [n, V]
+        top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)
+        return top.values.tolist(), top.indices.tolist()
+
+
+def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: int,
+                     max_nodes: int) -> CandidateTree:
+    """The max_nodes nodes of highest cumulative log-probability, each node's children computed
+    from its own token when it is chosen. A child scores no higher than its parent, so the chosen
+    set is closed under parents and comes out in a valid (parents-first) order."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    heap: list[tuple[float, int, int, int, int]] = []        # (-score, tie, parent index, token, depth)
+    tie = 0
+
+    def push_children(parent_index: int, parent_token: int, depth: int, score: float) -> None:
+        nonlocal tie
+        (logprobs,), (children,) = expander.children(depth, [parent_token])
+        for logprob, token in zip(logprobs, children):
+            heapq.heappush(heap, (-(score + logprob), tie, parent_index, token, depth))
+            tie += 1
+
+    if depth_limit > 0 and max_nodes > 0:
+        push_children(-1, pending, 0, 0.0)
+    while heap and len(tokens) < max_nodes:
+        neg_score, _, parent, token, depth = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        if depth + 1 < depth_limit and len(tokens) < max_nodes:
+            push_children(len(tokens) - 1, token, depth + 1, -neg_score)
+    return CandidateTree(torch.tensor(tokens, dtype=torch.long, device=expander.hidden.device), tuple(parents))
+
+
+def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequence[Sequence[int]]) -> CandidateTree:
+    """A static tree of rank paths (ordered parents first), expanded depth by depth."""
+    paths = sorted({tuple(p) for p in rank_paths}, key=lambda p: (len(p), p))
+    node_of: dict[tuple[int, ...], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    for depth in range(max((len(p) for p in paths), default=0)):
+        level = [p for p in paths if len(p) == depth + 1 and (depth == 0 or p[:-1] in node_of)]
+        parent_keys = sorted({p[:-1] for p in level})
+        if not parent_keys:
+            break
+        parent_tokens = [pending if not key else tokens[node_of[key]] for key in parent_keys]
+        _, children = expander.children(depth, parent_tokens)
+        row_of = {key: row for row, key in enumerate(parent_keys)}
+        for path in level:
+            node_of[path] = len(tokens)
+            tokens.append(children[row_of[path[:-1]]][path[-1]])
+            parents.append(node_of[path[:-1]] if depth else -1)
+    return CandidateTree(torch.tensor(tokens, dtype=torch.long, device=expander.hidden.device), tuple(parents))
 
 
 class Medusa:
@@ -110,8 +178,13 @@ class Medusa:
         depth = min(self.heads.num_heads, state.max_depth)
         if state.last_hidden is None or depth <= 0:     # first step after prefill: no hidden state yet
             return CandidateTree.empty(self.device)
-        pending = torch.tensor(state.token_ids[-1], device=state.last_hidden.device)   # the token after last_hidden
-        head_logits = self.heads(state.last_hidden, pending)[:depth].float()      # [D, V]
+        if self.heads.layout.token_conditioned:
+            expander = ConditionedExpander(self.heads, state.last_hidden, self.top_k)
+            if self.tree == "static":
+                expander.top_k = max(max(c) for c in self.choices) + 1
+                return static_nodes(expander, state.token_ids[-1], [c for c in self.choices if len(c) <= depth])
+            return best_first_nodes(expander, state.token_ids[-1], depth, self.max_nodes)
+        head_logits = self.heads(state.last_hidden)[:depth].float()               # [D, V]
         if self.tree == "static":
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1

@@ -47,15 +47,17 @@ def test_fresh_token_conditioned_head_is_the_identity_and_reads_the_token():
     heads = MedusaHeads(HeadsLayout(3, 1, 32, 96, token_conditioned=True))
     heads.attach_lm_head(model.get_output_embeddings())
     heads.attach_embedding(model.get_input_embeddings())
-    hidden, next_ids = torch.randn(5, 32), torch.tensor([3, 4, 5, 6, 7])
-    assert torch.equal(heads.features(hidden, next_ids), hidden[:, None].expand(5, 3, 32))
-    with pytest.raises(ValueError, match="next_ids"):
+    hidden, prev_ids = torch.randn(5, 32), torch.randint(3, 96, (5, 3))
+    assert torch.equal(heads.features(hidden, prev_ids), hidden[:, None].expand(5, 3, 32))
+    with pytest.raises(ValueError, match="prev_ids"):
         heads(hidden)
     with torch.no_grad():
         for proj in heads.token_projs:
             proj.weight.normal_()
-    other_ids = torch.tensor([8, 9, 10, 11, 12])
-    assert not torch.allclose(heads(hidden, next_ids), heads(hidden, other_ids))
+    logits = heads(hidden, prev_ids)                                           # [5, 3, 96]
+    assert not torch.allclose(logits, heads(hidden, (prev_ids + 1) % 96))
+    for k in (1, 2, 3):     # head k alone, on column k - 1, is what the stacked forward gives
+        torch.testing.assert_close(heads.head_logits(k, hidden, prev_ids[:, k - 1]), logits[:, k - 1])
 
 
 def test_verifier_hidden_state_feeds_the_lm_head(arch):

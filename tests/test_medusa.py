@@ -14,7 +14,7 @@ from specdec.errors import ConfigError
 from specdec.heads import HeadsLayout, MedusaHeads
 from specdec.heads.io import output_vocab
 from specdec.sampling import SamplingParams
-from specdec.strategies.medusa import Medusa, best_rank_paths
+from specdec.strategies.medusa import ConditionedExpander, Medusa, best_first_nodes, best_rank_paths, static_nodes
 from specdec.types import DecodeState
 
 
@@ -139,3 +139,75 @@ def test_sampling_runs_are_seeded():
     b = sd.generate(ids, max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True).token_ids
     assert a == b and len(a) == 16
     assert not math.isnan(sum(a))
+
+
+# ---------------------------------------------------------------------- token-conditioned heads
+def _conditioned(model, num_heads=3):
+    from specdec.heads.io import bind_heads
+    return bind_heads(fresh_heads(model, num_heads=num_heads, noise=0.5, token_conditioned=True), model)
+
+
+def _all_node_paths(expander, pending, depth_limit):
+    """Brute force: every path of top-k children down to depth_limit, with its cumulative log-prob."""
+    out, frontier = {}, [((), pending, 0.0)]
+    for depth in range(depth_limit):
+        nxt = []
+        for path, token, score in frontier:
+            (logprobs,), (children,) = expander.children(depth, [token])
+            for logprob, child in zip(logprobs, children):
+                out[path + (child,)] = score + logprob
+                nxt.append((path + (child,), child, score + logprob))
+        frontier = nxt
+    return out
+
+
+def _paths_of(tree):
+    tokens, paths = tree.tokens.tolist(), []
+    for i in range(tree.num_nodes):
+        path, node = [], i
+        while node != -1:
+            path.append(tokens[node])
+            node = tree.parents[node]
+        paths.append(tuple(reversed(path)))
+    return paths
+
+
+@pytest.mark.parametrize("max_nodes", [1, 5, 12])
+def test_conditioned_best_first_picks_the_best_nodes(max_nodes):
+    """Each child comes from the next head run on its parent's own token; the chosen nodes are the
+    max_nodes best by cumulative log-probability among all top-k paths (checked by brute force)."""
+    model = tiny_model("llama", seed=4)
+    expander = ConditionedExpander(_conditioned(model), torch.randn(model.config.hidden_size), top_k=3)
+    tree = best_first_nodes(expander, pending=9, depth_limit=3, max_nodes=max_nodes)
+    scores = _all_node_paths(expander, 9, 3)
+    chosen = _paths_of(tree)
+    assert tree.num_nodes == max_nodes == len(set(chosen))
+    cutoff = sorted(scores.values(), reverse=True)[max_nodes - 1]
+    assert all(scores[p] >= cutoff - 1e-6 for p in chosen)
+
+
+def test_conditioned_static_tree_follows_rank_choices():
+    model = tiny_model("llama", seed=5)
+    expander = ConditionedExpander(_conditioned(model), torch.randn(model.config.hidden_size), top_k=2)
+    choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    tree = static_nodes(expander, 9, choices)
+    paths = dict(zip(map(tuple, sorted(choices, key=lambda c: (len(c), c))), _paths_of(tree)))
+    for ranks, tokens in paths.items():
+        parent_token = tokens[-2] if len(tokens) > 1 else 9
+        _, (children,) = expander.children(len(ranks) - 1, [parent_token])
+        assert tokens[-1] == children[ranks[-1]]
+        if len(ranks) > 1:
+            assert paths[ranks[:-1]] == tokens[:-1]
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_greedy_identity_conditioned_heads(arch, tree):
+    model = tiny_model(arch, seed=1, sharpen=4.0)
+    choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]] if tree == "static" else None
+    medusa = Medusa(fresh_heads(model, noise=0.5, token_conditioned=True), tree=tree, choices=choices,
+                    max_nodes=8, top_k=3)
+    sd = Speculator(model, None, medusa)
+    for seed in (0, 1):
+        ids = prompt_ids(seed)
+        out = sd.generate(ids, max_new_tokens=20, ignore_eos=True)
+        assert out.token_ids == hf_greedy(model, ids, 20, min_new_tokens=20)
