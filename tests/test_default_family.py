@@ -80,6 +80,7 @@ def test_minimal_build_gives_loadable_checkpoints(built):
         with open(os.path.join(folder, "train.json")) as f:
             log = json.load(f)
         assert log["steps"] == 3 and log["heldout_loss"] is not None
+        assert log["distilled_from_target"] == (folder == paths.draft and cfg.draft.distill)
     assert os.path.isfile(os.path.join(paths.heads, "heads.json"))
     assert os.path.isfile(os.path.join(paths.heads, "heads.safetensors"))
 
@@ -196,3 +197,23 @@ def test_bad_family_config_names_the_problem():
         minimal_config(**{"target.num_heads": 3})
     with pytest.raises(specdec.ConfigError, match="unknown config key"):
         load_family_config("default_family", {"target.layers": 2})
+
+
+def test_distilled_draft_learns_to_agree_with_its_teacher():
+    """Distillation trains the student on the teacher's distributions: the student's soft
+    cross-entropy to the teacher falls, and it falls further than training on the text does."""
+    from specdec.builder.config import LMConfig, LMTrainConfig
+    from specdec.builder.lm import new_llama, train_lm, window_loss
+    teacher = new_llama(LMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 64, 0, seed=1).eval()
+    with torch.no_grad():                                   # a sharper teacher than a fresh model
+        teacher.lm_head.weight.mul_(40.0)
+    stream = torch.randint(1, 64, (4000,), generator=torch.Generator().manual_seed(0))
+    windows = stream[:33 * 8].view(8, 33)
+    train_cfg = LMTrainConfig(steps=40, batch_size=8, seq_len=32, lr=1e-2, warmup_steps=2)
+    agreement = {}
+    for distill in (False, True):
+        student = new_llama(LMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 64, 0, seed=2)
+        train_lm(student, stream, train_cfg, seed=0, desc="t", teacher=teacher if distill else None)
+        with torch.no_grad():
+            agreement[distill] = float(window_loss(student.eval(), windows, teacher))
+    assert agreement[True] < agreement[False] - 0.1

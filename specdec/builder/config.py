@@ -54,6 +54,7 @@ class LMConfig:
     num_heads: int = 4
     intermediate_size: int = 688
     max_position_embeddings: int = 1024
+    distill: bool = False               # draft only: learn the target's distributions, not the text
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
 
 
@@ -104,6 +105,8 @@ def _validate(cfg: FamilyConfig) -> None:
         if lm.train.seq_len + 1 > lm.max_position_embeddings:
             raise ConfigError(f"{role}.train.seq_len ({lm.train.seq_len}) must be below "
                               f"{role}.max_position_embeddings ({lm.max_position_embeddings})")
+        if role == "target" and lm.distill:
+            raise ConfigError("target.distill must be false: only the draft can be distilled (from the target)")
         if lm.train.steps < 1 or lm.train.batch_size < 1:
             raise ConfigError(f"{role}.train.steps and {role}.train.batch_size must be >= 1")
 

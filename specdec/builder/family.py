@@ -99,8 +99,12 @@ class _Builder:
         tok = self.tokenizer()
         train_stream, heldout_stream = self.streams()
         model = new_llama(lm_cfg, len(tok), tok.eos_token_id, seed)
+        teacher = None
+        if lm_cfg.distill:        # the draft learns to agree with the (already built) target
+            from transformers import AutoModelForCausalLM
+            teacher = AutoModelForCausalLM.from_pretrained(self.paths.target, local_files_only=True).eval()
         started = time.perf_counter()
-        losses = train_lm(model, train_stream, lm_cfg.train, seed, desc=f"train {role}")
+        losses = train_lm(model, train_stream, lm_cfg.train, seed, desc=f"train {role}", teacher=teacher)
         minutes = (time.perf_counter() - started) / 60
         model.generation_config.pad_token_id = tok.eos_token_id
         model.save_pretrained(out)
@@ -108,6 +112,7 @@ class _Builder:
         held = heldout_loss(model, heldout_stream, lm_cfg.train, seed)
         _write_json(os.path.join(out, "train.json"), {
             "role": role, "parameters": sum(p.numel() for p in model.parameters()),
+            "distilled_from_target": bool(lm_cfg.distill),
             "steps": len(losses), "train_tokens": lm_cfg.train.steps * lm_cfg.train.batch_size * lm_cfg.train.seq_len,
             "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes})
         console.print(f"  {role}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
