@@ -123,9 +123,12 @@ class MedusaHeads(nn.Module):
                                "get_output_embeddings()) first (Medusa.bind and load_heads do)")
         return self._shared_lm_head[0]
 
-    def forward(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None, head: int | None = None) -> torch.Tensor:
         """[..., H] last hidden states (and, for token-conditioned heads, prev_ids [..., K]: column k - 1
-        is the token before the one head k guesses) -> [..., K, V]; [..., k-1, :] guesses token +k+1."""
+        is the token before the one head k guesses) -> [..., K, V]; [..., k-1, :] guesses token +k+1.
+        With head=k: head k alone, prev_ids [...] -> [..., V] (what head_logits gives, as a module call)."""
+        if head is not None:
+            return self.head_logits(head, hidden, prev_ids)
         features = self.features(hidden, prev_ids)                           # [..., K, H]
         if self.lm_heads is not None:
             return torch.stack([head(features[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)

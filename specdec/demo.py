@@ -266,6 +266,8 @@ def parse_args(argv: list[str] | None):
                         help=f"comma-separated rows, autoregressive first (default: {','.join(STRATEGIES)})")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, in turn (median kept)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (default: cpu)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads while timing (0 = torch's default)")
     parser.add_argument("--family-config", help="YAML of the default family to build (sizes, budget); "
                                                 "default configs/default_family.yaml or $SPECDEC_FAMILY_CONFIG")
     parser.add_argument("--family-set", action="append", default=[], metavar="KEY=VALUE",
@@ -287,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]--strategies must start with autoregressive (the baseline) and use only "
                       f"{', '.join(STRATEGIES)}; got {args.strategies!r}[/red]")
         return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         models = choose_models(args.target, args.draft, args.heads, args.models, args.family_config,
                                args.family_set)

@@ -73,7 +73,7 @@ class ConditionedExpander:
     def children(self, depth: int, parent_tokens: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:
         """parent_tokens [n] -> (log-probs [n][k], tokens [n][k]) of each parent's best children."""
         ids = torch.tensor(list(parent_tokens), device=self.hidden.device)     # [n]
-        logits = self.heads.head_logits(depth + 1, self.hidden.expand(len(ids), -1), ids).float()   # [n, V]
+        logits = self.heads(self.hidden.expand(len(ids), -1), ids, head=depth + 1).float()   # [n, V]
         top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)
         return top.values.tolist(), top.indices.tolist()
 
