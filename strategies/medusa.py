@@ -10,8 +10,8 @@ r1-th best, ...):
   * static: a fixed list of rank paths (Medusa's "choices").
 Token-conditioned heads (head k also reads the token before the one it guesses) expand the
 tree node by node instead: a node's children come from the next head run on that node's own
-token, so the dynamic tree is a best-first search over nodes (each popped node costs one small
-head evaluation) and the static tree is built depth by depth (one batched evaluation per depth).
+token: both the dynamic tree (the best nodes by cumulative probability, pruned as it goes) and
+the static tree are built depth by depth, one batched head evaluation per depth.
 Proposals are point masses (draft_probs None): lossless under sampling by the core's rule.
 """
 from __future__ import annotations
@@ -80,30 +80,37 @@ class ConditionedExpander:
 
 def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: int,
                      max_nodes: int) -> CandidateTree:
-    """The max_nodes nodes of highest cumulative log-probability, each node's children computed
-    from its own token when it is chosen. A child scores no higher than its parent, so the chosen
-    set is closed under parents and comes out in a valid (parents-first) order."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    heap: list[tuple[float, int, int, int, int]] = []        # (-score, tie, parent index, token, depth)
-    tie = 0
+    """The max_nodes nodes of highest cumulative log-probability, a node's children coming from the
+    next head run on that node's own token; one batched head call per depth.
 
-    def push_children(parent_index: int, parent_token: int, depth: int, score: float) -> None:
-        nonlocal tie
-        (logprobs,), (children,) = expander.children(depth, [parent_token])
-        for logprob, token in zip(logprobs, children):
-            heapq.heappush(heap, (-(score + logprob), tie, parent_index, token, depth))
-            tie += 1
-
-    if depth_limit > 0 and max_nodes > 0:
-        push_children(-1, pending, 0, 0.0)
-    while heap and len(tokens) < max_nodes:
-        neg_score, _, parent, token, depth = heapq.heappop(heap)
-        tokens.append(token)
-        parents.append(parent)
-        if depth + 1 < depth_limit and len(tokens) < max_nodes:
-            push_children(len(tokens) - 1, token, depth + 1, -neg_score)
-    return CandidateTree(torch.tensor(tokens, dtype=torch.long, device=expander.hidden.device), tuple(parents))
+    Depth by depth, only nodes that are still among the max_nodes best candidates seen so far are
+    expanded: candidates only get worse deeper down (log-probabilities <= 0), so a node outside
+    that set can never be chosen, nor can its descendants. Ranking by (score desc, depth asc)
+    puts a parent before any child it ties with, so the chosen set is closed under parents."""
+    scores: list[float] = []
+    depths: list[int] = []
+    parent_of: list[int] = []            # candidate index of the parent, -1 = the pending token
+    token_of: list[int] = []
+    frontier = [(-1, pending)]           # (candidate index, token) of the nodes to expand
+    for depth in range(depth_limit):
+        if not frontier or max_nodes <= 0:
+            break
+        logprobs, children = expander.children(depth, [token for _, token in frontier])
+        for (parent, _), row_logprobs, row_tokens in zip(frontier, logprobs, children):
+            base = scores[parent] if parent >= 0 else 0.0
+            for logprob, token in zip(row_logprobs, row_tokens):
+                scores.append(base + logprob)
+                depths.append(depth)
+                parent_of.append(parent)
+                token_of.append(token)
+        best = set(sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes])
+        frontier = [(i, token_of[i]) for i in range(len(scores)) if depths[i] == depth and i in best]
+    chosen = sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes],
+                    key=lambda i: (depths[i], i))                              # parents first
+    new_index = {old: new for new, old in enumerate(chosen)}
+    parents = tuple(-1 if parent_of[i] < 0 else new_index[parent_of[i]] for i in chosen)
+    tokens = torch.tensor([token_of[i] for i in chosen], dtype=torch.long, device=expander.hidden.device)
+    return CandidateTree(tokens, parents)
 
 
 def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequence[Sequence[int]]) -> CandidateTree:
