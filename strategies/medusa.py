@@ -25,9 +25,9 @@ from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
-# Default tree sizes, measured with pycode on a 2-core CPU (greedy, 384-token prompts): see
-# configs/medusa.yaml. On a GPU wider trees are nearly free: raise max_nodes (e.g. 64) and top_k.
-DEFAULT_MAX_NODES = 16
+# Default tree sizes, measured on a 2-core CPU (greedy): see configs/medusa.yaml. On a GPU wider
+# trees are nearly free: raise max_nodes (e.g. 64) and top_k.
+DEFAULT_MAX_NODES = 8
 DEFAULT_TOP_K = 4
 
 
