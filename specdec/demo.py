@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 STRATEGIES = ("autoregressive", "draft_model", "medusa", "prompt_lookup")
+DEFAULT_ORIGIN = "default family"
 
 # Ends mid-line: a prompt ending in a bare newline splits a whitespace token the tokenizer
 # never splits in training, and small models then continue with blank lines.
@@ -119,7 +120,7 @@ def choose_models(target: str | None = None, draft: str | None = None, heads: st
     from .default_models import default_family_config_name
     family = ensure_family(load_family_config(family_config or default_family_config_name(), family_overrides))
     return DemoModels(family.target, draft or family.draft, heads or family.heads,
-                      origin=f"default family {family.folder}")
+                      origin=f"{DEFAULT_ORIGIN} {family.folder}")
 
 
 def _existing(path: str) -> str | None:
@@ -245,7 +246,8 @@ def render(result: DemoResult, console: Console) -> None:
         table.add_row(name, "-", "-", "-", "skipped")
     hf_rate = len(result.reference_ids) / result.hf_seconds if result.hf_seconds else 0.0
     table.caption = (f"reference: Hugging Face generate(do_sample=False) on the same target, "
-                     f"{hf_rate:.1f} tokens/s. Median of {result.repeats} timed runs per row (rows in turn), after a "
+                     f"{hf_rate:.1f} tokens/s. {torch.get_num_threads()} torch thread(s). Median of {result.repeats} timed "
+                     f"runs per row (rows in turn), after a "
                      f"warm-up; ratios are the figures to read, absolute speeds vary from run to run.")
     console.print(table)
     for name, reason in result.skipped.items():
@@ -264,10 +266,12 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated rows, autoregressive first (default: {','.join(STRATEGIES)})")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, in turn (median kept)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per row, in turn (median kept)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (default: cpu)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads while timing (0 = torch's default)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads while timing (0 = torch's default; default: 1 for the tiny "
+                             "default family, whose small matrix products only pay thread hand-offs, "
+                             "torch's default for other models)")
     parser.add_argument("--family-config", help="YAML of the default family to build (sizes, budget); "
                                                 "default configs/default_family.yaml or $SPECDEC_FAMILY_CONFIG")
     parser.add_argument("--family-set", action="append", default=[], metavar="KEY=VALUE",
@@ -289,11 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]--strategies must start with autoregressive (the baseline) and use only "
                       f"{', '.join(STRATEGIES)}; got {args.strategies!r}[/red]")
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
         models = choose_models(args.target, args.draft, args.heads, args.models, args.family_config,
                                args.family_set)
+        threads = args.threads if args.threads is not None else (1 if models.origin.startswith(DEFAULT_ORIGIN) else 0)
+        if threads:
+            torch.set_num_threads(threads)
         result = run_demo(models, prompt, args.max_new_tokens, strategies, args.device, max(1, args.repeats),
                           log=lambda msg: console.print(f"[dim]{msg}[/dim]"))
     except SpecDecError as exc:
