@@ -8,10 +8,10 @@ r1-th best, ...):
   * dynamic: the max_nodes paths of highest cumulative head probability (the product of the
     heads' probabilities along the path), by best-first search over ranks < top_k;
   * static: a fixed list of rank paths (Medusa's "choices").
-Token-conditioned heads (head k also reads the token before the one it guesses) expand the
-tree node by node instead: a node's children come from the next head run on that node's own
-token: both the dynamic tree (the best nodes by cumulative probability, pruned as it goes) and
-the static tree are built depth by depth, one batched head evaluation per depth.
+Token-conditioned heads (head k also reads the token before the one it guesses) cannot score a
+whole path from one hidden state: a node's children come from the next head run on that node's
+own token. Both trees are then built depth by depth, one batched head call per depth (the
+dynamic one keeps only the nodes still among the best so far, which is exact).
 Proposals are point masses (draft_probs None): lossless under sampling by the core's rule.
 """
 from __future__ import annotations
@@ -114,16 +114,14 @@ def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: i
 
 
 def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequence[Sequence[int]]) -> CandidateTree:
-    """A static tree of rank paths (ordered parents first), expanded depth by depth."""
-    paths = sorted({tuple(p) for p in rank_paths}, key=lambda p: (len(p), p))
+    """A static tree of rank paths (and their prefixes), expanded depth by depth."""
+    paths = sorted({tuple(p[:end]) for p in rank_paths for end in range(1, len(p) + 1)}, key=lambda p: (len(p), p))
     node_of: dict[tuple[int, ...], int] = {}
     tokens: list[int] = []
     parents: list[int] = []
     for depth in range(max((len(p) for p in paths), default=0)):
-        level = [p for p in paths if len(p) == depth + 1 and (depth == 0 or p[:-1] in node_of)]
+        level = [p for p in paths if len(p) == depth + 1]
         parent_keys = sorted({p[:-1] for p in level})
-        if not parent_keys:
-            break
         parent_tokens = [pending if not key else tokens[node_of[key]] for key in parent_keys]
         _, children = expander.children(depth, parent_tokens)
         row_of = {key: row for row, key in enumerate(parent_keys)}
@@ -185,18 +183,19 @@ class Medusa:
         depth = min(self.heads.num_heads, state.max_depth)
         if state.last_hidden is None or depth <= 0:     # first step after prefill: no hidden state yet
             return CandidateTree.empty(self.device)
-        if self.heads.layout.token_conditioned:
-            expander = ConditionedExpander(self.heads, state.last_hidden, self.top_k)
-            if self.tree == "static":
-                expander.top_k = max(max(c) for c in self.choices) + 1
-                return static_nodes(expander, state.token_ids[-1], [c for c in self.choices if len(c) <= depth])
-            return best_first_nodes(expander, state.token_ids[-1], depth, self.max_nodes)
-        head_logits = self.heads(state.last_hidden)[:depth].float()               # [D, V]
+        conditioned = self.heads.layout.token_conditioned
+        pending = state.token_ids[-1]
         if self.tree == "static":
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1
-            head_tokens = head_logits.topk(width, dim=-1).indices                  # [D, width]
+            if conditioned:
+                return static_nodes(ConditionedExpander(self.heads, state.last_hidden, width), pending, paths)
+            head_tokens = self.heads(state.last_hidden)[:depth].float().topk(width, dim=-1).indices   # [D, width]
             return ranks_to_tree(paths, head_tokens, self.device)
+        if conditioned:
+            return best_first_nodes(ConditionedExpander(self.heads, state.last_hidden, self.top_k), pending,
+                                    depth, self.max_nodes)
+        head_logits = self.heads(state.last_hidden)[:depth].float()               # [D, V]
         top = head_logits.log_softmax(dim=-1).topk(min(self.top_k, head_logits.shape[-1]), dim=-1)
         paths = best_rank_paths(top.values, self.max_nodes)                       # values [D, k]
         return ranks_to_tree(paths, top.indices, self.device)

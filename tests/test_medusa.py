@@ -198,6 +198,8 @@ def test_conditioned_static_tree_follows_rank_choices():
         assert tokens[-1] == children[ranks[-1]]
         if len(ranks) > 1:
             assert paths[ranks[:-1]] == tokens[:-1]
+    lone = static_nodes(expander, 9, [[0, 1]])            # a path without its prefix gets the prefix too
+    assert lone.parents == (-1, 0) and _paths_of(lone)[0] == paths[(0,)][:1]
 
 
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
