@@ -116,3 +116,12 @@ def test_readme_section_is_replaced_not_duplicated(tmp_path):
     text = readme.read_text()
     assert text.startswith("intro") and "second table" in text and "first table" not in text
     assert text.count("<!-- bench:full:start -->") == 1
+
+
+@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees"])
+def test_shipped_presets_load_and_name_known_strategy_configs(preset):
+    from specdec.config import load_spec_config
+    cfg = load_bench_config(preset, [])
+    assert cfg.name == preset and cfg.strategies
+    for entry in cfg.strategies:            # every row's config and overrides are valid
+        load_spec_config(entry.config, list(entry.overrides))
