@@ -10,8 +10,8 @@ guess: head k, guessing token t + k + 1, reads the embedding of token t + k (for
 pending token, known when the heads run; for head k > 1 the drafted parent node in the tree).
 Its input is `hidden + P_k · embed(that token)`, with the target's own frozen input embedding
 and P_k = 0 at start (so a fresh head is still the identity of the hidden state). Plain Medusa
-heads must guess every earlier token implicitly, and cannot know a sampled one at all; these
-heads expand a tree node by node (see strategies/medusa.py).
+heads must guess every earlier token implicitly, and cannot know a sampled one at all; a tree of
+these heads' guesses is expanded depth by depth (see strategies/medusa.py).
 """
 from __future__ import annotations
 
@@ -112,8 +112,6 @@ class MedusaHeads(nn.Module):
 
     def features(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[..., H] (and prev_ids [..., K], column k - 1 for head k) -> [..., K, H]."""
-        if self.token_projs is not None:
-            self._check_token_inputs(prev_ids)
         return torch.stack([self.head_features(k, hidden, None if prev_ids is None else prev_ids[..., k - 1])
                             for k in range(1, self.num_heads + 1)], dim=-2)
 
@@ -129,7 +127,5 @@ class MedusaHeads(nn.Module):
         With head=k: head k alone, prev_ids [...] -> [..., V] (what head_logits gives, as a module call)."""
         if head is not None:
             return self.head_logits(head, hidden, prev_ids)
-        features = self.features(hidden, prev_ids)                           # [..., K, H]
-        if self.lm_heads is not None:
-            return torch.stack([head(features[..., k, :]) for k, head in enumerate(self.lm_heads)], dim=-2)
-        return self._lm_head()(features)                                     # [..., K, V]
+        return torch.stack([self.head_logits(k, hidden, None if prev_ids is None else prev_ids[..., k - 1])
+                            for k in range(1, self.num_heads + 1)], dim=-2)  # [..., K, V]

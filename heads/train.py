@@ -3,8 +3,8 @@
 Each batch: corpus windows -> one no-grad target forward (last hidden states [B, T, H] and logits
 [B, T, V]) -> the heads on the first T - K positions (token-conditioned head k also reads the
 token at t + k); head k at position t learns the target's own distribution at position t + k
-(the one that predicts token t + k + 1), by soft cross-entropy, weighted decay ** (k - 1). Held-out evaluation reports per-head top-1 / top-5 agreement with
-the target's greedy token. Checkpoints (heads, optimizer, step, RNG) are written atomically;
+(the one that predicts token t + k + 1), by soft cross-entropy, weighted decay ** (k - 1).
+Held-out evaluation reports per-head top-1 / top-5 agreement with the target's greedy token. Checkpoints (heads, optimizer, step, RNG) are written atomically;
 re-running with the same output_dir resumes from the last one.
 
     specdec train-heads train_heads target=/path/to/model output_dir=/path/to/heads steps=600

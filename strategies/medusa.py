@@ -92,6 +92,10 @@ def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: i
     parent_of: list[int] = []            # candidate index of the parent, -1 = the pending token
     token_of: list[int] = []
     frontier = [(-1, pending)]           # (candidate index, token) of the nodes to expand
+
+    def best() -> list[int]:             # the max_nodes best candidates so far
+        return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes]
+
     for depth in range(depth_limit):
         if not frontier or max_nodes <= 0:
             break
@@ -103,10 +107,8 @@ def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: i
                 depths.append(depth)
                 parent_of.append(parent)
                 token_of.append(token)
-        best = set(sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes])
-        frontier = [(i, token_of[i]) for i in range(len(scores)) if depths[i] == depth and i in best]
-    chosen = sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes],
-                    key=lambda i: (depths[i], i))                              # parents first
+        frontier = [(i, token_of[i]) for i in sorted(best()) if depths[i] == depth]
+    chosen = sorted(best(), key=lambda i: (depths[i], i))                      # parents first
     new_index = {old: new for new, old in enumerate(chosen)}
     parents = tuple(-1 if parent_of[i] < 0 else new_index[parent_of[i]] for i in chosen)
     tokens = torch.tensor([token_of[i] for i in chosen], dtype=torch.long, device=expander.hidden.device)
