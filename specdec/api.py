@@ -139,17 +139,18 @@ class Speculator:
 
 
 def _strategy_by_name(name: str, config: SpecConfig | None):
-    from .strategies import REGISTRY
-    import importlib
+    """A strategy that needs no model of its own, by its registry name."""
+    from .config import load_spec_config
+    from .errors import ModelLoadError
+    from .strategies import REGISTRY, build_strategy
     if name not in REGISTRY:
-        raise InputError(f"unknown strategy {name!r}; by name: {', '.join(REGISTRY)} "
-                         f"(draft_model and medusa need objects: use specdec.load or their classes)")
-    module = importlib.import_module(REGISTRY[name])
-    cls = {"autoregressive": "Autoregressive", "prompt_lookup": "PromptLookup"}.get(name)
-    if cls is None:
-        raise InputError(f"strategy {name!r} needs a model or heads: build it with specdec.load({name!r}, ...) "
-                         f"or pass a strategy object")
-    return getattr(module, cls)()
+        raise InputError(f"unknown strategy {name!r}; strategies: {', '.join(REGISTRY)}")
+    cfg = config if config is not None and config.strategy == name else load_spec_config(None, {"strategy": name})
+    try:
+        return build_strategy(cfg, None, None, None, None)
+    except ModelLoadError as exc:
+        raise InputError(f"strategy {name!r} needs a model or heads of its own ({exc}): build it with "
+                         f"specdec.load({name!r}, ...) or pass a strategy object") from exc
 
 
 def load(config: str = "autoregressive", /, **overrides) -> Speculator:

@@ -163,11 +163,12 @@ def build_config(schema_cls, name_or_path: str | None, overrides: dict | list | 
     return cfg
 
 
-STRATEGIES = ("autoregressive", "draft_model", "prompt_lookup", "medusa")
 DEVICES_HINT = "auto, cpu, cuda, cuda:N"
 
 
 def validate_spec_config(cfg: SpecConfig) -> None:
+    from .strategies import REGISTRY      # the one list of strategies
+    STRATEGIES = tuple(REGISTRY)
     if cfg.strategy not in STRATEGIES:
         hint = difflib.get_close_matches(cfg.strategy, STRATEGIES, n=1)
         raise ConfigError(f"unknown strategy {cfg.strategy!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")

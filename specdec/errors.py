@@ -19,3 +19,7 @@ class IncompatibleModelsError(SpecDecError, ValueError):
 
 class InputError(SpecDecError, ValueError):
     """A prompt or generation argument that cannot be served."""
+
+
+class StrategyError(SpecDecError, RuntimeError):
+    """A strategy broke the protocol (e.g. a tree deeper than state.max_depth): a bug in that strategy."""

@@ -10,6 +10,7 @@ import torch
 from .acceptance import accept_greedy, accept_sampling
 from .sampling import SamplingParams, TorchRandom, logits_to_probs
 from .stopping import StopRules
+from .errors import StrategyError
 from .types import DecodeState, Stats, StepResult
 from .verifier import Verifier
 
@@ -25,16 +26,33 @@ class _Clock:
         return time.perf_counter()
 
 
+def feature_layers(strategy) -> tuple[int, ...] | None:
+    """Which target hidden states the strategy reads (None: none): its `feature_layers`, else the
+    last layer's (what the lm_head reads) when it sets needs_hidden_states."""
+    if not getattr(strategy, "needs_hidden_states", False):
+        return None
+    return tuple(getattr(strategy, "feature_layers", None) or (-1,))
+
+
+def check_depth(tree, max_depth: int, strategy) -> None:
+    """A tree deeper than the budget left is a strategy bug: say so rather than re-index it."""
+    if tree.num_nodes and max(tree.depths()) >= max_depth:
+        raise StrategyError(f"strategy {getattr(strategy, 'name', type(strategy).__name__)!r} proposed a tree "
+                            f"{max(tree.depths()) + 1} levels deep, but only {max(max_depth, 0)} fit in the "
+                            f"tokens left: a strategy must read state.max_depth and propose no deeper")
+
+
 def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: SamplingParams,
            stop: StopRules, generator: torch.Generator, stats: Stats) -> Iterator[tuple[list[int], str | None]]:
     """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes."""
     clock = _Clock(verifier.device)
+    layers = feature_layers(strategy)
     start = clock()
-    verifier.prefill(prompt_ids[:-1])
+    prompt_hidden = verifier.prefill(prompt_ids[:-1], layers)
     stats.prefill_time_s = clock() - start
     state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                         generator=generator, max_depth=stop.max_new_tokens - 1,
-                        eos_token_ids=stop.eos_token_ids)
+                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden)
     rng = TorchRandom(generator)
     t = clock()
     strategy.reset(state)
@@ -42,10 +60,9 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     while True:
         t0 = clock()
         tree = strategy.propose(state)
-        if tree.num_nodes and max(tree.depths()) >= state.max_depth:
-            tree = tree.prune_depth(state.max_depth)
+        check_depth(tree, state.max_depth, strategy)
         t1 = clock()
-        out = verifier.forward(state.token_ids[-1], tree, want_hidden=strategy.needs_hidden_states)
+        out = verifier.forward(state.token_ids[-1], tree, layers)
         t2 = clock()
         tree_tokens = tree.tokens.tolist()
         if sampling.greedy:
@@ -71,10 +88,9 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
             yield run, reason
             return
         state.max_depth = stop.max_new_tokens - state.num_generated - 1
-        if out.hidden is not None:
-            state.last_hidden = out.hidden[verdict.last_row]
+        hidden = None if out.hidden is None else out.hidden[[0] + [node + 1 for node in verdict.accepted]]
         t3 = clock()
-        strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before))
+        strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before, hidden))
         stats.draft_time_s += (t1 - t0) + (clock() - t3)
         stats.total_time_s = clock() - start
         yield run, None

@@ -16,10 +16,11 @@ class DecodeState:
     prompt_len: int
     sampling: SamplingParams
     generator: torch.Generator            # the one random source of this call (drafting may use it)
-    max_depth: int                        # deepest tree worth proposing now (budget left - 1)
-    last_hidden: torch.Tensor | None = None   # [H] target's last hidden state at the node that
-    #                                           produced the pending token (strategies that ask for it)
+    max_depth: int                        # levels a tree may have now (budget left - 1); deeper is an error
     eos_token_ids: frozenset[int] = frozenset()
+    prompt_hidden: torch.Tensor | None = None   # [P - 1, F] target features of the committed prompt
+    #   tokens (all but the pending one), from the prefill; set before reset() for strategies with
+    #   needs_hidden_states, None otherwise. Row -1 produced the pending token.
 
     @property
     def num_generated(self) -> int:
@@ -33,6 +34,9 @@ class StepResult:
     accepted: tuple[int, ...]        # node indices of the accepted path, root first
     next_token: int                  # the target's token after that path
     committed_before: int            # len(token_ids) before this step
+    hidden: torch.Tensor | None = None   # [1 + num_accepted, F] target features of the pending
+    #   token's row and the accepted nodes' rows, in path order (strategies with needs_hidden_states);
+    #   hidden[-1] is the row that produced next_token
 
     @property
     def num_accepted(self) -> int:

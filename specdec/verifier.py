@@ -14,7 +14,14 @@ from .tree import CandidateTree, tree_attention_mask, tree_position_ids, with_pe
 @dataclass
 class TreeOutput:
     logits: torch.Tensor               # [1 + N, V]: row 0 = pending token, row i + 1 = tree node i
-    hidden: torch.Tensor | None        # [1 + N, H] last hidden states (post final norm), when asked
+    hidden: torch.Tensor | None        # [1 + N, F] target features (see `features`), when asked
+
+
+def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:
+    """[L, F] target features of one sequence: the hidden states of `layers` (indices into HF's
+    `hidden_states` tuple: 0 = embeddings, -1 = last layer post final norm) side by side.
+    F = len(layers) * H; layers (-1,) is what the lm_head reads."""
+    return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
 
 
 class Verifier:
@@ -29,19 +36,24 @@ class Verifier:
         return self.model.device
 
     @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int]) -> None:
+    def prefill(self, token_ids: Sequence[int], feature_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """Start a new sequence: put the KV entries of `token_ids` (all committed tokens but the
-        pending one) in a fresh cache."""
+        pending one) in a fresh cache. With feature_layers, return their features [len, F]."""
         self.cache = new_cache(self.model)
         self.prefix_len = 0
-        if len(token_ids):
-            ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-            self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-            self.prefix_len = len(token_ids)
+        if not len(token_ids):
+            return None
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=feature_layers is not None)
+        self.prefix_len = len(token_ids)
+        return features(out.hidden_states, feature_layers) if feature_layers is not None else None
 
     @torch.inference_mode()
-    def forward(self, pending_token: int, tree: CandidateTree, want_hidden: bool = False) -> TreeOutput:
-        """Target outputs for the pending token and every tree node, in one forward."""
+    def forward(self, pending_token: int, tree: CandidateTree,
+                feature_layers: Sequence[int] | None = None) -> TreeOutput:
+        """Target outputs for the pending token and every tree node, in one forward (and their
+        features, with feature_layers)."""
         pending = torch.tensor([pending_token], dtype=torch.long, device=self.device)
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
         if tree.is_chain:   # a chain is causal: let the model build its own mask
@@ -51,9 +63,10 @@ class Verifier:
             mask = tree_attention_mask(parents, self.prefix_len, self.model.dtype, self.device)
             positions = tree_position_ids(parents, self.prefix_len, self.device)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, output_hidden_states=want_hidden)
+                         past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=feature_layers is not None)
         self._forward_rows = input_ids.shape[1]
-        hidden = out.hidden_states[-1][0] if want_hidden else None
+        hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden)
 
     def commit(self, kept_rows: Sequence[int]) -> None:

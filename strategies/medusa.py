@@ -1,7 +1,8 @@
 """medusa: K heads on the target's last hidden state guess the next tokens; their top guesses form
 a tree the verifier checks in one forward. No second model, no extra target forward: the hidden
-state comes from the verifier's last forward (state.last_hidden, the row that produced the
-pending token), so node depth d (0 = the pending token's child) is guessed by head d + 1.
+state comes from the target's last forward (the row that produced the pending token: the prefill's
+last row at the first step, then StepResult.hidden[-1]), so node depth d (0 = the pending token's
+child) is guessed by head d + 1.
 
 Trees of per-head ranks (a path [r0, r1, ...] takes head 1's r0-th best token, then head 2's
 r1-th best, ...):
@@ -159,6 +160,7 @@ class Medusa:
                     raise ConfigError(f"medusa.choices entry {list(c)} is not a path of ranks (>= 0) of length "
                                       f"1..{heads.num_heads} (one rank per head)")
         self.device = torch.device("cpu")
+        self.last_hidden: torch.Tensor | None = None     # [H] the row that produced the pending token
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -178,12 +180,14 @@ class Medusa:
         self.device = target.device
 
     def reset(self, state: DecodeState) -> None:
-        pass
+        hidden = state.prompt_hidden                   # [P - 1, H]; None for a one-token prompt
+        self.last_hidden = hidden[-1] if hidden is not None and len(hidden) else None
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
         depth = min(self.heads.num_heads, state.max_depth)
-        if state.last_hidden is None or depth <= 0:     # first step after prefill: no hidden state yet
+        last_hidden = self.last_hidden
+        if last_hidden is None or depth <= 0:           # a one-token prompt: no hidden state yet
             return CandidateTree.empty(self.device)
         conditioned = self.heads.layout.token_conditioned
         pending = state.token_ids[-1]
@@ -191,19 +195,19 @@ class Medusa:
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1
             if conditioned:
-                return static_nodes(ConditionedExpander(self.heads, state.last_hidden, width), pending, paths)
-            head_tokens = self.heads(state.last_hidden)[:depth].float().topk(width, dim=-1).indices   # [D, width]
+                return static_nodes(ConditionedExpander(self.heads, last_hidden, width), pending, paths)
+            head_tokens = self.heads(last_hidden)[:depth].float().topk(width, dim=-1).indices   # [D, width]
             return ranks_to_tree(paths, head_tokens, self.device)
         if conditioned:
-            return best_first_nodes(ConditionedExpander(self.heads, state.last_hidden, self.top_k), pending,
+            return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k), pending,
                                     depth, self.max_nodes)
-        head_logits = self.heads(state.last_hidden)[:depth].float()               # [D, V]
+        head_logits = self.heads(last_hidden)[:depth].float()               # [D, V]
         top = head_logits.log_softmax(dim=-1).topk(min(self.top_k, head_logits.shape[-1]), dim=-1)
         paths = best_rank_paths(top.values, self.max_nodes)                       # values [D, k]
         return ranks_to_tree(paths, top.indices, self.device)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        pass   # the loop hands the new last hidden state over in state.last_hidden
+        self.last_hidden = result.hidden[-1]            # [H] the row that produced the new pending token
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Medusa:

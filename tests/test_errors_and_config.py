@@ -355,3 +355,21 @@ def test_cli_errors_return_2(capsys, argv, phrase):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("specdec generate: error:") and phrase in err
+
+
+class _TooDeep(Autoregressive):
+    """Proposes a chain one level deeper than the budget left allows."""
+    name = "too_deep"
+
+    def propose(self, state):
+        from specdec.tree import CandidateTree
+        return CandidateTree.chain([5] * (state.max_depth + 1))
+
+
+def test_loop_refuses_a_tree_deeper_than_the_budget():
+    """The loop never re-indexes a strategy's tree behind its back: an over-deep tree is an error
+    naming the strategy and state.max_depth."""
+    from specdec.errors import StrategyError
+    sd = Speculator(tiny_model("llama"), None, _TooDeep())
+    with pytest.raises(StrategyError, match=r"'too_deep'.*4 levels deep.*only 3.*state.max_depth"):
+        sd.generate([3, 4, 5], max_new_tokens=4, ignore_eos=True)

@@ -73,7 +73,8 @@ def _proposal(heads, model, hidden):
     medusa = Medusa(heads, max_nodes=8, top_k=3)
     medusa.bind(model, None)
     state = DecodeState(token_ids=[4, 5], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
-                        max_depth=10, last_hidden=hidden)
+                        max_depth=10, prompt_hidden=hidden[None])
+    medusa.reset(state)
     return medusa.propose(state)
 
 

@@ -75,20 +75,24 @@ def test_right_guesses_are_accepted():
     assert out.stats.target_forwards == 1 + 32 // 4          # first step: no hidden state yet
 
 
-def _state(hidden, max_depth=16):
-    return DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
-                       max_depth=max_depth, last_hidden=hidden)
+def _propose(medusa, hidden, max_depth=16):
+    """What medusa proposes right after a prefill whose last row's hidden state is `hidden` [H]
+    (None: a one-token prompt, no prefill row)."""
+    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
+                        max_depth=max_depth, prompt_hidden=None if hidden is None else hidden[None])
+    medusa.reset(state)
+    return medusa.propose(state)
 
 
-def test_first_step_proposes_nothing_then_a_tree_within_budget():
+def test_one_token_prompt_proposes_nothing_then_a_tree_within_budget():
     model = tiny_model("gpt2", seed=0)
     medusa = Medusa(fresh_heads(model, num_heads=3, noise=0.5), max_nodes=10, top_k=3)
     medusa.bind(model, None)
-    assert medusa.propose(_state(None)).num_nodes == 0
-    tree = medusa.propose(_state(torch.randn(32)))
+    assert _propose(medusa, None).num_nodes == 0
+    tree = _propose(medusa, torch.randn(32))
     assert 1 <= tree.num_nodes <= 10
     assert max(tree.depths()) < 3
-    shallow = medusa.propose(_state(torch.randn(32), max_depth=1))
+    shallow = _propose(medusa, torch.randn(32), max_depth=1)
     assert max(shallow.depths()) == 0
 
 
@@ -98,7 +102,7 @@ def test_dynamic_tree_root_child_is_head_one_argmax():
     medusa = Medusa(heads, max_nodes=6, top_k=3)
     medusa.bind(model, None)
     hidden = torch.randn(32)
-    tree = medusa.propose(_state(hidden))
+    tree = _propose(medusa, hidden)
     with torch.no_grad():
         logits = heads(hidden)                                                  # [K, V]
     assert tree.tokens[0].item() == logits[0].argmax().item()

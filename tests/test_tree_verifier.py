@@ -59,7 +59,7 @@ def test_tree_forward_equals_path_forwards(arch):
     tree = CandidateTree(torch.tensor(TOKENS), PARENTS)
     assert not tree.is_chain
     verifier = prefilled(model)
-    out = verifier.forward(PROMPT[-1], tree, want_hidden=True)
+    out = verifier.forward(PROMPT[-1], tree, feature_layers=(-1,))
     assert out.logits.shape == (1 + tree.num_nodes, model.config.vocab_size)
     assert out.hidden.shape == (1 + tree.num_nodes, out.hidden.shape[-1])
     logits, hidden = full_forward(model, PROMPT)
