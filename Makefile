@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m specdec.demo $(ARGS)
+	$(PY) -m specdec.family.demo $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

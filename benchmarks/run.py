@@ -44,7 +44,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _resolve_models(models) -> None:
     """No target given: use the embedded default family (its builder says what to do when absent)."""
     if models.target is None:
-        from specdec.default_models import apply_default_paths
+        from specdec.family.defaults import apply_default_paths
         cfg = load_spec_config("autoregressive")
         apply_default_paths(cfg)
         models.target = cfg.target.path

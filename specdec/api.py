@@ -161,7 +161,7 @@ def load(config: str = "autoregressive", /, **overrides) -> Speculator:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     if cfg.target.path is None:
-        from .default_models import apply_default_paths
+        from .family.defaults import apply_default_paths
         apply_default_paths(cfg)
     target = load_model(cfg.target.path, "target", device, dtype)
     tokenizer = load_tokenizer(cfg.target.tokenizer or cfg.target.path, "target")

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec
-from specdec.builder import config_hash, ensure_family, family_is_built, family_paths, load_family_config
-from specdec.builder import family as family_module
-from specdec.builder import store
+from specdec.family import config_hash, ensure_family, family_is_built, family_paths, load_family_config
+from specdec.family import build as family_module
+from specdec.family import store
 
 # A family built in a few seconds: a handful of stdlib files, tiny models, a few steps.
 MINIMAL_FAMILY = {
@@ -202,8 +202,8 @@ def test_bad_family_config_names_the_problem():
 def test_distilled_draft_learns_to_agree_with_its_teacher():
     """Distillation trains the student on the teacher's distributions: the student's soft
     cross-entropy to the teacher falls, and it falls further than training on the text does."""
-    from specdec.builder.config import LMConfig, LMTrainConfig
-    from specdec.builder.lm import new_llama, train_lm, window_loss
+    from specdec.family.config import LMConfig, LMTrainConfig
+    from specdec.family.lm import new_llama, train_lm, window_loss
     teacher = new_llama(LMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 64, 0, seed=1).eval()
     with torch.no_grad():                                   # a sharper teacher than a fresh model
         teacher.lm_head.weight.mul_(40.0)
@@ -217,3 +217,20 @@ def test_distilled_draft_learns_to_agree_with_its_teacher():
         with torch.no_grad():
             agreement[distill] = float(window_loss(student.eval(), windows, teacher))
     assert agreement[True] < agreement[False] - 0.1
+
+
+def test_load_without_target_says_it_builds_the_default_family(monkeypatch, capsys):
+    """specdec.load() with no target.path never trains silently: it says what it builds and how to
+    use one's own model instead."""
+    from omegaconf import OmegaConf
+    from specdec.family import defaults
+    from specdec.family.build import FamilyPaths
+    paths = FamilyPaths(folder="/nowhere", tokenizer="/nowhere/tokenizer", target="/nowhere/target",
+                        draft="/nowhere/draft", heads=None)
+    monkeypatch.setattr(defaults, "family_is_built", lambda cfg: False)
+    monkeypatch.setattr(defaults, "ensure_family", lambda cfg: paths)
+    cfg = OmegaConf.create({"target": {"path": None}, "draft": {"path": None}, "heads": {"path": None}})
+    defaults.apply_default_paths(cfg)
+    assert cfg.target.path == "/nowhere/target" and cfg.draft.path == "/nowhere/draft"
+    err = capsys.readouterr().err
+    assert "no target.path given" in err and "building it now" in err and "target.path=" in err

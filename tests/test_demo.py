@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from specdec import demo
+from specdec.family import demo
 from specdec.errors import ModelLoadError
 
 from test_default_family import write_minimal_yaml

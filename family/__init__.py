@@ -2,7 +2,7 @@
 library's source: a byte-level BPE tokenizer, a small Llama target, a much smaller Llama draft
 and Medusa heads for the target. Cached per config; see store.py for the on-disk layout."""
 from .config import FamilyConfig, config_hash, load_family_config
-from .family import FamilyPaths, ensure_family, family_is_built, family_paths
+from .build import FamilyPaths, ensure_family, family_is_built, family_paths
 
 __all__ = ["FamilyConfig", "FamilyPaths", "config_hash", "ensure_family", "family_is_built",
            "family_paths", "load_family_config"]

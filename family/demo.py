@@ -1,11 +1,11 @@
-"""`make demo` / `python -m specdec.demo`: one code prompt completed by every strategy.
+"""`make demo` / `python -m specdec.family.demo`: one code prompt completed by every strategy.
 
 Builds the embedded default model family first when it is missing (a few minutes, once), or
 uses the models you point it at:
 
-    python -m specdec.demo                                   # the default family (cached)
-    python -m specdec.demo --models ../shared/models/pycode  # DIR/target, DIR/draft (DIR/heads)
-    python -m specdec.demo --target T --draft D --heads H    # any Hugging Face checkpoints
+    python -m specdec.family.demo                                   # the default family (cached)
+    python -m specdec.family.demo --models ../shared/models/pycode  # DIR/target, DIR/draft (DIR/heads)
+    python -m specdec.family.demo --target T --draft D --heads H    # any Hugging Face checkpoints
     SPECDEC_DEMO_MODELS=DIR SPECDEC_DEMO_HEADS=H make demo   # the same, from the environment
 
 Prints the completion once and a table: tokens/s, tokens per target forward, speed-up over
@@ -107,7 +107,7 @@ def choose_models(target: str | None = None, draft: str | None = None, heads: st
     heads = heads or os.environ.get("SPECDEC_DEMO_HEADS") or None
     if target is None and models_dir is not None:
         if not os.path.isdir(os.path.join(models_dir, "target")):
-            from .errors import ModelLoadError
+            from specdec.errors import ModelLoadError
             raise ModelLoadError(f"--models {models_dir!r} has no target/ folder: give a folder holding "
                                  f"target/ (and draft/, heads/), or --target PATH")
         target = os.path.join(models_dir, "target")
@@ -116,8 +116,8 @@ def choose_models(target: str | None = None, draft: str | None = None, heads: st
         return DemoModels(target, draft, heads, origin=models_dir)
     if target is not None:
         return DemoModels(target, draft, heads, origin="given paths")
-    from .builder import ensure_family, load_family_config
-    from .default_models import default_family_config_name
+    from . import ensure_family, load_family_config
+    from .defaults import default_family_config_name
     family = ensure_family(load_family_config(family_config or default_family_config_name(), family_overrides))
     return DemoModels(family.target, draft or family.draft, heads or family.heads,
                       origin=f"{DEFAULT_ORIGIN} {family.folder}")
@@ -129,9 +129,9 @@ def _existing(path: str) -> str | None:
 
 def unavailable_reason(strategy: str, models: DemoModels) -> str | None:
     """Why a row cannot run here (module not written yet, no draft, no heads), or None."""
-    from .config import find_config_file
-    from .errors import ConfigError
-    from .strategies import REGISTRY
+    from specdec.config import find_config_file
+    from specdec.errors import ConfigError
+    from specdec.strategies import REGISTRY
     if importlib.util.find_spec(REGISTRY[strategy]) is None:
         return f"module {REGISTRY[strategy]} is not available in this checkout"
     try:
@@ -177,7 +177,7 @@ def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: i
     compared with the target's own greedy generate(), then the rows are timed `repeats` times in
     turn and each keeps its median time."""
     import specdec
-    from .errors import IncompatibleModelsError, ModelLoadError
+    from specdec.errors import IncompatibleModelsError, ModelLoadError
     result: DemoResult | None = None
     skipped: dict[str, str] = {}
     loaded = []                       # one Speculator per row that runs
@@ -255,7 +255,7 @@ def render(result: DemoResult, console: Console) -> None:
 
 
 def parse_args(argv: list[str] | None):
-    parser = argparse.ArgumentParser(prog="python -m specdec.demo", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m specdec.family.demo", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", help="folder holding target/ and draft/ (and heads/); env SPECDEC_DEMO_MODELS")
     parser.add_argument("--target", help="target checkpoint folder (replaces the default target)")
@@ -280,7 +280,7 @@ def parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import SpecDecError
+    from specdec.errors import SpecDecError
     args = parse_args(argv)
     console = Console()
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
