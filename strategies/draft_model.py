@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from specdec.cache import commit_rows, new_cache
+from specdec.config import DraftConfig
 from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
 from specdec.sampling import logits_to_probs
@@ -24,9 +25,12 @@ class DraftModel:
     name = "draft_model"
     needs_hidden_states = False
 
-    def __init__(self, draft, *, num_tokens: int = 4, branching: Sequence[int] | None = None,
-                 max_nodes: int = 64, adaptive: bool = False, min_tokens: int = 1, max_tokens: int = 12,
-                 draft_cost: float = 0.1, min_confidence: float = 0.0, draft_tokenizer=None):
+    # defaults: the config's (specdec.config.DraftConfig), the one source of them
+    def __init__(self, draft, *, num_tokens: int = DraftConfig.num_tokens,
+                 branching: Sequence[int] | None = DraftConfig.branching, max_nodes: int = DraftConfig.max_nodes,
+                 adaptive: bool = DraftConfig.adaptive, min_tokens: int = DraftConfig.min_tokens,
+                 max_tokens: int = DraftConfig.max_tokens, draft_cost: float = DraftConfig.draft_cost,
+                 min_confidence: float = DraftConfig.min_confidence, draft_tokenizer=None):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):

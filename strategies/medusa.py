@@ -22,14 +22,13 @@ from typing import Sequence
 
 import torch
 
+from specdec.config import MedusaConfig
 from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
-# Default tree sizes, measured on a 2-core CPU (greedy): see configs/medusa.yaml. On a GPU wider
-# trees are nearly free: raise max_nodes (e.g. 64) and top_k.
-DEFAULT_MAX_NODES = 8
-DEFAULT_TOP_K = 4
+# Default tree sizes: specdec.config.MedusaConfig (measured on a 2-core CPU, greedy; see
+# configs/medusa.yaml). On a GPU wider trees are nearly free: raise max_nodes (e.g. 64) and top_k.
 
 
 def best_rank_paths(head_logprobs: torch.Tensor, max_nodes: int) -> list[tuple[int, ...]]:
@@ -139,8 +138,9 @@ class Medusa:
     name = "medusa"
     needs_hidden_states = True
 
-    def __init__(self, heads, tree: str = "dynamic", choices: Sequence[Sequence[int]] | None = None,
-                 max_nodes: int = DEFAULT_MAX_NODES, top_k: int = DEFAULT_TOP_K):
+    # defaults: the config's (specdec.config.MedusaConfig), the one source of them
+    def __init__(self, heads, tree: str = MedusaConfig.tree, choices: Sequence[Sequence[int]] | None = MedusaConfig.choices,
+                 max_nodes: int = MedusaConfig.max_nodes, top_k: int = MedusaConfig.top_k):
         if tree not in ("dynamic", "static"):
             raise ConfigError(f"medusa.tree must be 'dynamic' or 'static', got {tree!r}")
         if max_nodes < 1 or top_k < 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Collection, Iterator, Sequence
 
+from specdec.config import PromptLookupConfig
 from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
@@ -101,8 +102,10 @@ class PromptLookup:
     name = "prompt_lookup"
     needs_hidden_states = False
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 3, num_tokens: int = 10,
-                 max_matches: int = 4, max_nodes: int = 16):
+    # defaults: the config's (specdec.config.PromptLookupConfig), the one source of them
+    def __init__(self, *, min_ngram: int = PromptLookupConfig.min_ngram, max_ngram: int = PromptLookupConfig.max_ngram,
+                 num_tokens: int = PromptLookupConfig.num_tokens, max_matches: int = PromptLookupConfig.max_matches,
+                 max_nodes: int = PromptLookupConfig.max_nodes):
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"prompt_lookup needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, "
                               f"max_ngram={max_ngram}")

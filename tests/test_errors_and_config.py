@@ -373,3 +373,25 @@ def test_loop_refuses_a_tree_deeper_than_the_budget():
     sd = Speculator(tiny_model("llama"), None, _TooDeep())
     with pytest.raises(StrategyError, match=r"'too_deep'.*4 levels deep.*only 3.*state.max_depth"):
         sd.generate([3, 4, 5], max_new_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize("section, strategy_path", [
+    ("draft", "specdec.strategies.draft_model:DraftModel"),
+    ("prompt_lookup", "specdec.strategies.prompt_lookup:PromptLookup"),
+    ("medusa", "specdec.strategies.medusa:Medusa"),
+])
+def test_strategy_defaults_are_the_config_defaults(section, strategy_path):
+    """One source of defaults: a strategy built in code behaves like one built from the config."""
+    import dataclasses
+    import importlib
+    import inspect
+    from specdec.config import SpecConfig
+    module, cls = strategy_path.split(":")
+    params = inspect.signature(getattr(importlib.import_module(module), cls)).parameters
+    section_cls = type(getattr(SpecConfig(), section))
+    checked = 0
+    for f in dataclasses.fields(section_cls):
+        if f.name in params:
+            assert params[f.name].default == f.default, f"{cls}({f.name}=...) default differs from {section}.{f.name}"
+            checked += 1
+    assert checked >= 2
