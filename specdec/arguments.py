@@ -9,6 +9,7 @@ import numbers
 import operator
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from .errors import InputError
@@ -115,7 +116,7 @@ def check_token_ids(value: Any, name: str, error=InputError) -> list[int]:
 
 
 def check_flag(value: Any, name: str, error=InputError) -> bool:
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise error(f"{name} must be True or False, got {_shown(value)}")
 
