@@ -12,7 +12,6 @@ import transformers as T
 import specdec
 from conftest import char_tokenizer, tiny_model
 from specdec.cli import main as cli_main
-from specdec.config import parse_overrides
 from specdec.errors import ConfigError
 
 
@@ -82,6 +81,7 @@ def test_cli_stream_prints_the_stream_stats(folders, capsys):
 
 # ---------------------------------------------------------------------- item 6: YAML overrides
 def test_parse_overrides_reads_yaml_values():
+    from specdec.config import parse_overrides
     parsed = parse_overrides(["draft.branching=[2,2,1]", "medusa.choices=[[0],[1],[0,0]]", "generation.stop=[return]",
                               "generation.seed=null", "target.path=/m/target", "generation.top_p=0.9",
                               "draft.adaptive=true", "name=a=b"])
