@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
-        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n\n"
+        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n"
+              "values are YAML: corpus=[json, email] split_file=null\n\n"
               "keys: " + ", ".join(TrainHeadsConfig.__dataclass_fields__))
         return 0
     name = None
