@@ -79,7 +79,8 @@ class BenchConfig:
     threads: Optional[int] = None       # torch.set_num_threads; None = torch's default (1 helps on a busy machine)
 
 
-def load_bench_config(name_or_path: str, overrides: list[str]) -> BenchConfig:
+def load_bench_config(name_or_path: str, overrides: dict | list | None = None) -> BenchConfig:
+    """Schema defaults <- a preset in configs/bench (or a YAML path) <- overrides (config.parse_overrides' dict)."""
     cfg = build_config(BenchConfig, name_or_path, overrides, subdir="bench")
     validate(cfg)
     return cfg

@@ -14,7 +14,7 @@ import sys
 
 from rich.console import Console
 
-from specdec.config import load_spec_config
+from specdec.config import load_spec_config, parse_overrides
 from specdec.errors import ConfigError, SpecDecError
 from specdec.models import context_length, load_model, load_tokenizer, resolve_device, resolve_dtype
 
@@ -36,7 +36,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                                      epilog="e.g. specdec bench quick models.target=/m/target "
                                             "models.draft=/m/draft output_dir=out")
     parser.add_argument("preset", help="a preset in configs/bench (quick, full) or a YAML path")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. prompts.num=2 max_new_tokens=64 "
+    parser.add_argument("overrides", nargs="*", help="key=value (values parsed as YAML), e.g. prompts.num=2 max_new_tokens=64 "
                                                      "only=[autoregressive,draft]")
     return parser.parse_args(argv)
 
@@ -74,7 +74,7 @@ def _plain_reference(peer_rows, target, notes) -> HFRow:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
-    cfg = load_bench_config(args.preset, args.overrides)
+    cfg = load_bench_config(args.preset, parse_overrides(args.overrides))
     console = Console(stderr=True)
     import transformers
     transformers.logging.set_verbosity_error()

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from specdec.config import parse_overrides
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
@@ -193,9 +194,9 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     validate(cfg)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
-    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32))
+    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32), key="target")
     target.requires_grad_(False)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
     separator = tokenizer.eos_token_id
 
     train_files, heldout_files = corpus_files(cfg)
@@ -274,13 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
-        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n\n"
+        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n"
+              "values are YAML: corpus=[json, email] split_file=null\n\n"
               "keys: " + ", ".join(TrainHeadsConfig.__dataclass_fields__))
         return 0
     name = None
     if argv and "=" not in argv[0]:
         name, argv = argv[0], argv[1:]
-    cfg = load_train_config(name, argv)
+    cfg = load_train_config(name, parse_overrides(argv))
     folder = train_heads(cfg)
     print(f"heads saved in {folder}")
     return 0

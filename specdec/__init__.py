@@ -5,13 +5,15 @@
     out = sd.generate("def parse(", max_new_tokens=128)
     out.text, out.token_ids, out.stats.tokens_per_forward
 """
-from .api import Speculator, load
-from .errors import ConfigError, IncompatibleModelsError, InputError, ModelLoadError, SpecDecError
+from .api import Speculator, Stream, load
+from .errors import (ConfigError, IncompatibleModelsError, InputError, ModelLoadError, SpecDecError,
+                     StreamSupersededError)
 from .sampling import SamplingParams
 from .tree import CandidateTree
 from .types import GenerationOutput, Stats
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "Speculator", "CandidateTree", "SamplingParams", "GenerationOutput", "Stats",
-           "SpecDecError", "ConfigError", "InputError", "ModelLoadError", "IncompatibleModelsError"]
+__all__ = ["load", "Speculator", "Stream", "CandidateTree", "SamplingParams", "GenerationOutput", "Stats",
+           "SpecDecError", "ConfigError", "InputError", "ModelLoadError", "IncompatibleModelsError",
+           "StreamSupersededError"]

@@ -5,8 +5,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .config import SpecConfig, load_spec_config
-from .errors import InputError
+from .arguments import as_int, check_flag, check_generation_args, check_token_ids
+from .config import GenerationDefaults, SpecConfig, load_spec_config
+from .errors import InputError, StreamSupersededError
 from .loop import decode
 from .models import context_length, load_model, load_tokenizer, resolve_device, resolve_dtype
 from .sampling import SamplingParams, make_generator
@@ -15,8 +16,108 @@ from .types import GenerationOutput, Stats
 from .verifier import Verifier
 
 
+class _Unset:
+    """Default of generate()/stream()'s sampling arguments: take the value from the loaded config's
+    `generation:` section (config.GenerationDefaults' defaults for a Speculator without a config)."""
+
+    def __repr__(self) -> str:
+        return "<config default>"
+
+
+_UNSET = _Unset()
+
+
+class Stream:
+    """What Speculator.stream() returns: iterate it for the new text, piece by piece, as each verify
+    step accepts a run of tokens. `.stats`, `.token_ids` (new tokens) and `.finish_reason` ("eos",
+    "stop", "length"; None while running) fill as it goes. A newer generate()/stream() call on the
+    same Speculator supersedes an unfinished stream: advancing it then raises StreamSupersededError.
+    close() (or leaving a `with` block) ends it early."""
+
+    def __init__(self, speculator: "Speculator", steps: Iterator[tuple[list[int], str | None]], stats: Stats):
+        self._speculator = speculator
+        self._steps = steps                 # the decode loop: (new tokens, finish reason or None) per step
+        self.stats = stats
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self._done = False
+        self._superseded = False
+        self._shown = ""                    # text already yielded
+
+    @property
+    def text(self) -> str:
+        """The new text so far (decoded whole; it may end in an incomplete character)."""
+        tokenizer = self._speculator.tokenizer
+        return tokenizer.decode(self.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+
+    def _advance(self) -> list[int] | None:
+        """Run one verify step: its accepted tokens, or None once generation has finished."""
+        if self._superseded:
+            raise StreamSupersededError(
+                "this stream was superseded: a newer generate() or stream() call on the same Speculator "
+                "started before it finished, and a Speculator holds one KV cache and one strategy state, "
+                "so the older stream cannot go on. Finish (or close()) one stream before starting another, "
+                "or use two Speculators to generate concurrently")
+        if self._done:
+            return None
+        try:
+            run, finish = next(self._steps)
+        except StopIteration:
+            self._end()
+            return None
+        except BaseException:
+            self._end()
+            raise
+        self.token_ids.extend(run)
+        if finish is not None:
+            self.finish_reason = finish
+            self._end()
+        return run
+
+    def _end(self) -> None:
+        self._done = True
+        self._steps.close()
+        if self._speculator._current is self:
+            self._speculator._current = None
+
+    def _supersede(self) -> None:
+        if not self._done:
+            self._end()
+            self._superseded = True
+
+    def close(self) -> None:
+        """Stop generating; the Speculator is free for the next call."""
+        if not self._superseded:
+            self._end()
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        while self._advance() is not None:
+            # hold back a trailing replacement char: a multi-byte character may be incomplete
+            text = self.text
+            ready = text[:-1] if text.endswith("\ufffd") else text
+            if len(ready) > len(self._shown) and ready.startswith(self._shown):
+                piece, self._shown = ready[len(self._shown):], ready
+                return piece
+        text = self.text
+        if len(text) > len(self._shown) and text.startswith(self._shown):
+            piece, self._shown = text[len(self._shown):], text
+            return piece
+        raise StopIteration
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Speculator:
-    """Speculative generation with `strategy` on `target`. Output law = the target's own."""
+    """Speculative generation with `strategy` on `target`. Output law = the target's own.
+    One call at a time: a new generate()/stream() supersedes an unfinished stream (use two
+    Speculators to generate concurrently)."""
 
     def __init__(self, target, tokenizer, strategy, *, config: SpecConfig | None = None):
         from .strategies import Strategy
@@ -31,27 +132,32 @@ class Speculator:
         self.config = config
         self.verifier = Verifier(self.target)
         self.context = context_length(self.target, tokenizer)
+        self._current: Stream | None = None    # the call that owns the KV cache and the strategy state
         strategy.bind(self.target, tokenizer)
 
     # ------------------------------------------------------------------ inputs
     def _prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, torch.Tensor):
-            if prompt.dim() == 2:
-                if prompt.shape[0] != 1:
-                    raise InputError(f"batch size {prompt.shape[0]} > 1 is not supported yet: "
-                                     f"call generate once per prompt")
-                prompt = prompt[0]
-            prompt = prompt.tolist()
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError("a text prompt needs a tokenizer: pass one to Speculator or give token ids")
             ids = self.tokenizer(prompt)["input_ids"]
-        elif isinstance(prompt, Sequence) and prompt and all(isinstance(t, int) for t in prompt):
-            ids = list(prompt)
+        elif isinstance(prompt, torch.Tensor) or hasattr(prompt, "__array__"):   # torch tensor / numpy array
+            if prompt.ndim == 2 and prompt.shape[0] != 1:
+                raise InputError(f"batch size {prompt.shape[0]} > 1 is not supported yet: call generate once per "
+                                 f"prompt")
+            if prompt.ndim > 2:
+                raise InputError(f"a prompt {type(prompt).__name__} of shape {tuple(prompt.shape)} is not supported: "
+                                 f"give one sequence of ids, shape [n] or [1, n]")
+            ids = prompt.reshape(-1).tolist()
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise InputError(f"the prompt {type(prompt).__name__} has dtype {prompt.dtype}: token ids must be "
+                                 f"integers")
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(p, (str, list, tuple)) for p in prompt):
-            raise InputError(f"batch size {len(prompt)} > 1 is not supported yet: call generate once per prompt")
-        elif isinstance(prompt, Sequence) and not prompt:
-            ids = []
+            if len(prompt) > 1:
+                raise InputError(f"batch size {len(prompt)} > 1 is not supported yet: call generate once per prompt")
+            return self._prompt_ids(prompt[0])          # a batch of one
+        elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+            ids = check_token_ids(prompt, "prompt")
         else:
             raise InputError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -63,10 +169,13 @@ class Speculator:
         return ids
 
     def _check_length(self, n_prompt: int, max_new_tokens: int) -> None:
-        if max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if self.context is None:
             return
+        if max_new_tokens >= self.context:
+            fit = f": lower it to at most {self.context - n_prompt} for this {n_prompt}-token prompt" \
+                if n_prompt < self.context else ""
+            raise InputError(f"max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the model's "
+                             f"context of {self.context} tokens (prompt + new tokens must fit){fit}")
         if n_prompt >= self.context:
             raise InputError(f"the prompt has {n_prompt} tokens but the model's context is {self.context}: "
                              f"shorten the prompt (keep its last {self.context - max_new_tokens} tokens, say)")
@@ -83,59 +192,61 @@ class Speculator:
             return frozenset()
         return frozenset([eos] if isinstance(eos, int) else eos)
 
-    # ------------------------------------------------------------------ generation
-    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos):
-        prompt_ids = self._prompt_ids(prompt)
-        self._check_length(len(prompt_ids), max_new_tokens)
-        if stop and self.tokenizer is None:
-            raise InputError("stop strings need a tokenizer")
-        sampling = SamplingParams(float(temperature), int(top_k), float(top_p))
-        rules = StopRules(max_new_tokens=max_new_tokens,
-                          eos_token_ids=frozenset() if ignore_eos else self._eos_ids(),
-                          stop_token_ids=frozenset(stop_token_ids or ()),
-                          stop_strings=tuple([stop] if isinstance(stop, str) else (stop or ())),
-                          tokenizer=self.tokenizer)
-        generator = make_generator(seed, self.verifier.device)
-        stats = Stats()
-        return decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats), stats
+    def _generation_args(self, given: dict) -> dict:
+        """Explicit arguments win; the rest come from the config's generation section (or the
+        built-in defaults); all are checked."""
+        defaults = self.config.generation if self.config is not None else GenerationDefaults()
+        return check_generation_args({name: getattr(defaults, name) if value is _UNSET else value
+                                      for name, value in given.items()})
 
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int | None = 0, stop: str | Sequence[str] | None = None,
+    # ------------------------------------------------------------------ generation
+    def _open(self, prompt, stop_token_ids, ignore_eos, **given) -> Stream:
+        """Check every argument, then start a call; it supersedes an unfinished stream."""
+        args = self._generation_args(given)
+        prompt_ids = self._prompt_ids(prompt)
+        self._check_length(len(prompt_ids), args["max_new_tokens"])
+        stop_ids = () if stop_token_ids is None else check_token_ids(
+            [stop_token_ids] if as_int(stop_token_ids) is not None else stop_token_ids, "stop_token_ids")
+        ignore_eos = check_flag(ignore_eos, "ignore_eos")
+        if args["stop"] and self.tokenizer is None:
+            raise InputError("stop strings need a tokenizer")
+        sampling = SamplingParams(args["temperature"], args["top_k"], args["top_p"])
+        rules = StopRules(max_new_tokens=args["max_new_tokens"],
+                          eos_token_ids=frozenset() if ignore_eos else self._eos_ids(),
+                          stop_token_ids=frozenset(stop_ids), stop_strings=args["stop"], tokenizer=self.tokenizer)
+        generator = make_generator(args["seed"], self.verifier.device)
+        stats = Stats()
+        if self._current is not None:
+            self._current._supersede()
+        stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats),
+                        stats)
+        self._current = stream
+        return stream
+
+    def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
+                 top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> GenerationOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
-        temperature 0 = greedy. Returns the new tokens only, their text and statistics."""
-        steps, stats = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                 stop_token_ids, ignore_eos)
-        new_ids: list[int] = []
-        reason = "length"
-        for run, finish in steps:
-            new_ids.extend(run)
-            reason = finish or reason
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-        return GenerationOutput(text=text, token_ids=new_ids, stats=stats, finish_reason=reason)
+        temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
+        (128, 0.0, 0, 1.0, 0, None without a config). Returns the new tokens only, their text and
+        statistics."""
+        stream = self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
+                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+        while stream._advance() is not None:
+            pass
+        return GenerationOutput(text=stream.text, token_ids=stream.token_ids, stats=stream.stats,
+                                finish_reason=stream.finish_reason or "length")
 
-    def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int | None = 0, stop: str | Sequence[str] | None = None,
-               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> Iterator[str]:
-        """Yield the new text piece by piece, as each verify step accepts a run of tokens.
-        The pieces join to the text `generate` returns with the same arguments."""
+    def stream(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
+               top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
+               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> Stream:
+        """Yield the new text piece by piece, as each verify step accepts a run of tokens. The
+        pieces join to the text `generate` returns with the same arguments; the returned Stream's
+        `.stats` and `.finish_reason` fill as it goes."""
         if self.tokenizer is None:
             raise InputError("stream() yields text and needs a tokenizer; use generate() with token ids")
-        steps, _ = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                             stop_token_ids, ignore_eos)
-        new_ids: list[int] = []
-        shown = ""
-        for run, _finish in steps:
-            new_ids.extend(run)
-            text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
-            # hold back a trailing replacement char: a multi-byte character may be incomplete
-            ready = text[:-1] if text.endswith("\ufffd") else text
-            if len(ready) > len(shown) and ready.startswith(shown):
-                yield ready[len(shown):]
-                shown = ready
-        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
-        if text != shown and text.startswith(shown):
-            yield text[len(shown):]
+        return self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
 
 
 def _strategy_by_name(name: str, config: SpecConfig | None):

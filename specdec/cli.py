@@ -1,4 +1,5 @@
-"""One entry point: specdec generate | train-heads | bench."""
+"""One entry point: specdec generate | train-heads | bench (also `python -m specdec ...`).
+key=value overrides are parsed as YAML values by config.parse_overrides in every subcommand."""
 from __future__ import annotations
 
 import argparse
@@ -9,43 +10,27 @@ from .errors import SpecDecError
 
 def _generate(args) -> int:
     from .api import load
-    overrides = [o for o in args.overrides]
-    sd = load(args.config, **dict(o.split("=", 1) for o in _checked(overrides)))
-    g = sd.config.generation
+    from .config import parse_overrides
+    sd = load(args.config, **parse_overrides(args.overrides))
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    kwargs = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-                  seed=g.seed, stop=list(g.stop) or None)
+    if args.echo:
+        sys.stdout.write(prompt)
+    # sampling settings: the config's generation section (overrides included) is generate()'s default
     if args.no_stream:
-        out = sd.generate(prompt, **kwargs)
+        out = sd.generate(prompt)
         print(out.text)
         stats = out.stats
     else:
-        sys.stdout.write(prompt if args.echo else "")
-        # stream, then print the statistics of an identical (seeded) call's bookkeeping
-        steps, stats = sd._run(prompt, kwargs["max_new_tokens"], kwargs["temperature"], kwargs["top_k"],
-                               kwargs["top_p"], kwargs["seed"], kwargs["stop"], None, False)
-        ids: list[int] = []
-        shown = ""
-        for run, _ in steps:
-            ids.extend(run)
-            text = sd.tokenizer.decode(ids, skip_special_tokens=True)
-            if text.startswith(shown):
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
+        stream = sd.stream(prompt)
+        for piece in stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
         print()
+        stats = stream.stats
     print(f"[{sd.config.strategy}] {stats.new_tokens} tokens, {stats.target_forwards} target forwards, "
           f"{stats.tokens_per_forward:.2f} tokens/forward, {stats.tokens_per_second:.1f} tokens/s",
           file=sys.stderr)
     return 0
-
-
-def _checked(overrides: list[str]) -> list[str]:
-    from .errors import ConfigError
-    for o in overrides:
-        if "=" not in o:
-            raise ConfigError(f"override {o!r} is not of the form key=value (e.g. draft.num_tokens=6)")
-    return overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text with a strategy chosen by config")
     gen.add_argument("config", help="a shipped config name (autoregressive, draft_model, prompt_lookup, medusa, ...) or a YAML path")
-    gen.add_argument("overrides", nargs="*", help="key=value overrides, e.g. target.path=... generation.max_new_tokens=64")
+    gen.add_argument("overrides", nargs="*", help="key=value overrides, values parsed as YAML, e.g. target.path=... "
+                     "generation.max_new_tokens=64 draft.branching=[2,2,1] generation.stop=[return] generation.seed=null")
     gen.add_argument("--prompt", help="the prompt (default: read standard input)")
     gen.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     gen.add_argument("--no-stream", action="store_true", help="print the completion once, at the end")

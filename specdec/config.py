@@ -2,15 +2,20 @@
 dotted `key=value` overrides; unknown keys and bad values are errors that name what is valid."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
+import typing
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
+
+import yaml
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .arguments import check_generation_args
 from .errors import ConfigError
 
 
@@ -82,28 +87,65 @@ class SpecConfig:
 
 
 # ---------------------------------------------------------------------- loading
-def shipped_config_names(subdir: str = "") -> list[str]:
+def _config_root(subdir: str = ""):
     root = resources.files("specdec.configs")
-    if subdir:
-        root = root / subdir
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+    return root / subdir if subdir else root
 
 
-def find_config_file(name_or_path: str, subdir: str = "") -> str:
-    """A YAML path, or the name of a config shipped in configs/ (package data)."""
+def _top_level_keys(path) -> set[str] | None:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return {str(k) for k in data} if isinstance(data, dict) else set() if data is None else None
+
+
+def is_config_of(keys: set[str] | None, schema_cls) -> bool:
+    """Whether a YAML with these top-level keys is a config of `schema_cls`. A generation config
+    (SpecConfig) names its `strategy:`; any other kind (training, the default family, bench
+    presets) has no `strategy:` key and only keys that are fields of its schema."""
+    if keys is None:
+        return False
+    fields = {f.name for f in dataclasses.fields(schema_cls)}
+    if "strategy" in fields:
+        return "strategy" in keys
+    return "strategy" not in keys and keys <= fields
+
+
+def shipped_config_names(subdir: str = "", schema_cls=None) -> list[str]:
+    """Names of the YAMLs shipped in configs/<subdir>; with `schema_cls`, only those of that kind
+    (e.g. SpecConfig: the generation configs specdec.load() takes)."""
+    names = []
+    for path in _config_root(subdir).iterdir():
+        if path.name.endswith(".yaml") and (schema_cls is None or is_config_of(_top_level_keys(path), schema_cls)):
+            names.append(path.name[:-5])
+    return sorted(names)
+
+
+def _kind(schema_cls) -> str:
+    return "generation config" if schema_cls is SpecConfig else f"{schema_cls.__name__} file"
+
+
+def find_config_file(name_or_path: str, subdir: str = "", schema_cls=None) -> str:
+    """A YAML path, or the name of a config shipped in configs/ (package data); with `schema_cls`,
+    a shipped name must be a config of that kind."""
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
         if not os.path.isfile(name_or_path):
             raise ConfigError(f"config file {name_or_path!r} not found")
         return name_or_path
-    names = shipped_config_names(subdir)
+    names = shipped_config_names(subdir, schema_cls)
+    path = _config_root(subdir) / f"{name_or_path}.yaml"
     if name_or_path not in names:
+        listing = f"shipped {_kind(schema_cls) + 's' if schema_cls else 'configs'}: {', '.join(names)}"
+        if path.is_file():
+            what = " (those name a strategy:)" if schema_cls is SpecConfig else ""
+            raise ConfigError(f"config {name_or_path!r} is shipped but is not a {_kind(schema_cls)}{what}: it "
+                              f"belongs to another command (specdec train-heads, the default family, ...); "
+                              f"{listing}; or give a path to a YAML file")
         hint = difflib.get_close_matches(name_or_path, names, n=1)
         raise ConfigError(f"unknown config {name_or_path!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                          + f"; shipped configs: {', '.join(names)}; or give a path to a YAML file")
-    root = resources.files("specdec.configs")
-    if subdir:
-        root = root / subdir
-    return str(root / f"{name_or_path}.yaml")
+                          + f"; {listing}; or give a path to a YAML file")
+    return str(path)
 
 
 def _check_keys(node: Any, schema: Any, where: str) -> None:
@@ -123,19 +165,103 @@ def _check_keys(node: Any, schema: Any, where: str) -> None:
             _check_keys(node[key], sub_schema, full)
 
 
-def overrides_to_config(overrides: dict[str, Any] | list[str]) -> DictConfig:
-    """{"draft.num_tokens": 6} or ["draft.num_tokens=6"] -> a nested DictConfig."""
-    if isinstance(overrides, dict):
-        cfg = OmegaConf.create()
-        for key, value in overrides.items():
-            if isinstance(value, (list, tuple, dict)):
-                value = OmegaConf.create(value)
-            OmegaConf.update(cfg, key, value, force_add=True)
-        return cfg
-    for item in overrides:
-        if "=" not in item:
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """Command-line `key=value` overrides -> {dotted key: value}, each value parsed as YAML the way
+    OmegaConf's dotlist does: draft.branching=[2,2,1], generation.stop=[return], generation.seed=null.
+    The one parser of every subcommand (generate, train-heads, bench)."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. draft.num_tokens=6)")
-    return OmegaConf.from_dotlist(list(overrides))
+        key = key.strip()
+        try:
+            node = OmegaConf.from_dotlist([f"{key}={text}"])
+        except Exception as exc:  # noqa: BLE001 - yaml parser / omegaconf key errors, re-raised plainly
+            reason = str(exc).splitlines()[0]
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({reason}): close its "
+                              f"brackets or quotes, or quote the whole value") from exc
+        value = OmegaConf.select(node, key)
+        parsed[key] = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+    return parsed
+
+
+def overrides_to_config(overrides: dict[str, Any] | Sequence[str]) -> DictConfig:
+    """{"draft.num_tokens": 6} or ["draft.num_tokens=6"] -> a nested DictConfig."""
+    if not isinstance(overrides, dict):
+        overrides = parse_overrides(overrides)
+    cfg = OmegaConf.create()
+    for key, value in overrides.items():
+        if isinstance(value, (list, tuple, dict)):
+            value = OmegaConf.create(value)
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return cfg
+
+
+def _describe_type(hint, plural: bool = False) -> str:
+    """A dataclass field's type in words: int -> "an integer", Optional[List[int]] -> "a list of
+    integers or null"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return _describe_type(inner[0], plural) + " or null" if len(inner) == 1 else "a value"
+    if origin in (list, List, tuple):
+        element = _describe_type(args[0], plural=True) if args else "values"
+        return f"{'lists' if plural else 'a list'} of {element}"
+    if dataclasses.is_dataclass(hint):
+        keys = ", ".join(f.name for f in dataclasses.fields(hint))
+        return f"{'mappings' if plural else 'a mapping'} with keys {keys}"
+    words = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans"),
+             str: ("a string", "strings")}
+    return words.get(hint, ("a value", "values"))[plural]
+
+
+def _field_type(schema_cls, key: str):
+    """The declared type of a dotted key of the schema (None when it is not a dataclass field)."""
+    hint = schema_cls
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(hint):
+            return None
+        hints = typing.get_type_hints(hint)
+        if part not in hints:
+            return None
+        hint = hints[part]
+        if typing.get_origin(hint) is typing.Union and type(None) in typing.get_args(hint):
+            inner = [a for a in typing.get_args(hint) if a is not type(None)]
+            if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+                hint = inner[0]
+    return hint
+
+
+def _leaves(node: DictConfig, schema: DictConfig, where: str = ""):
+    """(dotted key, value node) of every value in `node`, descending where the schema has a section."""
+    for key in node.keys():
+        key = str(key)
+        full = f"{where}.{key}" if where else key
+        sub_schema = schema._get_node(key) if isinstance(schema, DictConfig) else None
+        value = node._get_node(key)
+        if isinstance(value, DictConfig) and isinstance(sub_schema, DictConfig) and not sub_schema._is_none():
+            yield from _leaves(value, sub_schema, full)
+        else:
+            yield full, value
+
+
+def _bad_value_error(schema_cls, schema: DictConfig, layer: DictConfig, origin: str, exc: Exception) -> ConfigError:
+    """Find the value OmegaConf refused (merging one leaf at a time) and say, in words, what it
+    expected: `bad value for 'draft.num_tokens': expected an integer, got 'abc'`."""
+    for key, node in _leaves(layer, schema):
+        single = OmegaConf.create()
+        OmegaConf.update(single, key, node, force_add=True)
+        try:
+            OmegaConf.merge(schema, single)
+        except OmegaConfBaseException:
+            value = OmegaConf.to_container(node) if isinstance(node, (DictConfig, ListConfig)) else node._value()
+            hint = _field_type(schema_cls, key)
+            expected = _describe_type(hint) if hint is not None else "another value"
+            where = "" if origin == "overrides" else f" (in {origin})"
+            return ConfigError(f"bad value for {key!r}{where}: expected {expected}, got {value!r}")
+    message = str(getattr(exc, "msg", exc)).splitlines()[0]
+    return ConfigError(f"bad value in {origin}: {message}")
 
 
 def build_config(schema_cls, name_or_path: str | None, overrides: dict | list | None = None, subdir: str = ""):
@@ -143,7 +269,7 @@ def build_config(schema_cls, name_or_path: str | None, overrides: dict | list | 
     schema = OmegaConf.structured(schema_cls)
     layers = []
     if name_or_path is not None:
-        path = find_config_file(name_or_path, subdir)
+        path = find_config_file(name_or_path, subdir, schema_cls)
         try:
             layers.append((f"config file {path}", OmegaConf.load(path)))
         except OmegaConfBaseException as exc:
@@ -158,8 +284,7 @@ def build_config(schema_cls, name_or_path: str | None, overrides: dict | list | 
         try:
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as exc:
-            key = getattr(exc, "full_key", None)
-            raise ConfigError(f"bad value in {origin}" + (f" for {key!r}" if key else "") + f": {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+            raise _bad_value_error(schema_cls, schema, layer, origin, exc) from None
     return cfg
 
 
@@ -181,15 +306,8 @@ def validate_spec_config(cfg: SpecConfig) -> None:
         raise ConfigError(f"draft.num_tokens must be >= 1, got {cfg.draft.num_tokens}")
     if cfg.draft.max_nodes < 1:
         raise ConfigError(f"draft.max_nodes must be >= 1, got {cfg.draft.max_nodes}")
-    g = cfg.generation
-    if g.max_new_tokens < 1:
-        raise ConfigError(f"generation.max_new_tokens must be >= 1, got {g.max_new_tokens}")
-    if g.temperature < 0:
-        raise ConfigError(f"generation.temperature must be >= 0 (0 = greedy), got {g.temperature}")
-    if not 0 < g.top_p <= 1:
-        raise ConfigError(f"generation.top_p must be in (0, 1], got {g.top_p}")
-    if g.top_k < 0:
-        raise ConfigError(f"generation.top_k must be >= 0 (0 = off), got {g.top_k}")
+    generation = {name: cfg.generation[name] for name in cfg.generation}
+    check_generation_args(generation, prefix="generation.", error=ConfigError)
 
 
 def load_spec_config(name_or_path: str | None = "autoregressive", overrides: dict | list | None = None) -> SpecConfig:

@@ -23,3 +23,8 @@ class InputError(SpecDecError, ValueError):
 
 class StrategyError(SpecDecError, RuntimeError):
     """A strategy broke the protocol (e.g. a tree deeper than state.max_depth): a bug in that strategy."""
+
+
+class StreamSupersededError(InputError):
+    """An unfinished stream() advanced after a newer generate()/stream() call on the same Speculator
+    (which has one target KV cache and one strategy state, so the older stream cannot go on)."""

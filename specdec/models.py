@@ -27,20 +27,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _check_model_dir(path: str, role: str) -> None:
+def _check_model_dir(path: str, role: str, key: str) -> None:
     if not path:
-        raise ModelLoadError(f"no {role} model given: set {role}.path=/path/to/a/huggingface/checkpoint")
+        raise ModelLoadError(f"no {role} model given: set {key}=/path/to/a/huggingface/checkpoint")
     if not os.path.isdir(path):
-        raise ModelLoadError(f"{role} model path {path!r} does not exist or is not a folder: give {role}.path= "
+        raise ModelLoadError(f"{role} model path {path!r} does not exist or is not a folder: give {key}= "
                              f"the folder of a Hugging Face checkpoint (config.json + weights); nothing is "
                              f"downloaded from a model hub")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelLoadError(f"{role} model folder {path!r} has no config.json: is it a Hugging Face checkpoint?")
 
 
-def load_model(path: str, role: str, device: torch.device, dtype: torch.dtype):
+def load_model(path: str, role: str, device: torch.device, dtype: torch.dtype, key: str | None = None):
+    """`key`: the config key that names this folder, for hints (default "<role>.path")."""
     from transformers import AutoModelForCausalLM
-    _check_model_dir(path, role)
+    _check_model_dir(path, role, key or f"{role}.path")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - re-raised with the path and a hint
@@ -48,13 +49,13 @@ def load_model(path: str, role: str, device: torch.device, dtype: torch.dtype):
     return model.to(device).eval()
 
 
-def load_tokenizer(path: str, role: str = "target"):
+def load_tokenizer(path: str, role: str = "target", key: str | None = None):
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"could not load a tokenizer from {path!r} ({role}): {exc}. "
-                             f"Put the tokenizer files in the model folder or set {role}.tokenizer=PATH") from exc
+                             f"Put the tokenizer files in the model folder or set {key or role + '.tokenizer'}=PATH") from exc
 
 
 def output_vocab_size(model) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
+from .arguments import check_temperature, check_top_k, check_top_p
 
 
 @dataclass(frozen=True)
@@ -16,12 +16,10 @@ class SamplingParams:
     top_p: float = 1.0         # 1.0 = off
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise InputError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise InputError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise InputError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        # checked and normalised to Python numbers: InputError names a bad value and what is valid
+        object.__setattr__(self, "temperature", check_temperature(self.temperature))
+        object.__setattr__(self, "top_k", check_top_k(self.top_k))
+        object.__setattr__(self, "top_p", check_top_p(self.top_p))
 
     @property
     def greedy(self) -> bool:

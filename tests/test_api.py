@@ -129,3 +129,106 @@ def test_load_with_list_overrides(folders):
     plain = specdec.load("autoregressive", **{"target.path": folders["target"]})
     assert (sd.generate(PROMPT, max_new_tokens=10, ignore_eos=True).token_ids
             == plain.generate(PROMPT, max_new_tokens=10, ignore_eos=True).token_ids)
+
+
+# ---------------------------------------------------------------------- the stream object
+def test_stream_object_fills_stats_and_finish_reason(sd):
+    stream = sd.stream(PROMPT, max_new_tokens=12, ignore_eos=True)
+    assert stream.finish_reason is None and stream.stats.new_tokens == 0
+    first = next(stream)
+    assert first and stream.stats.target_forwards >= 1 and stream.stats.new_tokens == len(stream.token_ids)
+    rest = "".join(stream)
+    out = sd.generate(PROMPT, max_new_tokens=12, ignore_eos=True)
+    assert first + rest == out.text and stream.token_ids == out.token_ids
+    assert stream.finish_reason == out.finish_reason == "length"
+    assert stream.stats.new_tokens == 12 and stream.stats.target_forwards == out.stats.target_forwards
+    assert list(stream) == []                                  # an exhausted stream stays exhausted
+
+
+def test_closed_stream_frees_the_speculator(sd):
+    with sd.stream(PROMPT, max_new_tokens=12) as stream:
+        next(stream)
+    assert list(stream) == []                                  # closed: nothing more, no error
+    assert "".join(sd.stream(PROMPT, max_new_tokens=12)) == sd.generate(PROMPT, max_new_tokens=12).text
+
+
+# ---------------------------------------------------------------------- item 7: one call at a time
+def _speculators():
+    model, tok = tiny_model("llama", seed=0), char_tokenizer()
+    draft = tiny_model("llama", seed=1, layers=1)
+    return {"autoregressive": specdec.Speculator(model, tok, "autoregressive"),
+            "draft_model": specdec.Speculator(model, tok, DraftModel(draft, num_tokens=3))}
+
+
+@pytest.mark.parametrize("strategy", ["autoregressive", "draft_model"])
+def test_interleaved_streams_raise_instead_of_wrong_text(strategy):
+    """A Speculator has one KV cache and one strategy state: a newer stream supersedes an older
+    unfinished one, and advancing the older one is a clear error, never wrong text."""
+    sd = _speculators()[strategy]
+    kwargs = dict(max_new_tokens=16, ignore_eos=True)
+    first_text = sd.generate("def f", **kwargs).text
+    second_text = sd.generate("class A", **kwargs).text
+    first = sd.stream("def f", **kwargs)
+    head = next(first)
+    second = sd.stream("class A", **kwargs)
+    second_head = next(second)
+    with pytest.raises(specdec.StreamSupersededError, match=r"superseded.*newer generate\(\) or stream\(\).*"
+                       r"close\(\)\) one stream before starting another.*two Speculators"):
+        next(first)
+    with pytest.raises(specdec.StreamSupersededError):         # and it stays so
+        list(first)
+    assert first_text.startswith(head)
+    assert second_head + "".join(second) == second_text        # the newer stream is unharmed
+
+
+@pytest.mark.parametrize("strategy", ["autoregressive", "draft_model"])
+def test_resuming_a_stream_after_generate_raises(strategy):
+    sd = _speculators()[strategy]
+    kwargs = dict(max_new_tokens=16, ignore_eos=True)
+    expected = sd.generate("def f", **kwargs).text
+    abandoned = sd.stream("def f", **kwargs)
+    next(abandoned)
+    assert sd.generate("class A", **kwargs).text == sd.generate("class A", **kwargs).text
+    with pytest.raises(specdec.StreamSupersededError, match="superseded"):
+        next(abandoned)
+    # a stream that finished is not affected by later calls; a fresh one gives the full text
+    done = sd.stream("def f", **kwargs)
+    assert "".join(done) == expected
+    sd.generate("class A", **kwargs)
+    assert list(done) == []
+
+
+def test_a_bad_call_does_not_supersede_a_running_stream(sd):
+    stream = sd.stream(PROMPT, max_new_tokens=12)
+    head = next(stream)
+    with pytest.raises(specdec.InputError):
+        sd.generate(PROMPT, max_new_tokens=0)
+    assert head + "".join(stream) == sd.generate(PROMPT, max_new_tokens=12).text
+
+
+# ---------------------------------------------------------------------- item 8: config defaults
+def test_generation_config_sets_the_call_defaults(folders):
+    settings = {"generation.max_new_tokens": 7, "generation.temperature": 0.8, "generation.top_k": 20,
+                "generation.top_p": 0.9, "generation.seed": 3, "generation.stop": ["zz"]}
+    sd = specdec.load("draft_model", **{"target.path": folders["target"], "draft.path": folders["draft"], **settings})
+    explicit = dict(max_new_tokens=7, temperature=0.8, top_k=20, top_p=0.9, seed=3, stop=["zz"])
+    out = sd.generate(PROMPT, ignore_eos=True)
+    assert out.token_ids == sd.generate(PROMPT, ignore_eos=True, **explicit).token_ids
+    assert len(out.token_ids) == 7 or out.finish_reason == "stop"
+    assert "".join(sd.stream(PROMPT, ignore_eos=True)) == out.text
+    # the seed is the config's: another seed gives another sample
+    others = {tuple(sd.generate(PROMPT, ignore_eos=True, seed=s).token_ids) for s in range(4, 8)}
+    assert others != {tuple(out.token_ids)}
+    # explicit arguments win
+    assert len(sd.generate(PROMPT, max_new_tokens=11, temperature=0.0, ignore_eos=True).token_ids) == 11
+    greedy = sd.generate(PROMPT, max_new_tokens=11, temperature=0.0, ignore_eos=True).token_ids
+    assert greedy == hf_greedy(sd.target, sd.tokenizer(PROMPT)["input_ids"], 11, eos_token_id=None)
+    assert sd.generate(PROMPT, seed=None, ignore_eos=True).finish_reason in ("length", "stop")
+
+
+def test_speculator_without_config_keeps_the_builtin_defaults():
+    model = tiny_model("gpt2", seed=0)
+    sd = specdec.Speculator(model, char_tokenizer(), "autoregressive")
+    out = sd.generate(PROMPT, ignore_eos=True)
+    assert len(out.token_ids) == 128                                   # max_new_tokens=128, greedy
+    assert out.token_ids == hf_greedy(model, sd.tokenizer(PROMPT)["input_ids"], 128, eos_token_id=None)

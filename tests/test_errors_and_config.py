@@ -3,8 +3,10 @@ what was wrong); configs load from shipped names, YAML files and overrides; spec
 CLI work from saved model folders."""
 from __future__ import annotations
 
+import re
 import string
 
+import numpy as np
 import pytest
 import torch
 import transformers as T
@@ -130,7 +132,7 @@ def test_empty_prompt(sd, prompt):
         sd.generate(prompt, max_new_tokens=2)
 
 
-@pytest.mark.parametrize("prompt", [5, 2.5, None, [1.5, 2.5]])
+@pytest.mark.parametrize("prompt", [5, 2.5, None, b"def f"])
 def test_prompt_of_wrong_type(sd, prompt):
     with raises(InputError, "prompt must be a string or a list of token ids"):
         sd.generate(prompt, max_new_tokens=2)
@@ -157,12 +159,99 @@ def test_text_prompt_without_tokenizer():
     (dict(temperature=1.0, top_p=1.5), ("top_p must be in (0, 1]",)),
     (dict(temperature=1.0, top_p=0.0), ("top_p must be in (0, 1]",)),
     (dict(temperature=1.0, top_k=-1), ("top_k must be an integer >= 0",)),
-    (dict(max_new_tokens=0), ("max_new_tokens must be >= 1",)),
+    (dict(max_new_tokens=0), ("max_new_tokens must be an integer >= 1", "got 0")),
 ])
 def test_bad_generation_arguments(sd, kwargs, phrases):
     kwargs = {"max_new_tokens": 2, **kwargs}
     with raises(InputError, *phrases):
         sd.generate("def f", **kwargs)
+
+
+# one table of argument errors: (arguments, phrases the InputError must hold: the argument's name,
+# the bad value and what is valid)
+BAD_ARGUMENTS = [
+    (dict(max_new_tokens=3.5), ("max_new_tokens must be an integer >= 1", "3.5 (float)")),
+    (dict(max_new_tokens="10"), ("max_new_tokens must be an integer >= 1", "'10' (str)")),
+    (dict(max_new_tokens=True), ("max_new_tokens must be an integer >= 1", "True (bool)")),
+    (dict(top_k=2.5, temperature=1.0), ("top_k must be an integer >= 0", "2.5 (float)")),
+    (dict(top_k=True, temperature=1.0), ("top_k must be an integer >= 0", "True (bool)")),
+    (dict(temperature="0.5"), ("temperature must be a finite number", "'0.5' (str)")),
+    (dict(temperature=1e-40), ("temperature must be 0 (greedy) or at least 0.0001", "1e-40",
+                               "use temperature=0 for greedy")),
+    (dict(temperature=float("nan")), ("temperature must be a finite number", "nan")),
+    (dict(temperature=float("inf")), ("temperature must be a finite number", "inf")),
+    (dict(temperature=True), ("temperature must be a finite number", "True (bool)")),
+    (dict(temperature=1.0, top_p="high"), ("top_p must be a finite number", "'high' (str)")),
+    (dict(seed="abc"), ("seed must be None (a fresh random seed) or an integer", "'abc' (str)")),
+    (dict(seed=1.5), ("seed must be None", "1.5 (float)")),
+    (dict(seed=-1), ("seed must be None", "in [0, 2**64)", "-1")),
+    (dict(seed=True), ("seed must be None", "True (bool)")),
+    (dict(stop=""), ("stop holds an empty string", "stop after one token", "non-empty stop strings")),
+    (dict(stop=["ab", ""]), ("stop holds an empty string",)),
+    (dict(stop=5), ("stop must be a string or a list of strings", "5 (int)")),
+    (dict(stop=["ab", 3]), ("stop must be a string or a list of strings",)),
+    (dict(stop_token_ids=[True]), ("stop_token_ids[0] is True (bool)", "token ids must be integers")),
+    (dict(stop_token_ids=["x"]), ("stop_token_ids[0] is 'x' (str)",)),
+    (dict(stop_token_ids="ab"), ("stop_token_ids must be a list of integer token ids", "'ab' (str)")),
+    (dict(ignore_eos="no"), ("ignore_eos must be True or False", "'no' (str)")),
+    (dict(prompt=[3, True, 4]), ("prompt[1] is True (bool)", "token ids must be integers")),
+    (dict(prompt=[3, 4.0]), ("prompt[1] is 4.0 (float)", "token ids must be integers")),
+    (dict(prompt=[3, "4"]), ("prompt[1] is '4' (str)",)),
+    (dict(prompt=torch.tensor([3.0, 4.0])), ("dtype torch.float32", "token ids must be integers")),
+    (dict(prompt=np.array([True, False])), ("dtype bool", "token ids must be integers")),
+]
+
+
+@pytest.mark.parametrize("kwargs, phrases", BAD_ARGUMENTS,
+                         ids=[",".join(f"{k}={v!r}"[:24] for k, v in kw.items()) for kw, _ in BAD_ARGUMENTS])
+@pytest.mark.parametrize("method", ["generate", "stream"])
+def test_argument_types_are_clear_errors(sd, method, kwargs, phrases):
+    kwargs = {"prompt": "def f", "max_new_tokens": 2, **kwargs}
+    with raises(InputError, *phrases):
+        list(getattr(sd, method)(**kwargs)) if method == "stream" else sd.generate(**kwargs)
+
+
+@pytest.mark.parametrize("prompt", [
+    [np.int64(3), np.int32(4), 5], np.array([3, 4, 5]), np.array([[3, 4, 5]], dtype=np.int32),
+    torch.tensor([3, 4, 5], dtype=torch.int32), (torch.tensor(3), torch.tensor(4), 5),
+], ids=["numpy-ints", "numpy-1d", "numpy-2d", "torch-int32", "0d-tensors"])
+def test_numpy_and_tensor_integer_ids_are_accepted(sd, prompt):
+    expected = sd.generate([3, 4, 5], max_new_tokens=4, ignore_eos=True).token_ids
+    unused = next(t for t in range(VOCAB) if t not in expected)
+    out = sd.generate(prompt, max_new_tokens=np.int64(4), top_k=np.int32(0), seed=np.uint8(0), ignore_eos=np.bool_(True),
+                      stop_token_ids=np.array([unused]))
+    assert out.token_ids == expected and len(expected) == 4
+    stopped = sd.generate(prompt, max_new_tokens=4, ignore_eos=True, stop_token_ids=np.int64(expected[1]))
+    assert stopped.token_ids == expected[:expected.index(expected[1]) + 1] and stopped.finish_reason == "stop"
+    # one token: a 0-d array / tensor
+    single = sd.generate([3], max_new_tokens=3, ignore_eos=True).token_ids
+    assert sd.generate(np.array(3), max_new_tokens=3, ignore_eos=True).token_ids == single
+    assert sd.generate(torch.tensor(3), max_new_tokens=3, ignore_eos=True).token_ids == single
+
+
+def test_sampling_params_refuse_what_would_break_torch():
+    with raises(InputError, "temperature must be 0 (greedy) or at least", "use temperature=0 for greedy"):
+        specdec.SamplingParams(temperature=1e-40)
+    with raises(InputError, "top_k must be an integer >= 0", "2.5"):
+        specdec.SamplingParams(temperature=1.0, top_k=2.5)
+    params = specdec.SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3))
+    assert type(params.temperature) is float and type(params.top_k) is int
+
+
+def test_context_hints_never_go_negative():
+    config = tiny_config("llama")
+    config.max_position_embeddings = 16
+    torch.manual_seed(0)
+    sd = Speculator(T.AutoModelForCausalLM.from_config(config).eval(), None, Autoregressive())
+    for prompt_len, max_new_tokens in [(20, 30), (20, 16), (5, 16), (5, 40)]:
+        with pytest.raises(InputError) as info:
+            sd.generate(list(range(3, 3 + prompt_len)), max_new_tokens=max_new_tokens)
+        message = str(info.value)
+        assert "context" in message and not re.search(r"-\d", message), message
+    with raises(InputError, "max_new_tokens (16)", "context of 16", "at most 11 for this 5-token prompt"):
+        sd.generate(list(range(3, 8)), max_new_tokens=16)
+    with raises(InputError, "20 tokens", "keep its last 6 tokens"):
+        sd.generate(list(range(3, 23)), max_new_tokens=10)
 
 
 # ---------------------------------------------------------------------- strategies
@@ -197,7 +286,7 @@ def test_shipped_configs_load():
 
 
 def test_unknown_config_name():
-    with raises(ConfigError, "unknown config 'draft_modle'", "did you mean 'draft_model'", "shipped configs"):
+    with raises(ConfigError, "unknown config 'draft_modle'", "did you mean 'draft_model'", "shipped generation configs"):
         load_spec_config("draft_modle")
     with raises(ConfigError, "not found"):
         load_spec_config("/no/such/file.yaml")
@@ -221,8 +310,8 @@ def test_unknown_config_key(overrides, phrases):
     ({"strategy": "draft_modl"}, "did you mean 'draft_model'"),
     ({"generation.temperature": -1.0}, "generation.temperature must be >= 0"),
     ({"generation.top_p": 1.5}, "generation.top_p must be in (0, 1]"),
-    ({"generation.top_k": -2}, "generation.top_k must be >= 0"),
-    ({"generation.max_new_tokens": 0}, "generation.max_new_tokens must be >= 1"),
+    ({"generation.top_k": -2}, "generation.top_k must be an integer >= 0"),
+    ({"generation.max_new_tokens": 0}, "generation.max_new_tokens must be an integer >= 1"),
     ({"device": "tpu"}, "device='tpu' is not valid"),
     ({"dtype": "float8"}, "dtype='float8' is not valid"),
     ({"draft.num_tokens": 0}, "draft.num_tokens must be >= 1"),
@@ -234,6 +323,68 @@ def test_bad_config_values(overrides, phrase):
     with pytest.raises(ConfigError) as info:
         load_spec_config("draft_model", overrides)
     assert phrase in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"draft.num_tokens": "abc"}, "bad value for 'draft.num_tokens': expected an integer, got 'abc'"),
+    (["draft.num_tokens=abc"], "bad value for 'draft.num_tokens': expected an integer, got 'abc'"),
+    (["draft.num_tokens=3.5"], "bad value for 'draft.num_tokens': expected an integer, got 3.5"),
+    (["draft.branching=[2,x]"], "bad value for 'draft.branching': expected a list of integers or null, got [2, 'x']"),
+    (["medusa.choices=[0,1]"], "bad value for 'medusa.choices': expected a list of lists of integers or null, "
+                               "got [0, 1]"),
+    (["draft.adaptive=maybe"], "bad value for 'draft.adaptive': expected true or false, got 'maybe'"),
+    (["generation.stop=return"], "bad value for 'generation.stop': expected a list of strings, got 'return'"),
+    (["generation.seed=abc"], "bad value for 'generation.seed': expected an integer or null, got 'abc'"),
+    (["generation.temperature=hot"], "bad value for 'generation.temperature': expected a number, got 'hot'"),
+    (["draft=5"], "bad value for 'draft': expected a mapping with keys path, num_tokens,"),
+])
+def test_bad_values_read_plainly(overrides, message):
+    """No OmegaConf internals: the key, what it expects in words, and the value given."""
+    with pytest.raises(ConfigError) as info:
+        load_spec_config("draft_model", overrides)
+    text = str(info.value)
+    assert text.startswith(message), text
+    for internal in ("full_key", "object_type", "reference_type", "could not be converted", "\n"):
+        assert internal not in text, text
+
+
+def test_bad_value_in_a_yaml_file_names_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("strategy: draft_model\ndraft:\n  num_tokens: many\n")
+    with raises(ConfigError, "bad value for 'draft.num_tokens'", "mine.yaml", "expected an integer, got 'many'"):
+        load_spec_config(str(path))
+
+
+def test_only_generation_configs_are_listed_for_load():
+    """train_heads.yaml and default_family.yaml ship in configs/ too, but specdec.load() takes only
+    generation configs (those with a top-level strategy: key) and lists only those."""
+    from specdec.config import SpecConfig, is_config_of, shipped_config_names
+    from specdec.heads.config import TrainHeadsConfig
+    names = shipped_config_names(schema_cls=SpecConfig)
+    assert {"autoregressive", "draft_model", "prompt_lookup", "medusa"} <= set(names)
+    assert "train_heads" not in names and "default_family" not in names
+    for name in names:                                   # every listed name loads
+        assert load_spec_config(name).strategy
+    assert shipped_config_names(schema_cls=TrainHeadsConfig) == ["train_heads"]
+    # the rule classifies configs other helpers add: eagle.yaml (a strategy) and train_eagle.yaml
+    assert is_config_of({"strategy", "eagle"}, SpecConfig)
+    assert not is_config_of({"target", "output_dir", "drafter", "num_layers"}, SpecConfig)
+    assert not is_config_of({"strategy", "target"}, TrainHeadsConfig)
+    for shipped in ("train_heads", "default_family"):
+        with pytest.raises(ConfigError) as info:
+            specdec.load(shipped)
+        text = str(info.value)
+        assert f"config {shipped!r} is shipped but is not a generation config" in text
+        listing = text.split("shipped generation configs: ")[1].split(";")[0].split(", ")
+        assert listing == names
+
+
+def test_train_heads_hints_name_its_own_keys(tmp_path, capsys):
+    """train-heads' target key is `target=` (not `target.path=` as in generation configs)."""
+    assert cli_main(["train-heads", f"target={tmp_path / 'nowhere'}", f"output_dir={tmp_path / 'out'}",
+                     "corpus=[json]"]) == 2
+    err = capsys.readouterr().err
+    assert "give target= " in err and "target.path" not in err, err
 
 
 def test_bad_values_through_load(folders):
