@@ -200,3 +200,69 @@ def test_attention_without_tree_masks_refused(impl):
     target.config._attn_implementation_internal = impl      # as loaded with attn_implementation=impl
     with pytest.raises(IncompatibleModelsError, match=r"attn_implementation=\"sdpa\""):
         Speculator(target, None, DraftModel(target, branching=[2, 2]))
+
+
+# ---------------------------------------------------------------------- 4. bf16 / fp16
+LOW_N = 128
+LOW_PROMPT = [5, 17, 33, 9, 41, 60, 70]
+
+
+def ulp(value: float, dtype: torch.dtype) -> float:
+    """The spacing of `dtype`'s numbers at |value|: its rounding resolution there."""
+    return torch.finfo(dtype).eps * 2.0 ** torch.floor(torch.log2(torch.tensor(abs(value)))).item()
+
+
+def hf_greedy_with_logits(model, ids: list[int], n: int):
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=None, return_dict_in_generate=True,
+                         output_logits=True)
+    return out.sequences[0, len(ids):].tolist(), [logits[0].float() for logits in out.logits]
+
+
+def mismatch_gaps(model, prompt: list[int], tokens: list[int], dtype: torch.dtype) -> list[float]:
+    """Walk `tokens` against HF greedy: at each mismatch, the gap between HF's top two logits
+    there in units of the dtype's resolution at that magnitude; then continue HF from `tokens`'
+    choice (so every mismatch is checked, not only the first)."""
+    gaps, pos = [], 0
+    while pos < len(tokens):
+        reference, logits = hf_greedy_with_logits(model, prompt + tokens[:pos], len(tokens) - pos)
+        k = next((i for i, (a, b) in enumerate(zip(tokens[pos:], reference)) if a != b), None)
+        if k is None:
+            break
+        top = torch.topk(logits[k], 2).values
+        gaps.append(float(top[0] - top[1]) / ulp(float(top[0]), dtype))
+        pos += k + 1
+    return gaps
+
+
+@lru_cache(maxsize=None)
+def low_precision_pair(arch: str, dtype: torch.dtype):
+    """A tiny target with flat logits (ties are common in low precision) and a noisy draft."""
+    from conftest import tiny_model
+    target = tiny_model(arch, seed=0, sharpen=0.5).to(dtype)
+    return target, noisy_copy(target, noise=0.2)
+
+
+@pytest.mark.parametrize("strategy_name", ["autoregressive", "prompt_lookup", "tree"])
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_low_precision_mismatches_are_top2_ties(dtype, arch, strategy_name):
+    """In bf16/fp16 a tree forward is not bit-identical to a one-row forward, so greedy output may
+    differ from HF's, but only where HF's own top two logits tie within the dtype's resolution
+    (gap <= one unit in the last place at their magnitude; in practice an exact tie)."""
+    target, draft = low_precision_pair(arch, dtype)
+    strategy = {"autoregressive": Autoregressive(), "prompt_lookup": PromptLookup(),
+                "tree": DraftModel(draft, branching=[2, 2, 1])}[strategy_name]
+    out = Speculator(target, None, strategy).generate(LOW_PROMPT, max_new_tokens=LOW_N, ignore_eos=True)
+    assert len(out.token_ids) == LOW_N
+    gaps = mismatch_gaps(target, LOW_PROMPT, out.token_ids, dtype)
+    assert all(gap <= 1.0 for gap in gaps), gaps
+
+
+def test_low_precision_tie_check_catches_real_mismatches():
+    """Negative control: tokens that are not the target's (the noisy draft's own greedy text) fail
+    the same check, with gaps far beyond the dtype's resolution."""
+    target, draft = low_precision_pair("qwen2", torch.bfloat16)
+    wrong = hf_greedy(draft, LOW_PROMPT, 32, eos_token_id=None)
+    gaps = mismatch_gaps(target, LOW_PROMPT, wrong, torch.bfloat16)
+    assert gaps and max(gaps) > 1.0
