@@ -179,3 +179,18 @@ def test_bench_rows_use_the_same_generation_config():
     assert hf.token_ids == ours.token_ids
     assert hf.token_ids == hf_greedy(processed_model("chat"), PROMPT, N, eos_token_id=None)   # processed
     assert target.generation_config.to_dict() == saved                   # the rows leave it as it was
+
+
+def test_sampling_keeps_suppressed_and_bad_words_out():
+    """At temperature 1 the target's law is the processed one: a suppressed token and a banned
+    bigram never appear, whatever the (unprocessed) draft proposes."""
+    target = processed_model("suppress_and_bad_words")
+    banned = settings("suppress_and_bad_words")
+    sd = Speculator(target, None, strategy_of("tree", target))
+    for seed in range(4):
+        tokens = sd.generate(PROMPT, max_new_tokens=N, temperature=1.0, seed=seed, ignore_eos=True).token_ids
+        assert len(tokens) == N
+        assert banned["suppress_tokens"][0] not in tokens and banned["bad_words_ids"][0][0] not in tokens
+        first, second = banned["bad_words_ids"][1]
+        full = PROMPT + tokens
+        assert not any(a == first and b == second for a, b in zip(full[len(PROMPT) - 1:], full[len(PROMPT):]))
