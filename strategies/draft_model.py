@@ -68,7 +68,9 @@ class DraftModel:
         device = self.draft.device
         if depth <= 0:
             return CandidateTree.empty(device)
-        pending_logits = self._process(self._catch_up(state.token_ids)[None], state, [[]])[0]   # [V]
+        pending_logits = self._catch_up(state.token_ids)              # [V]
+        if self.processing:
+            pending_logits = self._process(pending_logits[None], state, [[]])[0]
         if self.branching is None:
             return self._chain(pending_logits, depth, state)
         return self._tree(pending_logits, self.branching[:depth], state)
@@ -120,7 +122,8 @@ class DraftModel:
             if i == depth - 1 or self._unsure(logits, token, draft_probs):
                 break
             logits = self._logits(token.view(1, 1))[-1]
-            logits = self._process(logits[None], state, [[int(t) for t in tokens]])[0]
+            if self.processing:
+                logits = self._process(logits[None], state, [[int(t) for t in tokens]])[0]
             self.fed_nodes.append(i)
         draft_probs = None if state.sampling.greedy else torch.stack(rows)        # [n, V]
         return CandidateTree(torch.cat(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
@@ -159,7 +162,8 @@ class DraftModel:
             positions = tree_position_ids(all_parents, self.cached, self.draft.device)
             level_ids = torch.cat([tokens[i] for i in new_nodes])[None]          # [1, L]
             level_logits = self._logits(level_ids, mask[:, :, level_start:], positions[:, level_start:])
-            level_logits = self._process(level_logits, state, [self._path(tokens, parents, n) for n in new_nodes])
+            if self.processing:
+                level_logits = self._process(level_logits, state, [self._path(tokens, parents, n) for n in new_nodes])
             self.fed_nodes.extend(new_nodes)
             level = list(zip(new_nodes, level_logits))
         draft_probs = None if state.sampling.greedy else torch.stack(rows)       # [N, V]
@@ -176,9 +180,8 @@ class DraftModel:
 
     def _process(self, logits: torch.Tensor, state: DecodeState, paths: list[list[int]]) -> torch.Tensor:
         """[R, V] draft logits processed as the target's generate() would process them: row r
-        continues the committed ids + paths[r] (all paths of one length)."""
-        if not self.processing:
-            return logits
+        continues the committed ids + paths[r] (all paths of one length). Called only when the
+        target's generation_config asks for processing (building paths reads tokens on the host)."""
         committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
         drafted = torch.tensor(paths, dtype=torch.long, device=logits.device).view(len(paths), -1)
         return self.processing.rows(logits, torch.cat([committed.expand(len(paths), -1), drafted], dim=1))
