@@ -18,7 +18,20 @@ from transformers import GenerationConfig
 from .rows import Generation
 
 NO_EOS = -1      # never generated: generation runs to max_new_tokens (HF warns, harmlessly)
+# generation_config settings no fixed-length row can share: they act on EOS, which every row
+# ignores (HF's rows through NO_EOS, ours through ignore_eos), or warp sampling beyond the
+# temperature / top-k / top-p that all rows set alike.
+NOT_SHARED = dict(min_length=0, min_new_tokens=None, exponential_decay_length_penalty=None,
+                  min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_h=None)
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def shared_generation_config(target) -> GenerationConfig:
+    """The checkpoint's generation_config as every benchmark row runs it, HF's and ours: its logits
+    processing (repetition penalty, no-repeat n-grams, bad words, ...) kept, NOT_SHARED reset."""
+    gc = copy.deepcopy(target.generation_config)
+    gc.update(**NOT_SHARED)
+    return gc
 
 
 @dataclass
@@ -31,7 +44,7 @@ class HFRow:
     kind: str = "hf"
 
     def _generation_config(self, max_new_tokens: int, temperature: float) -> GenerationConfig:
-        gc = copy.deepcopy(self.target.generation_config)
+        gc = shared_generation_config(self.target)
         gc.update(max_new_tokens=max_new_tokens, eos_token_id=NO_EOS,
                   do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
                   top_k=0 if temperature > 0 else None, top_p=1.0, use_cache=True)

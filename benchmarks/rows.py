@@ -26,8 +26,15 @@ class SpecdecRow:
     kind: str = "specdec"
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
-        out = self.speculator.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                       top_k=0, top_p=1.0, seed=seed, ignore_eos=True)
+        from .peers import shared_generation_config
+        target = self.speculator.target
+        saved = target.generation_config   # run with the generation_config HF's rows use, for this call only
+        target.generation_config = shared_generation_config(target)
+        try:
+            out = self.speculator.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                           top_k=0, top_p=1.0, seed=seed, ignore_eos=True)
+        finally:
+            target.generation_config = saved
         return Generation(out.token_ids, out.stats.as_dict())
 
     def modules(self) -> list[torch.nn.Module]:

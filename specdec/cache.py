@@ -8,6 +8,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .models import check_cacheable
+
 
 class BufferedLayer(DynamicLayer):
     """A DynamicLayer whose keys/values live in a buffer that grows by doubling: an update writes
@@ -63,12 +65,15 @@ class BufferedLayer(DynamicLayer):
             self._views()
 
 
-def new_cache(model) -> DynamicCache:
-    """A DynamicCache for `model` whose plain full-attention layers are BufferedLayers (layers of
-    other kinds, e.g. sliding-window ones, are kept as transformers made them)."""
+def new_cache(model, role: str = "draft") -> DynamicCache:
+    """A DynamicCache for `model` with a BufferedLayer for every layer. Sliding-window layers keep
+    their full KV too (Hugging Face's sliding layers drop old entries and then refuse to roll
+    back): the window is applied by the attention mask instead, which Hugging Face builds from
+    positions for a chain and `tree_attention_mask` builds for a tree. Layer kinds whose KV cannot
+    be committed this way (chunked, linear attention, ...) are refused with a clear error."""
+    layers = len(check_cacheable(model, role))
     cache = DynamicCache(config=model.config)
-    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
-        cache.layers = [BufferedLayer() for _ in cache.layers]
+    cache.layers = [BufferedLayer() for _ in range(layers)]
     return cache
 
 

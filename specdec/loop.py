@@ -11,6 +11,7 @@ from .acceptance import accept_greedy, accept_sampling
 from .sampling import SamplingParams, TorchRandom, logits_to_probs
 from .stopping import StopRules
 from .errors import StrategyError
+from .processing import LogitsProcessing
 from .types import DecodeState, Stats, StepResult
 from .verifier import Verifier
 
@@ -47,6 +48,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes."""
     clock = _Clock(verifier.device)
     layers = feature_layers(strategy)
+    processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
     start = clock()
     prompt_hidden = verifier.prefill(prompt_ids[:-1], layers)
     stats.prefill_time_s = clock() - start
@@ -64,11 +66,12 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
         t1 = clock()
         out = verifier.forward(state.token_ids[-1], tree, layers)
         t2 = clock()
+        target_logits = processing.tree_rows(out.logits, state.token_ids, tree)   # the generation_config's law
         tree_tokens = tree.tokens.tolist()
         if sampling.greedy:
-            verdict = accept_greedy(tree, out.logits.argmax(dim=-1).tolist(), tree_tokens)
+            verdict = accept_greedy(tree, target_logits.argmax(dim=-1).tolist(), tree_tokens)
         else:
-            verdict = accept_sampling(tree, logits_to_probs(out.logits, sampling), rng, tree_tokens)
+            verdict = accept_sampling(tree, logits_to_probs(target_logits, sampling), rng, tree_tokens)
         verifier.commit([0] + [node + 1 for node in verdict.accepted])
 
         run = [tree_tokens[node] for node in verdict.accepted] + [verdict.next_token]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -92,3 +93,88 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, d
         raise IncompatibleModelsError(
             f"the draft's logits cover {draft_vocab} tokens but the target's tokenizer has {n_tokens}: "
             f"use a draft trained with the target's tokenizer")
+
+
+# ---------------------------------------------------------------------- attention layout
+# Attention implementations whose kernels take an arbitrary additive 4-D mask, so a tree forward
+# is exact (flash-attention kernels only know "causal", and would silently ignore the tree).
+TREE_ATTENTION = ("sdpa", "eager", "flex_attention")
+# Layer kinds whose KV we can keep in full and commit, the window being applied by the mask.
+TREE_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What a tree mask must know of how the model's layers attend."""
+    layer_types: tuple[str, ...]            # per decoder layer, Hugging Face's names
+    windows: dict                           # layer type -> sliding window (None = plain causal)
+    by_type: bool                           # forward takes attention_mask={layer type: 4-D mask}
+
+
+def decoder_layer_types(model) -> tuple[list[str], list[dict]]:
+    """Hugging Face's own reading of the decoder's layer kinds ("full_attention",
+    "sliding_attention", "chunked_attention", ...) and per-layer cache arguments (the window)."""
+    config = model.config.get_text_config(decoder=True)
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+    except ImportError:      # older transformers: layer_types, else one kind for every layer
+        layers = config.num_hidden_layers
+        window = getattr(config, "sliding_window", None)
+        types = list(getattr(config, "layer_types", None)
+                     or ["sliding_attention" if window else "full_attention"] * layers)
+        return types, [{"sliding_window": window} if t == "sliding_attention" else {} for t in types]
+    return get_layer_types_and_kwargs(config)
+
+
+def check_cacheable(model, role: str = "draft") -> list[str]:
+    """The decoder's layer types, when every layer is one whose KV specdec can commit; else a
+    clear error."""
+    types, _ = decoder_layer_types(model)
+    bad = sorted(set(types) - set(TREE_LAYER_TYPES))
+    if bad:
+        raise IncompatibleModelsError(
+            f"the {role} model ({type(model).__name__}) has {bad[0]!r} layers: specdec verifies trees on "
+            f"layers of kinds {', '.join(TREE_LAYER_TYPES)} only (chunked, linear-attention and KV-sharing "
+            f"layers are not supported yet); use a model without them, or plain model.generate()")
+    return types
+
+
+def attention_layout(model) -> AttentionLayout:
+    """How the target attends, checked: an attention implementation that applies a 4-D tree mask,
+    and layer kinds whose window the mask can carry. Anything else is refused here, at load time,
+    rather than verified silently wrong."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in TREE_ATTENTION:
+        raise IncompatibleModelsError(
+            f"the target was loaded with attn_implementation={impl!r}, whose kernels cannot apply a tree "
+            f"attention mask (it would verify trees silently wrong): load it with "
+            f"attn_implementation=\"sdpa\" (or \"eager\"), or call model.set_attn_implementation(\"sdpa\")")
+    types = check_cacheable(model, "target")
+    config = model.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    _, per_layer = decoder_layer_types(model)
+    layer_windows = {kw.get("sliding_window") for t, kw in zip(types, per_layer) if t == "sliding_attention"}
+    if "sliding_attention" in types and layer_windows != {window}:
+        raise IncompatibleModelsError(
+            f"the target's sliding layers use windows {sorted(layer_windows)} but its config says "
+            f"sliding_window={window}: specdec needs one window for all sliding layers")
+    windows = {t: (window if t == "sliding_attention" else None) for t in types}
+    by_type = len(set(types)) > 1
+    if by_type and not _takes_mask_per_type(model):
+        raise IncompatibleModelsError(
+            f"the target ({type(model).__name__}) mixes {' and '.join(sorted(set(types)))} layers but its "
+            f"forward does not take one attention mask per layer type: specdec cannot give its layers "
+            f"their windows in a tree forward")
+    return AttentionLayout(tuple(types), windows, by_type)
+
+
+def _takes_mask_per_type(model) -> bool:
+    """Whether the decoder's forward accepts attention_mask={layer type: mask} (Hugging Face's
+    `causal_mask_mapping` convention of models with layer_types)."""
+    import inspect
+    try:
+        source = inspect.getsource(type(model.base_model).forward)
+    except (OSError, TypeError):
+        return False
+    config = model.config.get_text_config(decoder=True)
+    return "causal_mask_mapping" in source and "dict" in source and getattr(config, "layer_types", None) is not None

@@ -169,13 +169,21 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
 
 
 def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu") -> torch.Tensor:
+                        device: torch.device | str = "cpu", window: int | None = None) -> torch.Tensor:
     """Additive 4-D mask [1, 1, N, prefix_len + N] for a forward over the N tree nodes on top of
-    a cache of prefix_len tokens: every node sees the whole prefix, itself and its ancestors."""
+    a cache of prefix_len tokens: every node sees the whole prefix, itself and its ancestors.
+    With a sliding `window` (Hugging Face's rule: a query at position q sees keys at positions
+    k > q - window), a node at position prefix_len + depth sees only the keys of its own path
+    within that window."""
     n = len(parents)
     mask = torch.zeros(n, prefix_len + n, dtype=dtype, device=device)   # [N, prefix + N]
     sees = ancestor_matrix(parents).to(device)
     mask[:, prefix_len:].masked_fill_(~sees, torch.finfo(dtype).min)
+    if window is not None:
+        positions = tree_position_ids(parents, prefix_len, device)[0]             # [N]
+        key_positions = torch.cat([torch.arange(prefix_len, device=device), positions])   # [prefix + N]
+        outside = key_positions[None, :] <= positions[:, None] - window            # [N, prefix + N]
+        mask.masked_fill_(outside, torch.finfo(dtype).min)
     return mask[None, None]
 
 

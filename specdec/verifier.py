@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from .cache import commit_rows, new_cache
+from .models import AttentionLayout, attention_layout
 from .tree import CandidateTree, tree_attention_mask, tree_position_ids, with_pending_root
 
 
@@ -24,9 +25,22 @@ def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:
     return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
 
 
+def tree_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
+               device: torch.device):
+    """The attention mask(s) of a tree forward: one [1, 1, N, prefix_len + N] mask when every layer
+    attends alike, else {layer type: mask} (Hugging Face's per-type mask mapping), each layer type
+    with its own sliding window."""
+    by_window = {window: tree_attention_mask(parents, prefix_len, dtype, device, window)
+                 for window in set(layout.windows.values())}
+    if not layout.by_type:
+        return next(iter(by_window.values()))
+    return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
+
+
 class Verifier:
     def __init__(self, model):
         self.model = model
+        self.layout = attention_layout(model)     # refuses attention it cannot verify trees on
         self.cache = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
         self._forward_rows = 0
@@ -39,7 +53,7 @@ class Verifier:
     def prefill(self, token_ids: Sequence[int], feature_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """Start a new sequence: put the KV entries of `token_ids` (all committed tokens but the
         pending one) in a fresh cache. With feature_layers, return their features [len, F]."""
-        self.cache = new_cache(self.model)
+        self.cache = new_cache(self.model, "target")
         self.prefix_len = 0
         if not len(token_ids):
             return None
@@ -56,11 +70,11 @@ class Verifier:
         features, with feature_layers)."""
         pending = torch.tensor([pending_token], dtype=torch.long, device=self.device)
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
-        if tree.is_chain:   # a chain is causal: let the model build its own mask
+        if tree.is_chain:   # a chain is causal: the model builds its own mask(s), windows included
             mask, positions = None, None
         else:
             parents = with_pending_root(tree.parents)
-            mask = tree_attention_mask(parents, self.prefix_len, self.model.dtype, self.device)
+            mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device)
             positions = tree_position_ids(parents, self.prefix_len, self.device)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True,

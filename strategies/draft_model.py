@@ -16,6 +16,7 @@ from specdec.cache import commit_rows, new_cache
 from specdec.config import DraftConfig
 from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
+from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
 from specdec.types import DecodeState, StepResult
@@ -54,6 +55,7 @@ class DraftModel:
         check_same_tokenizer(tokenizer, self.draft_tokenizer, target_vocab, self.vocab)
         self.vocab = target_vocab   # draft logits are cut / padded to the target's width
         self.draft.to(device=target.device)
+        self._target_processing = lambda prompt, max_new: LogitsProcessing.for_generation(target, prompt, max_new)
 
     def reset(self, state: DecodeState) -> None:
         self.cache = new_cache(self.draft)
@@ -61,6 +63,7 @@ class DraftModel:
         self.fed_nodes: list[int] = []        # tree nodes in the draft cache after `cached`, in order
         self.gamma = self.num_tokens
         self.acceptance = 0.7                 # running estimate of the per-token acceptance rate
+        self.processing = self._start_processing(state)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
@@ -70,6 +73,8 @@ class DraftModel:
         if depth <= 0:
             return CandidateTree.empty(device)
         pending_logits = self._catch_up(state.token_ids)              # [V]
+        if self.processing:
+            pending_logits = self._process(pending_logits[None], state, [[]])[0]
         if self.branching is None:
             return self._chain(pending_logits, depth, state)
         return self._tree(pending_logits, self.branching[:depth], state)
@@ -121,6 +126,8 @@ class DraftModel:
             if i == depth - 1 or self._unsure(logits, token, draft_probs):
                 break
             logits = self._logits(token.view(1, 1))[-1]
+            if self.processing:
+                logits = self._process(logits[None], state, [[int(t) for t in tokens]])[0]
             self.fed_nodes.append(i)
         draft_probs = None if state.sampling.greedy else torch.stack(rows)        # [n, V]
         return CandidateTree(torch.cat(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
@@ -159,11 +166,37 @@ class DraftModel:
             positions = tree_position_ids(all_parents, self.cached, self.draft.device)
             level_ids = torch.cat([tokens[i] for i in new_nodes])[None]          # [1, L]
             level_logits = self._logits(level_ids, mask[:, :, level_start:], positions[:, level_start:])
+            if self.processing:
+                level_logits = self._process(level_logits, state, [self._path(tokens, parents, n) for n in new_nodes])
             self.fed_nodes.extend(new_nodes)
             level = list(zip(new_nodes, level_logits))
         draft_probs = None if state.sampling.greedy else torch.stack(rows)       # [N, V]
         siblings = INDEPENDENT if state.sampling.greedy else WITHOUT_REPLACEMENT
         return CandidateTree(torch.cat(tokens), tuple(parents), draft_probs, siblings)
+
+    # ------------------------------------------------------------------ the target's logits processing
+    def _start_processing(self, state: DecodeState) -> LogitsProcessing:
+        """The target's generation_config processing for this generation (none before bind)."""
+        start = getattr(self, "_target_processing", None)
+        if start is None:
+            return LogitsProcessing()
+        return start(state.token_ids[: state.prompt_len], state.max_depth + 1)
+
+    def _process(self, logits: torch.Tensor, state: DecodeState, paths: list[list[int]]) -> torch.Tensor:
+        """[R, V] draft logits processed as the target's generate() would process them: row r
+        continues the committed ids + paths[r] (all paths of one length). Called only when the
+        target's generation_config asks for processing (building paths reads tokens on the host)."""
+        committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
+        drafted = torch.tensor(paths, dtype=torch.long, device=logits.device).view(len(paths), -1)
+        return self.processing.rows(logits, torch.cat([committed.expand(len(paths), -1), drafted], dim=1))
+
+    @staticmethod
+    def _path(tokens: list[torch.Tensor], parents: list[int], node: int) -> list[int]:
+        path = []
+        while node != -1:
+            path.append(int(tokens[node]))
+            node = parents[node]
+        return path[::-1]
 
     def _adapt(self, accepted: int, proposed: int) -> None:
         """Update the acceptance estimate and pick gamma maximising expected tokens per unit time:
