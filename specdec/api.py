@@ -6,9 +6,10 @@ from typing import Iterator, Sequence
 import torch
 
 from .config import SpecConfig, load_spec_config
+from .coupled import make_noise
 from .errors import InputError
 from .loop import decode
-from .models import context_length, load_model, load_tokenizer, resolve_device, resolve_dtype
+from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
 from .sampling import SamplingParams, make_generator
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
@@ -84,7 +85,14 @@ class Speculator:
         return frozenset([eos] if isinstance(eos, int) else eos)
 
     # ------------------------------------------------------------------ generation
-    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos):
+    def _sampler(self, sampler: str | None) -> str:
+        """The sampler asked for, else the config's generation.sampler, else "rejection"."""
+        if sampler is not None:
+            return sampler
+        return self.config.generation.sampler if self.config is not None else "rejection"
+
+    def _run(self, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,
+             sampler=None):
         prompt_ids = self._prompt_ids(prompt)
         self._check_length(len(prompt_ids), max_new_tokens)
         if stop and self.tokenizer is None:
@@ -96,16 +104,21 @@ class Speculator:
                           stop_strings=tuple([stop] if isinstance(stop, str) else (stop or ())),
                           tokenizer=self.tokenizer)
         generator = make_generator(seed, self.verifier.device)
+        noise = make_noise(self._sampler(sampler), seed, sampling, output_vocab_size(self.target), self.verifier.device)
         stats = Stats()
-        return decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats), stats
+        return decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise), stats
 
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = 0, stop: str | Sequence[str] | None = None,
-                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> GenerationOutput:
+                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+                 sampler: str | None = None) -> GenerationOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
-        temperature 0 = greedy. Returns the new tokens only, their text and statistics."""
+        temperature 0 = greedy. Returns the new tokens only, their text and statistics.
+        sampler (temperature > 0): "rejection" (lossless rejection sampling) or "coupled" (Gumbel-max
+        noise keyed by (seed, position): every strategy gives the same text for the same seed);
+        None = the config's generation.sampler, else "rejection"."""
         steps, stats = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                                 stop_token_ids, ignore_eos)
+                                 stop_token_ids, ignore_eos, sampler)
         new_ids: list[int] = []
         reason = "length"
         for run, finish in steps:
@@ -116,13 +129,14 @@ class Speculator:
 
     def stream(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int | None = 0, stop: str | Sequence[str] | None = None,
-               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> Iterator[str]:
+               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+               sampler: str | None = None) -> Iterator[str]:
         """Yield the new text piece by piece, as each verify step accepts a run of tokens.
         The pieces join to the text `generate` returns with the same arguments."""
         if self.tokenizer is None:
             raise InputError("stream() yields text and needs a tokenizer; use generate() with token ids")
         steps, _ = self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
-                             stop_token_ids, ignore_eos)
+                             stop_token_ids, ignore_eos, sampler)
         new_ids: list[int] = []
         shown = ""
         for run, _finish in steps:

@@ -66,6 +66,8 @@ class GenerationDefaults:
     top_p: float = 1.0
     seed: Optional[int] = 0
     stop: List[str] = field(default_factory=list)
+    sampler: str = "rejection"          # temperature > 0: "rejection" (lossless rejection sampling) or
+    #                                     "coupled" (Gumbel-max keyed by (seed, position): same text for every strategy)
 
 
 @dataclass
@@ -190,6 +192,15 @@ def validate_spec_config(cfg: SpecConfig) -> None:
         raise ConfigError(f"generation.top_p must be in (0, 1], got {g.top_p}")
     if g.top_k < 0:
         raise ConfigError(f"generation.top_k must be >= 0 (0 = off), got {g.top_k}")
+    _check_sampler(g.sampler)
+
+
+def _check_sampler(sampler: str) -> None:
+    from .coupled import SAMPLERS
+    if sampler not in SAMPLERS:
+        hint = difflib.get_close_matches(sampler, SAMPLERS, n=1)
+        raise ConfigError(f"generation.sampler={sampler!r} is not valid" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                          + f"; use one of: {', '.join(SAMPLERS)}")
 
 
 def load_spec_config(name_or_path: str | None = "autoregressive", overrides: dict | list | None = None) -> SpecConfig:
