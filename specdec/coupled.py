@@ -96,7 +96,12 @@ def uniforms_from_keys(keys: Sequence[int], vocab: int, device: torch.device | s
 
 def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[P, V] fp32 standard Gumbel noise g_t(x) = -log(-log u(seed, t, x))."""
-    return (-torch.log(-torch.log(uniforms(seed, positions, vocab, device)))).float()
+    return gumbel_from_keys([position_key(seed, t) for t in positions], vocab, device)
+
+
+def gumbel_from_keys(keys: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[K, V] fp32 Gumbel noise, row i from keys[i] (many seeds at once, for tests and tools)."""
+    return (-torch.log(-torch.log(uniforms_from_keys(keys, vocab, device)))).float()
 
 
 class GumbelNoise:
