@@ -355,3 +355,32 @@ def test_law_simulation_is_what_generate_does():
         out = sd.generate(LAW_PROMPT, max_new_tokens=2, temperature=1.5, top_k=5, seed=seed, ignore_eos=True,
                           sampler="coupled")
         assert coupled_counts(sampling, [seed]) == Counter([tuple(out.token_ids)]), f"seed {seed}"
+
+
+# ---------------------------------------------------------------------- the benchmark rows
+@pytest.mark.slow
+def test_samplers_bench_checks_coupled_identity(tmp_path):
+    """`specdec bench samplers` on tiny models (those of test_bench): every coupled row's sampled
+    text is compared with the coupled autoregressive row's, and is the same. (~40 s: slow.)"""
+    import json
+    from conftest import char_tokenizer
+    from specdec.benchmarks.run import main
+    tokenizer = char_tokenizer()
+    target = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
+    draft = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    for name, model in {"target": target, "draft": draft}.items():
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    out = tmp_path / "bench"
+    code = main(["samplers", f"models.target={tmp_path / 'target'}", f"models.draft={tmp_path / 'draft'}",
+                 "prompts.num=1", "prompts.tokens=48", "prompts.split=null", "max_new_tokens=12", "warmup_tokens=0",
+                 "threads=1", "progress=false", f"output_dir={out}"])
+    assert code == 0
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    coupled = [e for e in summary if e["row"].endswith(" coupled")]
+    assert len(coupled) == 2 * 5                     # 5 rows (no heads: medusa skipped) x 2 prompt sets
+    assert all(e["identity"] == {"identical": 1, "compared": 1, "mismatches": 0} for e in coupled)
+    assert all(e["identity"] is None for e in summary if e["row"].endswith(" rejection"))
+    assert "same as coupled AR" in (out / "results.md").read_text()
