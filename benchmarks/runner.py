@@ -97,5 +97,6 @@ def _check_identity(batch: list[dict], outputs: dict, reference_label: str, cons
         record["first_mismatch"] = mismatch
         if mismatch is not None:
             console.print(f"[bold red]IDENTITY MISMATCH[/]: row {record['row']!r} differs from "
-                          f"{reference_label!r} (T={record['temperature']:g}) on {record['prompt_set']} prompt #{record['prompt_index']} "
+                          f"{reference_label!r} (T={record['temperature']:g}) on {record['prompt_set']} "
+                          f"prompt #{record['prompt_index']} "
                           f"at new token {mismatch}")

@@ -199,8 +199,8 @@ def _check_sampler(sampler: str) -> None:
     from .coupled import SAMPLERS
     if sampler not in SAMPLERS:
         hint = difflib.get_close_matches(sampler, SAMPLERS, n=1)
-        raise ConfigError(f"generation.sampler={sampler!r} is not valid" + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                          + f"; use one of: {', '.join(SAMPLERS)}")
+        raise ConfigError(f"generation.sampler={sampler!r} is not valid"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; use one of: {', '.join(SAMPLERS)}")
 
 
 def load_spec_config(name_or_path: str | None = "autoregressive", overrides: dict | list | None = None) -> SpecConfig:

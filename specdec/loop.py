@@ -72,7 +72,8 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
         if sampling.greedy:
             verdict = accept_greedy(tree, out.logits.argmax(dim=-1).tolist(), tree_tokens)
         elif noise is not None:       # coupled sampler: the greedy walk over the noisy argmaxes
-            verdict = accept_greedy(tree, coupled_target_tokens(out.logits, tree, len(state.token_ids), noise), tree_tokens)
+            target_tokens = coupled_target_tokens(out.logits, tree, len(state.token_ids), noise)
+            verdict = accept_greedy(tree, target_tokens, tree_tokens)
         else:
             verdict = accept_sampling(tree, logits_to_probs(out.logits, sampling), rng, tree_tokens)
         verifier.commit([0] + [node + 1 for node in verdict.accepted])

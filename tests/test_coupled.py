@@ -77,8 +77,9 @@ class Recorder:
 def run(target, strategy, prompt, seed, sampler="coupled", n=N, **warp):
     """(new tokens, Counter of step kinds) of one seeded generation."""
     recorder = Recorder(strategy)
-    out = Speculator(target, None, recorder).generate(prompt, max_new_tokens=n, temperature=warp.pop("temperature", TEMPERATURE),
-                                                      seed=seed, ignore_eos=True, sampler=sampler, **warp)
+    temperature = warp.pop("temperature", TEMPERATURE)
+    out = Speculator(target, None, recorder).generate(prompt, max_new_tokens=n, temperature=temperature, seed=seed,
+                                                      ignore_eos=True, sampler=sampler, **warp)
     return out.token_ids, recorder.kinds
 
 
