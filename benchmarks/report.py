@@ -78,9 +78,12 @@ def markdown_tables(summary: list[dict], reference_label: str, baseline_label: s
     keys = list(dict.fromkeys((e["temperature"], e["prompt_set"]) for e in summary))
     for temperature, prompt_set in keys:
         greedy = temperature == 0
+        sampled_identity = not greedy and any(e["identity"] for e in summary
+                                              if (e["temperature"], e["prompt_set"]) == (temperature, prompt_set))
         lines += [f"#### `{prompt_set}` prompts, " + ("greedy" if greedy else f"temperature {temperature:g}"), ""]
         head = ["row", "tok/s", f"× {baseline_label or 'AR'}", "× HF plain", "tok/fwd", "accept",
                 "prefill / draft / verify / other %", "outside fwd %"] + (["same as HF greedy"] if greedy else [])
+        head += ["same as coupled AR"] if sampled_identity else []
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for e in summary:
             if (e["temperature"], e["prompt_set"]) != (temperature, prompt_set):
@@ -90,9 +93,9 @@ def markdown_tables(summary: list[dict], reference_label: str, baseline_label: s
                      _f(e["speedup_vs_hf_plain"], ".2f"), _f(e["tokens_per_forward"], ".2f"),
                      _f(e["acceptance_rate"], ".2f"), _pct(e["time_split"], "prefill", "draft", "verify", "other"),
                      f"{100 * e['forward_split']['outside']:.0f}"]
-            if greedy:
+            if greedy or sampled_identity:
                 ident = e["identity"]
-                if e["row"] == reference_label:
+                if greedy and e["row"] == reference_label:
                     cells.append("reference")
                 elif ident is None:
                     cells.append("—")
@@ -112,7 +115,7 @@ ratio of tok/s to our `autoregressive` row and to Hugging Face plain `generate()
 nodes; **prefill / draft / verify / other %** our loop's own split of its time (other = acceptance,
 cache commit, stop checks, Python); **outside fwd %** the share of wall time outside the target and
 draft model forwards, timed by forward hooks the same way for every row; **same** outputs identical
-to HF plain greedy, token for token."""
+to HF plain greedy, token for token (sampled, coupled sampler: to the coupled autoregressive row's)."""
 
 
 def write_json(path: str, payload: dict) -> None:

@@ -66,6 +66,6 @@ def build_specdec_rows(entries, models, target, tokenizer, device, dtype, notes:
         strategy = build_strategy(cfg, target, tokenizer, device, dtype)
         speculator = Speculator(target, tokenizer, strategy, config=cfg)
         info = {"config": entry.config, "overrides": list(entry.overrides), "strategy": cfg.strategy,
-                "sweep": entry.sweep, "sweep_value": entry.sweep_value}
+                "sampler": cfg.generation.sampler, "sweep": entry.sweep, "sweep_value": entry.sweep_value}
         rows.append(SpecdecRow(entry.label, speculator, info))
     return rows

@@ -27,12 +27,14 @@ def _progress(enabled: bool, console: Console) -> Progress:
 
 def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torch.device,
             console: Console) -> list[dict]:
-    """One record per timed generation. `reference` is the HF plain row (identity at temperature 0)."""
+    """One record per timed generation. `reference` is the HF plain row (identity at temperature 0);
+    at temperature > 0 rows with the coupled sampler are checked against the coupled autoregressive row."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     records: list[dict] = []
     plan = [(t, s) for t in cfg.temperatures for s in (cfg.seeds if t > 0 else cfg.seeds[:1])]
     total = len(rows) * cfg.repeats * len(plan) * sum(len(p) for p in prompt_sets.values())
     first_prompt = next(iter(prompt_sets.values()))[0]
+    coupled = coupled_rows(rows)      # sampled outputs identical to the coupled autoregressive row's
     step = 0
     with _progress(cfg.progress, console) as progress:
         task = progress.add_task("warm-up", total=total)
@@ -73,7 +75,18 @@ def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torc
                                               f"{len(records)}/{total} generations done")
                             if temperature == 0:
                                 _check_identity(records[-len(rows):], outputs, reference.label, console)
+                            elif coupled:
+                                _check_identity([r for r in records[-len(rows):] if r["row"] in coupled],
+                                                outputs, coupled[0], console)
     return records
+
+
+def coupled_rows(rows) -> list[str]:
+    """Labels of our rows with the coupled sampler, the autoregressive one first (the reference of
+    their sampled-identity check); [] when there is no coupled autoregressive row."""
+    labels = [r.label for r in rows if r.kind == "specdec" and r.info.get("sampler") == "coupled"]
+    reference = [r.label for r in rows if r.label in labels and r.info.get("strategy") == "autoregressive"]
+    return reference[:1] + [label for label in labels if label not in reference[:1]] if reference else []
 
 
 def _check_identity(batch: list[dict], outputs: dict, reference_label: str, console: Console) -> None:
@@ -84,5 +97,6 @@ def _check_identity(batch: list[dict], outputs: dict, reference_label: str, cons
         record["first_mismatch"] = mismatch
         if mismatch is not None:
             console.print(f"[bold red]IDENTITY MISMATCH[/]: row {record['row']!r} differs from "
-                          f"{reference_label!r} (greedy) on {record['prompt_set']} prompt #{record['prompt_index']} "
+                          f"{reference_label!r} (T={record['temperature']:g}) on {record['prompt_set']} "
+                          f"prompt #{record['prompt_index']} "
                           f"at new token {mismatch}")

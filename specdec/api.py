@@ -7,9 +7,10 @@ import torch
 
 from .arguments import as_int, check_flag, check_generation_args, check_token_ids
 from .config import GenerationDefaults, SpecConfig, load_spec_config
+from .coupled import make_noise
 from .errors import InputError, StreamSupersededError
 from .loop import decode
-from .models import context_length, load_model, load_tokenizer, resolve_device, resolve_dtype
+from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
 from .sampling import SamplingParams, make_generator
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
@@ -215,23 +216,28 @@ class Speculator:
                           eos_token_ids=frozenset() if ignore_eos else self._eos_ids(),
                           stop_token_ids=frozenset(stop_ids), stop_strings=args["stop"], tokenizer=self.tokenizer)
         generator = make_generator(args["seed"], self.verifier.device)
+        noise = make_noise(args["sampler"], args["seed"], sampling, output_vocab_size(self.target), self.verifier.device)
         stats = Stats()
         if self._current is not None:
             self._current._supersede()
-        stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats),
+        stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise),
                         stats)
         self._current = stream
         return stream
 
     def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                  top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
-                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> GenerationOutput:
+                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+                 sampler: str = _UNSET) -> GenerationOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
-        (128, 0.0, 0, 1.0, 0, None without a config). Returns the new tokens only, their text and
-        statistics."""
+        (128, 0.0, 0, 1.0, 0, None, "rejection" without a config). Returns the new tokens only, their
+        text and statistics. sampler (temperature > 0): "rejection" (lossless rejection sampling) or
+        "coupled" (Gumbel-max noise keyed by (seed, position): every strategy gives the same text for
+        the same seed)."""
         stream = self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
+                            sampler=sampler)
         while stream._advance() is not None:
             pass
         return GenerationOutput(text=stream.text, token_ids=stream.token_ids, stats=stream.stats,
@@ -239,14 +245,16 @@ class Speculator:
 
     def stream(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
-               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False) -> Stream:
+               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+               sampler: str = _UNSET) -> Stream:
         """Yield the new text piece by piece, as each verify step accepts a run of tokens. The
         pieces join to the text `generate` returns with the same arguments; the returned Stream's
         `.stats` and `.finish_reason` fill as it goes."""
         if self.tokenizer is None:
             raise InputError("stream() yields text and needs a tokenizer; use generate() with token ids")
         return self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
+                            sampler=sampler)
 
 
 def _strategy_by_name(name: str, config: SpecConfig | None):

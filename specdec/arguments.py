@@ -121,9 +121,18 @@ def check_flag(value: Any, name: str, error=InputError) -> bool:
     raise error(f"{name} must be True or False, got {_shown(value)}")
 
 
+def check_sampler(value: Any, name: str, error=InputError) -> str:
+    from .coupled import SAMPLERS
+    if value not in SAMPLERS:
+        raise error(f"{name} must be one of {', '.join(SAMPLERS)} (rejection: lossless rejection sampling; "
+                    f"coupled: Gumbel-max noise keyed by (seed, position), the same text for every strategy), "
+                    f"got {_shown(value)}")
+    return value
+
+
 # one check per field of config.GenerationDefaults (the config-settable arguments)
 CHECKS = {"max_new_tokens": check_max_new_tokens, "temperature": check_temperature, "top_k": check_top_k, "top_p": check_top_p,
-          "seed": check_seed, "stop": check_stop}
+          "seed": check_seed, "stop": check_stop, "sampler": check_sampler}
 
 
 def check_generation_args(values: Mapping[str, Any], prefix: str = "", error=InputError) -> dict[str, Any]:

@@ -71,6 +71,8 @@ class GenerationDefaults:
     top_p: float = 1.0
     seed: Optional[int] = 0
     stop: List[str] = field(default_factory=list)
+    sampler: str = "rejection"          # temperature > 0: "rejection" (lossless rejection sampling) or
+    #                                     "coupled" (Gumbel-max keyed by (seed, position): same text for every strategy)
 
 
 @dataclass

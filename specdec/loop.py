@@ -8,6 +8,7 @@ from typing import Iterator
 import torch
 
 from .acceptance import accept_greedy, accept_sampling
+from .coupled import GumbelNoise, coupled_target_tokens
 from .sampling import SamplingParams, TorchRandom, logits_to_probs
 from .stopping import StopRules
 from .errors import StrategyError
@@ -44,8 +45,11 @@ def check_depth(tree, max_depth: int, strategy) -> None:
 
 
 def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: SamplingParams,
-           stop: StopRules, generator: torch.Generator, stats: Stats) -> Iterator[tuple[list[int], str | None]]:
-    """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes."""
+           stop: StopRules, generator: torch.Generator, stats: Stats,
+           noise: GumbelNoise | None = None) -> Iterator[tuple[list[int], str | None]]:
+    """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes.
+    With `noise` (the coupled sampler) the target's token at each position is its Gumbel-max
+    sample there, and acceptance is the greedy walk over those tokens."""
     clock = _Clock(verifier.device)
     layers = feature_layers(strategy)
     processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
@@ -54,7 +58,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     stats.prefill_time_s = clock() - start
     state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                         generator=generator, max_depth=stop.max_new_tokens - 1,
-                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden)
+                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise)
     rng = TorchRandom(generator)
     t = clock()
     strategy.reset(state)
@@ -70,6 +74,9 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
         tree_tokens = tree.tokens.tolist()
         if sampling.greedy:
             verdict = accept_greedy(tree, target_logits.argmax(dim=-1).tolist(), tree_tokens)
+        elif noise is not None:       # coupled sampler: the greedy walk over the noisy argmaxes
+            target_tokens = coupled_target_tokens(target_logits, tree, len(state.token_ids), noise)
+            verdict = accept_greedy(tree, target_tokens, tree_tokens)
         else:
             verdict = accept_sampling(tree, logits_to_probs(target_logits, sampling), rng, tree_tokens)
         verifier.commit([0] + [node + 1 for node in verdict.accepted])

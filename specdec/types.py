@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .sampling import SamplingParams
 from .tree import CandidateTree
+
+if TYPE_CHECKING:
+    from .coupled import GumbelNoise
 
 
 @dataclass
@@ -21,6 +25,9 @@ class DecodeState:
     prompt_hidden: torch.Tensor | None = None   # [P - 1, F] target features of the committed prompt
     #   tokens (all but the pending one), from the prefill; set before reset() for strategies with
     #   needs_hidden_states, None otherwise. Row -1 produced the pending token.
+    noise: GumbelNoise | None = None      # the coupled sampler's noise (None: rejection sampler or
+    #   greedy). Drafters then propose specdec.coupled.coupled_proposals(draft logits, positions,
+    #   noise, k); a node at depth d guesses position len(token_ids) + d.
 
     @property
     def num_generated(self) -> int:

@@ -14,6 +14,7 @@ import torch
 
 from specdec.cache import commit_rows, new_cache
 from specdec.config import DraftConfig
+from specdec.coupled import coupled_proposals
 from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
@@ -108,8 +109,11 @@ class DraftModel:
         self.cached = len(token_ids)
         return logits
 
-    def _pick(self, logits: torch.Tensor, k: int, state: DecodeState):
-        """k children from [V] draft logits: (tokens [k], draft distribution [V] or None)."""
+    def _pick(self, logits: torch.Tensor, k: int, state: DecodeState, position: int):
+        """k children from [V] draft logits guessing `position`: (tokens [k], draft distribution [V]
+        or None). The coupled sampler: the top-k of (warped logits + the target's noise there)."""
+        if state.noise is not None:
+            return coupled_proposals(logits[None], [position], state.noise, k)[0], None
         if state.sampling.greedy:
             return torch.topk(logits, k).indices, None
         draft_probs = logits_to_probs(logits, state.sampling)                      # [V]
@@ -120,7 +124,7 @@ class DraftModel:
     def _chain(self, logits: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
         tokens, rows = [], []
         for i in range(depth):
-            token, draft_probs = self._pick(logits, 1, state)                     # [1]
+            token, draft_probs = self._pick(logits, 1, state, len(state.token_ids) + i)   # [1]
             tokens.append(token)
             rows.append(draft_probs)
             if i == depth - 1 or self._unsure(logits, token, draft_probs):
@@ -129,7 +133,7 @@ class DraftModel:
             if self.processing:
                 logits = self._process(logits[None], state, [[int(t) for t in tokens]])[0]
             self.fed_nodes.append(i)
-        draft_probs = None if state.sampling.greedy else torch.stack(rows)        # [n, V]
+        draft_probs = None if rows[0] is None else torch.stack(rows)               # [n, V]
         return CandidateTree(torch.cat(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
 
     def _unsure(self, logits: torch.Tensor, token: torch.Tensor, draft_probs: torch.Tensor | None) -> bool:
@@ -152,7 +156,8 @@ class DraftModel:
                 room = self.max_nodes - len(parents)
                 if room <= 0:
                     break
-                children, draft_probs = self._pick(parent_logits, min(width, room), state)
+                children, draft_probs = self._pick(parent_logits, min(width, room), state,
+                                                   len(state.token_ids) + depth)
                 for token in children:
                     tokens.append(token.view(1))
                     parents.append(parent)
@@ -170,8 +175,8 @@ class DraftModel:
                 level_logits = self._process(level_logits, state, [self._path(tokens, parents, n) for n in new_nodes])
             self.fed_nodes.extend(new_nodes)
             level = list(zip(new_nodes, level_logits))
-        draft_probs = None if state.sampling.greedy else torch.stack(rows)       # [N, V]
-        siblings = INDEPENDENT if state.sampling.greedy else WITHOUT_REPLACEMENT
+        draft_probs = None if rows[0] is None else torch.stack(rows)              # [N, V]
+        siblings = INDEPENDENT if draft_probs is None else WITHOUT_REPLACEMENT
         return CandidateTree(torch.cat(tokens), tuple(parents), draft_probs, siblings)
 
     # ------------------------------------------------------------------ the target's logits processing

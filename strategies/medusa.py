@@ -14,6 +14,9 @@ whole path from one hidden state: a node's children come from the next head run 
 own token. Both trees are then built depth by depth, one batched head call per depth (the
 dynamic one keeps only the nodes still among the best so far, which is exact).
 Proposals are point masses (draft_probs None): lossless under sampling by the core's rule.
+Under the coupled sampler (state.noise) each head ranks tokens by its warped logits plus the
+target's Gumbel noise at the position it guesses (specdec.coupled.coupled_scores), so its best
+guess is its own coupled sample; the tree is then chosen from those perturbed scores as above.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Sequence
 import torch
 
 from specdec.config import MedusaConfig
+from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
@@ -65,15 +69,19 @@ def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor
 
 class ConditionedExpander:
     """Children of tree nodes for token-conditioned heads: the top-k guesses of head depth + 1 run on
-    the hidden state and each parent's token (depth 0 = children of the pending token)."""
+    the hidden state and each parent's token (depth 0 = children of the pending token). With the
+    coupled sampler's `noise`, depth d's guesses are ranked with the noise of position first + d."""
 
-    def __init__(self, heads, hidden: torch.Tensor, top_k: int):
+    def __init__(self, heads, hidden: torch.Tensor, top_k: int, noise: GumbelNoise | None = None, first: int = 0):
         self.heads, self.hidden, self.top_k = heads, hidden, top_k              # hidden [H]
+        self.noise, self.first = noise, first
 
     def children(self, depth: int, parent_tokens: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:
         """parent_tokens [n] -> (log-probs [n][k], tokens [n][k]) of each parent's best children."""
         ids = torch.tensor(list(parent_tokens), device=self.hidden.device)     # [n]
         logits = self.heads(self.hidden.expand(len(ids), -1), ids, head=depth + 1).float()   # [n, V]
+        if self.noise is not None:
+            logits = coupled_scores(logits, [self.first + depth] * len(ids), self.noise)
         top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)
         return top.values.tolist(), top.indices.tolist()
 
@@ -191,20 +199,31 @@ class Medusa:
             return CandidateTree.empty(self.device)
         conditioned = self.heads.layout.token_conditioned
         pending = state.token_ids[-1]
+        noise, first = state.noise, len(state.token_ids)        # depth d guesses position first + d
         if self.tree == "static":
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1
             if conditioned:
-                return static_nodes(ConditionedExpander(self.heads, last_hidden, width), pending, paths)
-            head_tokens = self.heads(last_hidden)[:depth].float().topk(width, dim=-1).indices   # [D, width]
+                return static_nodes(ConditionedExpander(self.heads, last_hidden, width, noise, first), pending, paths)
+            head_tokens = self._head_logits(last_hidden, depth, state).topk(width, dim=-1).indices   # [D, width]
             return ranks_to_tree(paths, head_tokens, self.device)
         if conditioned:
-            return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k), pending,
+            return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k, noise, first), pending,
                                     depth, self.max_nodes)
-        head_logits = self.heads(last_hidden)[:depth].float()               # [D, V]
-        top = head_logits.log_softmax(dim=-1).topk(min(self.top_k, head_logits.shape[-1]), dim=-1)
+        head_logits = self._head_logits(last_hidden, depth, state)          # [D, V]
+        width = min(self.top_k, int(torch.isfinite(head_logits).sum(dim=-1).min()))   # filtered-out: -inf
+        top = head_logits.log_softmax(dim=-1).topk(width, dim=-1)
         paths = best_rank_paths(top.values, self.max_nodes)                       # values [D, k]
         return ranks_to_tree(paths, top.indices, self.device)
+
+    def _head_logits(self, last_hidden: torch.Tensor, depth: int, state: DecodeState) -> torch.Tensor:
+        """[D, V] the first `depth` heads' logits; under the coupled sampler, their warped logits plus
+        the noise of the position each guesses."""
+        logits = self.heads(last_hidden)[:depth].float()                     # [D, V]
+        if state.noise is None:
+            return logits
+        first = len(state.token_ids)
+        return coupled_scores(logits, range(first, first + depth), state.noise)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.last_hidden = result.hidden[-1]            # [H] the row that produced the new pending token
