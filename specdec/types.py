@@ -21,6 +21,14 @@ class DecodeState:
     prompt_hidden: torch.Tensor | None = None   # [P - 1, F] target features of the committed prompt
     #   tokens (all but the pending one), from the prefill; set before reset() for strategies with
     #   needs_hidden_states, None otherwise. Row -1 produced the pending token.
+    rng: object = None                    # the random source every draw goes through (TorchRandom
+    #   interface: bernoulli, categorical, sample_without_replacement); the loop makes one per
+    #   call; None here means a TorchRandom on `generator`
+
+    def __post_init__(self):
+        if self.rng is None:
+            from .sampling import TorchRandom
+            self.rng = TorchRandom(self.generator)
 
     @property
     def num_generated(self) -> int:
