@@ -81,6 +81,19 @@ def test_draft_model_tree_law_is_the_targets(branching):
     assert probability(law, lambda tokens, accepted: accepted[0] == len(branching)) > 0.05
 
 
+@pytest.mark.parametrize("branching", [[2], [3]])
+def test_draft_model_siblings_from_three_tokens(branching):
+    """top_k=3: a second (third) sibling is drawn from the draft renormalized without the first
+    ones, a distribution the verifier must reconstruct. 2 new tokens: one tree, then its bonus or
+    correction."""
+    params = SamplingParams(1.0, top_k=3)
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, branching=branching))
+    law = generation_law(sd, PROMPT, 2, params)
+    tokens = token_law(law)
+    expected = sequence_law(model_dist(TARGET, PROMPT, params), 2)
+    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
+
+
 def test_zero_residual_branch():
     """Draft == target and top_k=1: target and draft distributions are the same one-hot, so a
     rejection has probability 0 and leaves an all-zero residual max(0, r - q). Enumerating the
