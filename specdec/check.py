@@ -305,7 +305,8 @@ def print_report(report: CheckReport, console=None) -> None:
 
     if report.speed is not None:
         s = report.speed
-        table = Table(title="(c) speed on this machine (greedy, the identity prompts)")
+        table = Table(title=f"(c) speed on this machine (greedy, the identity prompts, "
+                            f"{torch.get_num_threads()} torch threads)")
         for name in ("new tokens", "target forwards", "tokens / forward", "speculative s",
                      "autoregressive s", "speed-up"):
             table.add_column(name, justify="right")
@@ -343,9 +344,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     parser.add_argument("--runs", type=int, default=300, help="seeded sampling runs (default 300; 0 skips the test)")
     parser.add_argument("--top-k", type=int, default=3, help="top-k of the sampling test (default 3)")
+    parser.add_argument("--sample-tokens", type=int, default=8,
+                        help="tokens per sampling run (default 8: the first two come from speculated runs)")
     parser.add_argument("--alpha", type=float, default=ALPHA, help=f"chi-square significance level (default {ALPHA})")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (1 is steadier on a busy CPU)")
     parser.add_argument("--no-speed", action="store_true", help="skip the warm-up and the speed table")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         from .api import load
         overrides = {}
@@ -361,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         console = Console()
         speculator = load(args.config, **overrides)
         report = check(speculator, prompts or None, max_new_tokens=args.max_new_tokens, runs=args.runs,
-                       top_k=args.top_k, alpha=args.alpha, speed=not args.no_speed,
+                       top_k=args.top_k, alpha=args.alpha, sample_tokens=args.sample_tokens,
+                       speed=not args.no_speed,
                        progress=lambda message: console.print(f"[dim]... {message}[/dim]"))
     except SpecDecError as exc:
         print(f"specdec check: error: {exc}", file=sys.stderr)
