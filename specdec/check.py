@@ -195,14 +195,17 @@ def chi_square(counts: Counter, law: dict, runs: int) -> tuple[float, int, float
 
 def sampling_law(speculator, prompt_ids: list[int], label: str, runs: int, top_k: int = 3,
                  alpha: float = ALPHA, sample_tokens: int = 8) -> LawResult:
-    """Sample `sample_tokens` tokens (temperature 1, top-k) with seeds 0..runs-1 and test the law of
-    the first two against the target's exact law."""
+    """Sample with seeds 0..runs-1 (temperature 1, top-k) and test the law of the first two tokens
+    against the target's exact law. Odd seeds sample `sample_tokens` tokens (the first two come
+    from deep drafts: acceptance and correction), even seeds 2 (a one-token draft: the second is
+    the bonus token after it, or a correction); the law of the first two is the same for both."""
     if sample_tokens < 2:
         raise InputError(f"the sampling check needs at least 2 sampled tokens per run, got {sample_tokens}")
     params = SamplingParams(1.0, top_k=top_k)
     counts: Counter = Counter()
     for seed in range(runs):
-        out = speculator.generate(prompt_ids, max_new_tokens=sample_tokens, temperature=1.0, top_k=top_k,
+        out = speculator.generate(prompt_ids, max_new_tokens=sample_tokens if seed % 2 else 2,
+                                  temperature=1.0, top_k=top_k,
                                   seed=seed, ignore_eos=True)
         counts[tuple(out.token_ids[:2])] += 1
     law = exact_first_two(speculator.target, prompt_ids, params)
