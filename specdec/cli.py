@@ -1,4 +1,4 @@
-"""One entry point: specdec generate | train-heads | bench (also `python -m specdec ...`).
+"""One entry point: specdec generate | train-heads | bench | check (also `python -m specdec ...`).
 key=value overrides are parsed as YAML values by config.parse_overrides in every subcommand."""
 from __future__ import annotations
 
@@ -45,11 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--no-stream", action="store_true", help="print the completion once, at the end")
     sub.add_parser("train-heads", help="train Medusa-style heads for a target model", add_help=False)
     sub.add_parser("bench", help="benchmark strategies against Hugging Face generate()", add_help=False)
+    sub.add_parser("check", help="check losslessness and speed-up on your model", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train-heads", "bench"):
+    if argv and argv[0] in ("train-heads", "bench", "check"):
         try:
             if argv[0] == "train-heads":
                 from .heads.train import main as sub_main
+            elif argv[0] == "check":
+                from .check import main as sub_main
             else:
                 from .benchmarks.run import main as sub_main
             return sub_main(argv[1:])

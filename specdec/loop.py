@@ -56,10 +56,10 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     start = clock()
     prompt_hidden = verifier.prefill(prompt_ids[:-1], layers)
     stats.prefill_time_s = clock() - start
+    rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                         generator=generator, max_depth=stop.max_new_tokens - 1,
-                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise)
-    rng = TorchRandom(generator)
+                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise, rng=rng)
     t = clock()
     strategy.reset(state)
     stats.draft_time_s += clock() - t

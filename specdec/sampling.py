@@ -51,8 +51,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 class TorchRandom:
-    """The random source of acceptance: Bernoulli trials and categorical draws from an explicit
-    torch.Generator (tests substitute a source that enumerates every outcome)."""
+    """The one random source of a call: every random draw of drafting and acceptance (Bernoulli
+    trials, categorical draws, draws without replacement) goes through it, from an explicit
+    torch.Generator. The loop makes one per call (DecodeState.rng); tests substitute a source that
+    enumerates every outcome (tests/law.py), so the whole generation's law can be computed."""
 
     def __init__(self, generator: torch.Generator):
         self.generator = generator
@@ -63,6 +65,12 @@ class TorchRandom:
 
     def categorical(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def sample_without_replacement(self, probs: torch.Tensor, k: int) -> list[int]:
+        """Up to k distinct tokens, each drawn from probs [V] with the earlier ones removed
+        (renormalized); fewer when fewer than k tokens have probability > 0."""
+        k = min(k, int((probs > 0).sum()))
+        return torch.multinomial(probs, k, replacement=False, generator=self.generator).tolist()
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:

@@ -28,6 +28,14 @@ class DecodeState:
     noise: GumbelNoise | None = None      # the coupled sampler's noise (None: rejection sampler or
     #   greedy). Drafters then propose specdec.coupled.coupled_proposals(draft logits, positions,
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
+    rng: object = None                    # the random source every draw goes through (TorchRandom
+    #   interface: bernoulli, categorical, sample_without_replacement); the loop makes one per
+    #   call; None here means a TorchRandom on `generator`
+
+    def __post_init__(self):
+        if self.rng is None:
+            from .sampling import TorchRandom
+            self.rng = TorchRandom(self.generator)
 
     @property
     def num_generated(self) -> int:

@@ -117,9 +117,8 @@ class DraftModel:
         if state.sampling.greedy:
             return torch.topk(logits, k).indices, None
         draft_probs = logits_to_probs(logits, state.sampling)                      # [V]
-        k = min(k, int((draft_probs > 0).sum()))
-        tokens = torch.multinomial(draft_probs, k, replacement=False, generator=state.generator)
-        return tokens, draft_probs
+        drawn = state.rng.sample_without_replacement(draft_probs, k)              # the call's one random source
+        return torch.tensor(drawn, dtype=torch.long, device=logits.device), draft_probs
 
     def _chain(self, logits: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
         tokens, rows = [], []

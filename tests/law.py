@@ -13,6 +13,10 @@ from typing import Callable
 import torch
 
 
+class LawError(AssertionError):
+    """The code under test asked the random source for an impossible draw (NaN or all-zero)."""
+
+
 class _Branch(Exception):
     def __init__(self, options):
         self.options = options
@@ -25,8 +29,10 @@ class _Replay:
         self.script = script
         self.pos = 0
         self.weight = 1.0
+        self.draws = 0            # how many random draws the run made
 
     def _next(self, options):
+        self.draws += 1
         if self.pos < len(self.script):
             value, prob = self.script[self.pos]
             self.pos += 1
@@ -35,11 +41,18 @@ class _Replay:
         raise _Branch(options)
 
     def bernoulli(self, prob) -> bool:
-        prob = min(max(float(prob), 0.0), 1.0)
+        prob = float(prob)
+        if prob != prob:
+            raise LawError("bernoulli(NaN): an acceptance probability is NaN")
+        prob = min(max(prob, 0.0), 1.0)
         return self._next([(True, prob), (False, 1.0 - prob)])
 
     def categorical(self, probs: torch.Tensor) -> int:
-        probs = probs.double() / probs.double().sum()
+        probs = probs.detach().cpu().double()
+        total = float(probs.sum())
+        if not total > 0 or bool(torch.isnan(probs).any()) or bool((probs < 0).any()):
+            raise LawError(f"categorical over an impossible distribution {probs.tolist()}")
+        probs = probs / total
         return self._next([(k, float(p)) for k, p in enumerate(probs.tolist()) if p > 0])
 
     def sample_without_replacement(self, probs: torch.Tensor, k: int) -> list[int]:
@@ -54,7 +67,10 @@ class _Replay:
         return drawn
 
 
-def enumerate_law(fn: Callable) -> dict:
+def enumerate_law(fn: Callable, explore_zero: bool = False) -> dict:
+    """{outcome: exact probability} of fn(rng) over every sequence of random outcomes.
+    explore_zero=True also runs the outcomes of probability zero (a Bernoulli trial's side of
+    probability 0), with weight 0: code reachable only there must still run without error."""
     law: dict = defaultdict(float)
     stack = [()]
     while stack:
@@ -64,11 +80,60 @@ def enumerate_law(fn: Callable) -> dict:
             outcome = fn(rng)
         except _Branch as branch:
             for value, prob in branch.options:
-                if prob > 0:
+                if prob > 0 or explore_zero:
                     stack.append(script + ((value, prob),))
             continue
         law[outcome] += rng.weight
     return dict(law)
+
+
+# ----------------------------------------------------------------------------- end to end
+def generation_law(speculator, prompt: list[int], max_new_tokens: int, params, *,
+                   explore_zero: bool = False) -> dict:
+    """Exact law of (new tokens, accepted lengths per step) of speculator.generate(prompt, ...)
+    under sampling `params` (EOS ignored): the real strategy, verifier and loop, every random draw
+    enumerated. Marginalize with `token_law`."""
+    from unittest import mock
+    current = []
+
+    def run(rng):
+        current[:] = [rng]
+        out = speculator.generate(prompt, max_new_tokens=max_new_tokens, temperature=params.temperature,
+                                  top_k=params.top_k, top_p=params.top_p, ignore_eos=True)
+        return tuple(out.token_ids), tuple(out.stats.accepted_lengths)
+
+    with mock.patch("specdec.loop.TorchRandom", lambda generator: current[0]):
+        return enumerate_law(run, explore_zero=explore_zero)
+
+
+def token_law(law: dict) -> dict:
+    """The law of the new tokens alone, from generation_law's joint law."""
+    tokens: dict = defaultdict(float)
+    for (seq, _accepted), p in law.items():
+        tokens[seq] += p
+    return dict(tokens)
+
+
+@torch.inference_mode()
+def model_dist(model, prompt: list[int], params) -> Callable:
+    """The model's own conditional distributions after `prompt`, warped by `params` (what the
+    target samples from), as a table: dist(context) -> probs [V] (float64)."""
+    from specdec.sampling import logits_to_probs
+    cache: dict = {}
+
+    def dist(context: tuple) -> torch.Tensor:
+        if context not in cache:
+            logits = model(torch.tensor([list(prompt) + list(context)])).logits[0, -1]     # [V]
+            cache[context] = logits_to_probs(logits, params).double()
+        return cache[context]
+
+    return dist
+
+
+def laws_close(a: dict, b: dict, atol: float = 1e-5) -> bool:
+    """Same support (up to atol) and every probability within atol."""
+    keys = set(a) | set(b)
+    return all(abs(a.get(k, 0.0) - b.get(k, 0.0)) <= atol for k in keys)
 
 
 def random_table(vocab: int, seed: int, sharpness: float = 2.0) -> Callable:
@@ -117,7 +182,7 @@ def total_variation(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)
 
 
-def always_accept(tree, target_probs: torch.Tensor, rng):
+def always_accept(tree, target_probs: torch.Tensor, rng, tree_tokens=None):
     """A deliberately wrong verifier (the negative control): keeps the first child at every depth."""
     from specdec.acceptance import Verdict
     accepted, node = [], -1

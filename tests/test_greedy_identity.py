@@ -199,3 +199,58 @@ def test_speculator_reusable_across_calls(arch):
     third = sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True).token_ids
     assert first == third == reference(arch)
     assert second == hf_greedy(target, other_prompt, 12, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------- long context: cache growth
+LONG_PROMPT = torch.randint(3, 96, (300,), generator=torch.Generator().manual_seed(11)).tolist()
+LONG_NEW = 264      # 299 prefilled + 256 spare slots = 555: the buffers must grow past that
+
+
+@lru_cache(maxsize=None)
+def long_target():
+    """A tiny llama with room for 300 + LONG_NEW positions."""
+    from conftest import tiny_config
+    import transformers as T
+    config = tiny_config("llama")
+    config.max_position_embeddings = 1024
+    torch.manual_seed(0)
+    return T.AutoModelForCausalLM.from_config(config).eval()
+
+
+@lru_cache(maxsize=None)
+def long_reference() -> tuple[int, ...]:
+    return tuple(hf_greedy(long_target(), LONG_PROMPT, LONG_NEW, eos_token_id=None))
+
+
+def capacity(layer) -> int | None:
+    buffer = getattr(layer, "key_buffer", None)
+    return None if buffer is None else buffer.shape[2]
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_long_context_grows_the_cache_buffers(shape, monkeypatch):
+    """A 300-token prompt and 264 new tokens: the KV buffers (BufferedLayer, 256 spare slots after
+    the prefill) must grow by reallocating mid-call, for the target's cache and the draft's, and
+    the output must still equal HF greedy."""
+    from specdec.cache import BufferedLayer
+    grown: set[int] = set()          # id() of layers whose existing buffer was reallocated larger
+    update = BufferedLayer.update
+
+    def recording_update(self, *args, **kwargs):
+        before = capacity(self)
+        out = update(self, *args, **kwargs)
+        if before is not None and capacity(self) > before:
+            grown.add(id(self))
+        return out
+
+    monkeypatch.setattr(BufferedLayer, "update", recording_update)
+    target = long_target()
+    strategy = chain_or_tree(noisy_copy(target), shape)
+    sd = Speculator(target, None, strategy)
+    out = sd.generate(LONG_PROMPT, max_new_tokens=LONG_NEW, ignore_eos=True)
+    assert out.token_ids == list(long_reference())
+    assert 0 < sum(out.stats.accepted_lengths) < LONG_NEW, "precondition: partial acceptance"
+    target_layers = {id(layer) for layer in sd.verifier.cache.layers}
+    draft_layers = {id(layer) for layer in strategy.cache.layers}
+    assert target_layers & grown, "the target's cache buffer never grew"
+    assert draft_layers & grown, "the draft's cache buffer never grew"

@@ -45,8 +45,8 @@ def test_greedy_identity_untrained_heads(arch, noise, token_conditioned):
     for seed in (0, 1):
         ids = prompt_ids(seed)
         out = sd.generate(ids, max_new_tokens=20, ignore_eos=True)
-        assert out.token_ids == hf_greedy(model, ids, 20, min_new_tokens=20)
-        assert out.stats.target_forwards <= 20
+        assert out.token_ids == hf_greedy(model, ids, 20, eos_token_id=None)
+        assert_step_accounting(out, 20)
 
 
 def test_greedy_identity_static_tree():
@@ -55,24 +55,55 @@ def test_greedy_identity_static_tree():
     sd = Speculator(model, None, Medusa(fresh_heads(model, noise=0.3), tree="static", choices=choices))
     ids = prompt_ids(3)
     out = sd.generate(ids, max_new_tokens=24, ignore_eos=True)
-    assert out.token_ids == hf_greedy(model, ids, 24, min_new_tokens=24)
+    assert out.token_ids == hf_greedy(model, ids, 24, eos_token_id=None)
+    assert_step_accounting(out, 24)
 
 
-def test_right_guesses_are_accepted():
-    """A target that always says token 7 (zero lm_head weights, a bias for 7): untrained heads on
-    its lm_head say 7 too, so every drafted token is accepted, K + 1 tokens per forward."""
+def constant_target(token: int = 7):
+    """A target that always says `token` (zero lm_head weights, a bias for it): untrained heads on
+    its lm_head say it too, at every depth; their lower ranks are always wrong."""
     model = tiny_model("llama", seed=0)
     lm_head = torch.nn.Linear(32, 96, bias=True)
     with torch.no_grad():
         lm_head.weight.zero_()
         lm_head.bias.zero_()
-        lm_head.bias[7] = 5.0
+        lm_head.bias[token] = 5.0
     model.set_output_embeddings(lm_head)
+    return model
+
+
+def test_right_guesses_are_accepted():
+    """Every drafted token is accepted: K + 1 = 4 tokens per forward."""
+    model = constant_target(7)
     sd = Speculator(model, None, Medusa(fresh_heads(model, num_heads=3), max_nodes=6, top_k=2))
     ids = prompt_ids(5)
     out = sd.generate(ids, max_new_tokens=33, ignore_eos=True)
-    assert out.token_ids == [7] * 33 == hf_greedy(model, ids, 33, min_new_tokens=33)
-    assert out.stats.target_forwards == 1 + 32 // 4          # first step: no hidden state yet
+    assert out.token_ids == [7] * 33 == hf_greedy(model, ids, 33, eos_token_id=None)
+    assert out.stats.accepted_lengths == [3] * 8 + [0]           # 8 x (3 + 1) tokens, then the 33rd alone
+    assert out.stats.target_forwards == 1 + 32 // 4 and out.stats.tokens_per_forward > 3
+
+
+def test_partial_acceptance_keeps_the_right_prefix():
+    """Static tree [[0], [0, 1]]: head 1's best guess (right) then head 2's second best (wrong):
+    every step accepts the first level and rejects the second, 2 tokens per forward."""
+    model = constant_target(7)
+    sd = Speculator(model, None, Medusa(fresh_heads(model, num_heads=2), tree="static", choices=[[0], [0, 1]]))
+    ids = prompt_ids(6)
+    out = sd.generate(ids, max_new_tokens=21, ignore_eos=True)
+    assert out.token_ids == [7] * 21 == hf_greedy(model, ids, 21, eos_token_id=None)
+    accepted = out.stats.accepted_lengths
+    assert all(0 < a < 2 for a in accepted[:-1]), accepted   # partial: 0 < accepted < tree depth
+    assert accepted[-1] == 0                                  # the last token fits no tree (budget 1)
+    assert_step_accounting(out, 21)
+    assert out.stats.tokens_per_forward == pytest.approx(21 / 11)
+
+
+def assert_step_accounting(out, max_new_tokens: int):
+    """One target forward per step, each step committing its accepted tokens + 1: the forwards
+    are exactly the steps the accepted lengths imply."""
+    accepted = out.stats.accepted_lengths
+    assert len(out.token_ids) == max_new_tokens == sum(a + 1 for a in accepted)
+    assert out.stats.target_forwards == len(accepted) == max_new_tokens - sum(accepted)
 
 
 def _propose(medusa, hidden, max_depth=16):
@@ -216,4 +247,5 @@ def test_greedy_identity_conditioned_heads(arch, tree):
     for seed in (0, 1):
         ids = prompt_ids(seed)
         out = sd.generate(ids, max_new_tokens=20, ignore_eos=True)
-        assert out.token_ids == hf_greedy(model, ids, 20, min_new_tokens=20)
+        assert out.token_ids == hf_greedy(model, ids, 20, eos_token_id=None)
+        assert_step_accounting(out, 20)

@@ -1,0 +1,168 @@
+"""The exact output law of a whole generate() call, through the real strategies and the real loop.
+
+On a 5-token vocabulary with tiny random models, tests/law.py enumerates every random draw of a
+Speculator.generate call (the draft model's chain tokens and tree siblings, acceptance's Bernoulli
+trials and categorical draws: all go through the call's one random source) and compares the exact
+law of the new tokens with the target's own law, enumerated from the target model's conditional
+distributions under the same temperature / top-k / top-p. Negative controls (an always-accept
+verifier, a draft that lies about the distribution it sampled from) must fail that comparison.
+"""
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from law import always_accept, generation_law, laws_close, model_dist, sequence_law, token_law, total_variation
+from specdec import Speculator
+from specdec.heads import HeadsLayout, MedusaHeads
+from specdec.heads.io import output_vocab
+from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.strategies.draft_model import DraftModel
+from specdec.strategies.medusa import Medusa
+from specdec.strategies.prompt_lookup import PromptLookup
+
+V = 5
+NEW = 3                      # new tokens per call: the first step's chain of 2 + its bonus token
+PROMPT = [3, 4, 1, 0]
+TOP2 = SamplingParams(1.0, top_k=2)
+WARPS = {
+    "top-k": TOP2,
+    "temperature-top-p": SamplingParams(0.8, top_p=0.6),
+}
+
+
+def tiny(seed: int, sharpen: float = 20.0):
+    """A 1-layer llama over V tokens; sharpen=20 gives peaked but not degenerate distributions."""
+    return tiny_model("llama", seed=seed, vocab=V, hidden=16, layers=1, sharpen=sharpen)
+
+
+TARGET = tiny(0)
+DRAFT = tiny(1)
+
+
+def target_law(prompt, params, target=TARGET, length=NEW) -> dict:
+    return sequence_law(model_dist(target, prompt, params), length)
+
+
+def assert_lossless(law: dict, prompt, params, target=TARGET):
+    tokens = token_law(law)
+    expected = target_law(prompt, params, target)
+    assert abs(sum(tokens.values()) - 1) < 1e-6
+    assert laws_close(tokens, expected), (
+        f"output law differs from the target's: TV {total_variation(tokens, expected):.2e}")
+
+
+def probability(law: dict, event) -> float:
+    return sum(p for (tokens, accepted), p in law.items() if event(tokens, accepted))
+
+
+# ---------------------------------------------------------------------- draft_model
+@pytest.mark.parametrize("warp", WARPS)
+def test_draft_model_chain_law_is_the_targets(warp):
+    params = WARPS[warp]
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, num_tokens=2))
+    law = generation_law(sd, PROMPT, NEW, params)
+    assert_lossless(law, PROMPT, params)
+    # both drafted tokens kept, then the bonus token from the target below the chain's leaf
+    assert probability(law, lambda tokens, accepted: accepted == (2,)) > 0.05
+    assert probability(law, lambda tokens, accepted: accepted[0] < 2) > 0.05   # rejections too
+
+
+@pytest.mark.parametrize("branching", [[2], [1, 2], pytest.param([2, 1], marks=pytest.mark.slow)])
+def test_draft_model_tree_law_is_the_targets(branching):
+    """Siblings drawn without replacement (a second child excludes the first): at the root with
+    [2] and [2, 1], below a first drafted token with [1, 2]."""
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, branching=branching))
+    law = generation_law(sd, PROMPT, NEW, TOP2)
+    assert_lossless(law, PROMPT, TOP2)
+    assert probability(law, lambda tokens, accepted: accepted[0] == len(branching)) > 0.05
+
+
+@pytest.mark.parametrize("branching", [[2], [3]])
+def test_draft_model_siblings_from_three_tokens(branching):
+    """top_k=3: a second (third) sibling is drawn from the draft renormalized without the first
+    ones, a distribution the verifier must reconstruct. 2 new tokens: one tree, then its bonus or
+    correction."""
+    params = SamplingParams(1.0, top_k=3)
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, branching=branching))
+    law = generation_law(sd, PROMPT, 2, params)
+    tokens = token_law(law)
+    expected = sequence_law(model_dist(TARGET, PROMPT, params), 2)
+    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
+
+
+def test_zero_residual_branch():
+    """Draft == target and top_k=1: target and draft distributions are the same one-hot, so a
+    rejection has probability 0 and leaves an all-zero residual max(0, r - q). Enumerating the
+    zero-probability outcomes too runs that branch: it must still draw a valid token."""
+    from specdec import acceptance
+    zero_residuals = []
+    real = acceptance._normalized
+
+    def spy(residual):
+        out = real(residual)
+        zero_residuals.append(out is None)
+        return out
+
+    params = SamplingParams(1.0, top_k=1)
+    sd = Speculator(TARGET, None, DraftModel(TARGET, num_tokens=2))
+    with mock.patch.object(acceptance, "_normalized", spy):
+        law = generation_law(sd, PROMPT, NEW, params, explore_zero=True)
+    assert any(zero_residuals), "precondition: the all-zero residual branch was reached"
+    assert_lossless(law, PROMPT, params)
+
+
+# ---------------------------------------------------------------------- medusa, prompt lookup
+def noisy_heads(model, num_heads: int = 2, noise: float = 0.5, seed: int = 0) -> MedusaHeads:
+    heads = MedusaHeads(HeadsLayout(num_heads, 1, model.config.hidden_size, output_vocab(model)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=gen))
+    return heads
+
+
+def test_medusa_law_is_the_targets():
+    """Point-mass proposals (a tree of the heads' top guesses)."""
+    sd = Speculator(TARGET, None, Medusa(noisy_heads(TARGET), max_nodes=4, top_k=2))
+    law = generation_law(sd, PROMPT, NEW, TOP2)
+    assert_lossless(law, PROMPT, TOP2)
+    assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01   # guesses were kept
+
+
+def test_prompt_lookup_law_is_the_targets():
+    """The prompt ends with the bigram (1, 3) seen before, so lookup proposes what followed it,
+    (0, 1): tokens the target finds likely there."""
+    prompt = [1, 3, 0, 1, 1, 3]
+    sd = Speculator(TARGET, None, PromptLookup(min_ngram=2, max_ngram=2, num_tokens=2))
+    law = generation_law(sd, prompt, NEW, TOP2)
+    assert_lossless(law, prompt, TOP2)
+    assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01   # lookups were kept
+
+
+# ---------------------------------------------------------------------- negative controls
+def test_negative_control_always_accept_verifier():
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, num_tokens=2))
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        law = generation_law(sd, PROMPT, NEW, TOP2)
+    tokens = token_law(law)
+    assert not laws_close(tokens, target_law(PROMPT, TOP2))
+    assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.05
+
+
+class LyingDraft(DraftModel):
+    """Samples from its distribution but reports a flatter one to the verifier."""
+
+    def _pick(self, logits, k, state, position):
+        tokens, _true_probs = super()._pick(logits, k, state, position)
+        return tokens, logits_to_probs(logits / 4, state.sampling)
+
+
+def test_negative_control_draft_that_lies_about_its_distribution():
+    sd = Speculator(TARGET, None, LyingDraft(DRAFT, num_tokens=2))
+    tokens = token_law(generation_law(sd, PROMPT, NEW, TOP2))
+    assert not laws_close(tokens, target_law(PROMPT, TOP2))
+    assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.02
