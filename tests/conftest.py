@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random causal LMs of several architectures, built in-process."""
 from __future__ import annotations
 
+import copy
 import string
 
 import pytest
@@ -77,3 +78,15 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> li
 @pytest.fixture(params=ARCHITECTURES)
 def arch(request):
     return request.param
+
+
+def noisy_copy(model, noise: float = 0.3, seed: int = 1):
+    """The model with Gaussian noise (noise x each tensor's std) added to its weights: a draft
+    that agrees with it often but not always."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.numel() > 1:
+                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+    return draft

@@ -6,14 +6,13 @@ Every greedy test compares with Hugging Face `generate(do_sample=False)` on the 
 prompt + new tokens well past the window, so trees straddle the window's edge at every step."""
 from __future__ import annotations
 
-import copy
 from functools import lru_cache
 
 import pytest
 import torch
 import transformers as T
 
-from conftest import hf_greedy
+from conftest import hf_greedy, noisy_copy
 from specdec import Speculator
 from specdec.errors import IncompatibleModelsError
 from specdec.strategies.autoregressive import Autoregressive
@@ -68,15 +67,6 @@ def sliding_model(kind: str):
     return build(sliding_config(kind))
 
 
-def noisy_copy(model, noise: float = 0.15, seed: int = 1):
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
-    return draft
-
 
 def long_prompt(length: int = PROMPT_LEN, seed: int = 3) -> list[int]:
     """A prompt longer than the window, a short motif repeated with a few changes, so prompt
@@ -95,8 +85,8 @@ def strategy_of(name: str, target):
     if name == "prompt_lookup":
         return PromptLookup()
     if name == "chain":
-        return DraftModel(noisy_copy(target), num_tokens=DRAFT_DEPTH)
-    return DraftModel(noisy_copy(target), branching=[3, 2, 2, 1])          # DRAFT_DEPTH levels
+        return DraftModel(noisy_copy(target, noise=0.15), num_tokens=DRAFT_DEPTH)
+    return DraftModel(noisy_copy(target, noise=0.15), branching=[3, 2, 2, 1])          # DRAFT_DEPTH levels
 
 
 def check_identity(target, strategy_name: str, prompt: list[int], n: int = N):

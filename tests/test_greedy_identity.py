@@ -14,7 +14,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from conftest import hf_greedy, tiny_model
+from conftest import hf_greedy, noisy_copy, tiny_model
 from specdec import Speculator
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
@@ -32,17 +32,6 @@ BRANCHING = [2, 2, 1]
 def target_of(arch: str):
     return tiny_model(arch, seed=0)
 
-
-def noisy_copy(model, noise: float = 0.3, seed: int = 1):
-    """The model with Gaussian noise (noise x each tensor's std) added to its weights: a draft
-    that agrees with it often but not always."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
-    return draft
 
 
 def contrarian_copy(model):

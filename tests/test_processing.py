@@ -9,7 +9,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from conftest import hf_greedy, tiny_model
+from conftest import hf_greedy, noisy_copy, tiny_model
 from specdec import Speculator
 from specdec.benchmarks.peers import HFRow
 from specdec.benchmarks.rows import SpecdecRow
@@ -61,18 +61,9 @@ def processed_model(name: str):
     return model
 
 
-def noisy_copy(model, noise: float = 0.2, seed: int = 1):
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
-    return draft
-
 
 def strategy_of(name: str, target, draft=None):
-    draft = draft if draft is not None else noisy_copy(base_model())   # a draft without the settings
+    draft = draft if draft is not None else noisy_copy(base_model(), noise=0.2)   # a draft without the settings
     if name == "autoregressive":
         return Autoregressive()
     if name == "prompt_lookup":
