@@ -54,6 +54,14 @@ class MedusaConfig:
 
 
 @dataclass
+class EagleConfig:
+    path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
+    max_nodes: int = 16                 # tree node budget (CPU-measured; see configs/eagle.yaml)
+    top_k: int = 4                      # children considered per node (greedy), tree width per depth (sampling)
+    depth: int = 6                      # tree levels at most
+
+
+@dataclass
 class HeadsConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads`
 
@@ -78,6 +86,7 @@ class SpecConfig:
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     medusa: MedusaConfig = field(default_factory=MedusaConfig)
     heads: HeadsConfig = field(default_factory=HeadsConfig)
+    eagle: EagleConfig = field(default_factory=EagleConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
 
 
@@ -181,6 +190,9 @@ def validate_spec_config(cfg: SpecConfig) -> None:
         raise ConfigError(f"draft.num_tokens must be >= 1, got {cfg.draft.num_tokens}")
     if cfg.draft.max_nodes < 1:
         raise ConfigError(f"draft.max_nodes must be >= 1, got {cfg.draft.max_nodes}")
+    for key in ("max_nodes", "top_k", "depth"):
+        if getattr(cfg.eagle, key) < 1:
+            raise ConfigError(f"eagle.{key} must be >= 1, got {getattr(cfg.eagle, key)}")
     g = cfg.generation
     if g.max_new_tokens < 1:
         raise ConfigError(f"generation.max_new_tokens must be >= 1, got {g.max_new_tokens}")
