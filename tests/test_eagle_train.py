@@ -95,7 +95,7 @@ def test_unrolled_loss_targets_are_shifted_to_token_s_plus_2():
     assert feat.shape == (2,) and (feat > 0).all()
 
 
-@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("layout", ["eagle1", pytest.param("eagle3", marks=pytest.mark.slow)])
 def test_training_raises_heldout_acceptance(tiny_target, tmp_path, layout):
     target, corpus = tiny_target
     folder = train_eagle(_cfg(target, corpus, str(tmp_path / layout), layout=layout, steps=80, lr=1e-2))
@@ -134,6 +134,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_target, tmp_path):
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
 
 
+@pytest.mark.slow          # three torchrun launches: about a minute on a busy 2-core machine
 def test_two_gloo_processes_follow_the_single_process_losses(tiny_target, tmp_path):
     target, corpus = tiny_target
     args = [f"target={target}", f"corpus=[{','.join(os.path.join(corpus, f'm{i}.py') for i in range(5))}]",
