@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import sys
 import time
@@ -44,7 +45,7 @@ from .data import fixed_windows, sample_windows, tokenize_files
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle_io import save_eagle
 from .io import atomic_write, fingerprints_match, target_fingerprint
-from .train import _fmt, corpus_files, lr_at
+from .train import _fmt, corpus_files
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
 LOG_FILE = "eagle_train.json"
@@ -71,6 +72,8 @@ class TrainEagleConfig:
     seq_len: int = 256
     batch_size: int = 8                 # global batch (split across torchrun ranks)
     steps: int = 300
+    max_minutes: Optional[float] = None   # also stop after this much training time (summed over resumes); the
+    #   lr schedule then follows whichever of steps / time is further along
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
@@ -107,6 +110,8 @@ def validate(cfg) -> None:
                           f"seq_len - 1 ({cfg.seq_len - 1})")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.max_minutes is not None and not cfg.max_minutes > 0:
+        raise ConfigError(f"max_minutes must be > 0 (or null: no time budget), got {cfg.max_minutes}")
 
 
 def load_train_eagle_config(name_or_path: str | None = None, overrides=None):
@@ -229,6 +234,23 @@ class HeldOutAcceptance:
         return {"acceptance": acceptance, "chain_tau": 1 + sum(acceptance), "step_loss": loss}
 
 
+# ---------------------------------------------------------------------- schedule
+def lr_at(step: int, elapsed_s: float, cfg) -> float:
+    """Linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio over the rest of
+    the run: by steps, or by max_minutes when the time budget is further along."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    if cfg.max_minutes:
+        progress = max(progress, elapsed_s / (60 * cfg.max_minutes))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def out_of_time(elapsed_s: float, cfg) -> bool:
+    return bool(cfg.max_minutes) and elapsed_s >= 60 * cfg.max_minutes
+
+
 # ---------------------------------------------------------------------- set-up
 def feature_layers_for(cfg, target) -> tuple[int, ...]:
     if cfg.feature_layers:
@@ -249,8 +271,8 @@ def build_drafter(cfg, target) -> EagleDrafter:
     return drafter
 
 
-def _save_checkpoint(path, step, drafter, optimizer, generator, fingerprint, history, losses) -> None:
-    state = {"step": step, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
+def _save_checkpoint(path, step, drafter, optimizer, generator, fingerprint, history, losses, elapsed_s) -> None:
+    state = {"step": step, "elapsed_s": elapsed_s, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
              "window_rng": generator.get_state(), "layout": drafter.layout.as_dict(),
              "target_fingerprint": fingerprint, "history": history, "losses": losses}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
@@ -269,7 +291,7 @@ def _load_checkpoint(path, drafter, optimizer, generator, fingerprint):
     drafter.load_state_dict(state["drafter"])
     optimizer.load_state_dict(state["optimizer"])
     generator.set_state(state["window_rng"])
-    return int(state["step"]), list(state["history"]), list(state["losses"])
+    return int(state["step"]), list(state["history"]), list(state["losses"]), float(state.get("elapsed_s", 0.0))
 
 
 def _write_log(folder, cfg, history, losses, extra) -> None:
@@ -312,6 +334,14 @@ class _Distributed:
             value = value.detach().clone()
             self.dist.all_reduce(value)
             value /= self.world
+        return value
+
+    def max(self, value: float) -> float:
+        """The largest value over the ranks (so that all agree, e.g. on a time budget)."""
+        if self.world > 1:
+            tensor = torch.tensor([value], dtype=torch.float64)
+            self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MAX)
+            value = float(tensor.item())
         return value
 
     def barrier(self) -> None:
@@ -360,9 +390,9 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     fingerprint = target_fingerprint(target)
     os.makedirs(cfg.output_dir, exist_ok=True)
     checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
-    step, history, losses = 0, [], []
+    step, history, losses, elapsed = 0, [], [], 0.0
     if os.path.isfile(checkpoint):
-        step, history, losses = _load_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint)
+        step, history, losses, elapsed = _load_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint)
     extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
              "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
              "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
@@ -387,10 +417,11 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     if step == 0:
         evaluate(0)
     drafter.train()
-    started = time.perf_counter()
-    while step < cfg.steps:
+    started = time.perf_counter() - elapsed                 # training time carries over a resume
+    while step < cfg.steps and not out_of_time(elapsed, cfg):
+        lr = lr_at(step, elapsed, cfg)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = lr
         batch = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
         with autocast:
             feats, last, teacher_logits = target_outputs(target, batch, layers)
@@ -402,20 +433,22 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         step += 1
-        metrics = {"loss": ddp.mean(loss).item(), "top1": ddp.mean(top1).tolist(), "lr": lr_at(step - 1, cfg)}
+        elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
+        metrics = {"loss": ddp.mean(loss).item(), "top1": ddp.mean(top1).tolist(), "lr": lr}
         losses.append(metrics["loss"])
         bar.update(1)
         bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
-        if ddp.main and (step % cfg.checkpoint_interval == 0 or step == cfg.steps):
-            _save_checkpoint(checkpoint, step, drafter, optimizer, generator, fingerprint, history, losses)
-        if step % cfg.eval_interval == 0 and step != cfg.steps:
+        last = step == cfg.steps or out_of_time(elapsed, cfg)
+        if ddp.main and (step % cfg.checkpoint_interval == 0 or last):
+            _save_checkpoint(checkpoint, step, drafter, optimizer, generator, fingerprint, history, losses, elapsed)
+        if step % cfg.eval_interval == 0 and not last:
             evaluate(step)
         if on_step is not None:
             on_step(step, metrics)
     bar.close()
     final = evaluate(step)
     if ddp.main:
-        extra["train_time_s"] = time.perf_counter() - started
+        extra["train_time_s"] = elapsed
         save_eagle(cfg.output_dir, drafter, target, training={
             "steps": step, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps,
             "layout": cfg.layout, "heldout": {k: final[k] for k in ("acceptance", "chain_tau", "step_loss")}})

@@ -166,3 +166,13 @@ def test_config_errors_and_dispatch():
     cfg = load_train_eagle_config("train_eagle", ["steps=7"])
     assert cfg.steps == 7 and cfg.output_dir == "../eagle-pycode"
     assert is_eagle_config("train_eagle") and not is_eagle_config("train_heads")
+
+
+def test_time_budget_ends_the_run_with_a_saved_drafter(tiny_target, tmp_path):
+    target, corpus = tiny_target
+    folder = train_eagle(_cfg(target, corpus, str(tmp_path / "timed"), steps=1000, max_minutes=1e-4))
+    log = json.load(open(os.path.join(folder, LOG_FILE)))
+    assert len(log["losses"]) < 1000 and log["history"][-1]["step"] == len(log["losses"])
+    assert os.path.isfile(os.path.join(folder, "eagle.json"))
+    with pytest.raises(ConfigError, match="max_minutes"):
+        _cfg(target, corpus, str(tmp_path / "x"), max_minutes=0)
