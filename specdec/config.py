@@ -59,6 +59,7 @@ class EagleConfig:
     max_nodes: int = 16                 # tree node budget (CPU-measured; see configs/eagle.yaml)
     top_k: int = 4                      # children considered per node (greedy), tree width per depth (sampling)
     depth: int = 6                      # tree levels at most
+    expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
 
 
 @dataclass
@@ -190,8 +191,8 @@ def validate_spec_config(cfg: SpecConfig) -> None:
         raise ConfigError(f"draft.num_tokens must be >= 1, got {cfg.draft.num_tokens}")
     if cfg.draft.max_nodes < 1:
         raise ConfigError(f"draft.max_nodes must be >= 1, got {cfg.draft.max_nodes}")
-    for key in ("max_nodes", "top_k", "depth"):
-        if getattr(cfg.eagle, key) < 1:
+    for key in ("max_nodes", "top_k", "depth", "expand"):
+        if getattr(cfg.eagle, key) is not None and getattr(cfg.eagle, key) < 1:
             raise ConfigError(f"eagle.{key} must be >= 1, got {getattr(cfg.eagle, key)}")
     g = cfg.generation
     if g.max_new_tokens < 1:

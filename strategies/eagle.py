@@ -10,10 +10,13 @@ tree ancestors and itself. Tree rows are never committed: after the verdict the 
 real target features arrive in observe() and are fed at the next proposal (a rollback is free).
 
 Trees:
-  * greedy: the exact best-`max_nodes` tree by cumulative draft probability among the candidates
-    where each node has its `top_k` most likely children, `depth` levels at most. Depth by depth
-    only the nodes still among the max_nodes best so far are expanded (candidates only get worse
-    deeper down, so nothing outside that set can be chosen later). Point masses (draft_probs None).
+  * greedy (EAGLE-2): each expanded node gets its `top_k` most likely children; depth by depth the
+    `expand` best nodes of the newest level (by cumulative draft probability) that are still among
+    the max_nodes best candidates so far are expanded in one drafter forward; the tree is then the
+    best `max_nodes` candidates. With expand >= max_nodes this is the exact best-max_nodes tree of
+    the top_k-ary candidate tree, `depth` levels at most (candidates only get worse deeper down, so
+    a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
+    default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
   * sampling (temperature > 0): the tree carries the drafter's real distributions. Per depth the
     `top_k` best slots are filled, a slot (parent, i) being scored by the parent's cumulative
     log-probability plus the log of the i-th largest probability of the parent's distribution -
@@ -42,12 +45,13 @@ class Eagle:
     needs_hidden_states = True
 
     def __init__(self, drafter, max_nodes: int = DEFAULT_MAX_NODES, top_k: int = DEFAULT_TOP_K,
-                 depth: int = DEFAULT_DEPTH):
-        if max_nodes < 1 or top_k < 1 or depth < 1:
-            raise ConfigError(f"eagle.max_nodes, eagle.top_k and eagle.depth must be >= 1, got "
-                              f"{max_nodes}, {top_k}, {depth}")
+                 depth: int = DEFAULT_DEPTH, expand: int | None = None):
+        if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
+            raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
+                              f"{max_nodes}, {top_k}, {depth}, {expand}")
         self.drafter = drafter.eval()
         self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
+        self.expand = int(expand) if expand is not None else self.top_k   # nodes expanded per depth (greedy)
         self.feature_layers = tuple(drafter.layout.feature_layers)
         self.device = torch.device("cpu")
         self.reset_cache()
@@ -173,7 +177,7 @@ class Eagle:
 
         add_children([-1], root_logits[None], 0)
         for depth in range(depth_limit - 1):
-            frontier = [i for i in sorted(best()) if depths[i] == depth]
+            frontier = sorted([i for i in best() if depths[i] == depth][: self.expand])   # best() is by score
             if not frontier:
                 break
             add_children(frontier, self._feed(tree, frontier, depth), depth + 1)
@@ -235,4 +239,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
                              f"{TRAIN_HINT}")
     drafter = load_eagle(cfg.eagle.path, target)
     e = cfg.eagle
-    return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth)
+    return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand)

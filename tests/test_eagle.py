@@ -105,7 +105,7 @@ def _chain_children(drafter, strategy, path, top_k):
 def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k, depth):
     model = tiny_model("llama", seed=3, sharpen=2.0)
     drafter = random_drafter(model, seed=4)
-    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth)
+    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes)
     strategy.bind(model, None)
     hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
     state = state_for(PROMPT, hidden)
@@ -200,3 +200,22 @@ def test_config_and_load_through_the_api(tmp_path):
         load_spec_config("eagle", {"eagle.top_k": 0})
     with pytest.raises(ModelLoadError, match="eagle.path"):
         specdec.load("eagle", **{"target.path": str(target_dir), "device": "cpu"})
+
+
+def test_expand_bounds_the_drafter_rows_per_depth():
+    model = tiny_model("llama", seed=3, sharpen=2.0)
+    drafter = random_drafter(model, seed=4)
+    rows = []
+    drafter.register_forward_pre_hook(lambda module, args: rows.append(args[1].shape[1]))
+    for expand, bound in ((2, 2), (None, 3), (20, 12)):
+        strategy = Eagle(drafter, max_nodes=12, top_k=3, depth=4, expand=expand)
+        strategy.bind(model, None)
+        hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
+        state = state_for(PROMPT, hidden)
+        strategy.reset(state)
+        rows.clear()
+        tree = strategy.propose(state)
+        tree_rows = rows[1:]                                  # rows[0]: the committed rows
+        assert 1 <= len(tree_rows) <= 3 and max(tree_rows) <= bound and tree.num_nodes == 12
+        if expand == 20:
+            assert max(tree_rows) > 3                         # the exact tree expands more nodes
