@@ -9,7 +9,8 @@ from specdec.api import Speculator
 from specdec.config import load_spec_config
 from specdec.strategies import build_strategy
 
-NEEDED_BY_STRATEGY = {"draft_model": "draft", "medusa": "heads"}
+NEEDED_BY_STRATEGY = {"draft_model": "draft", "medusa": "heads", "eagle": "eagle"}
+WHAT_IS_NEEDED = {"draft": "a draft checkpoint", "heads": "trained Medusa heads", "eagle": "a trained EAGLE drafter"}
 
 
 @dataclass
@@ -46,7 +47,7 @@ class SpecdecRow:
 
 def _path_overrides(models) -> list[str]:
     pairs = {"target.path": models.target, "target.tokenizer": models.tokenizer, "draft.path": models.draft,
-             "heads.path": models.heads, "device": models.device, "dtype": models.dtype}
+             "heads.path": models.heads, "eagle.path": models.eagle, "device": models.device, "dtype": models.dtype}
     return [f"{key}={value}" for key, value in pairs.items() if value is not None]
 
 
@@ -61,7 +62,7 @@ def build_specdec_rows(entries, models, target, tokenizer, device, dtype, notes:
             missing = [need] if need and getattr(models, need) is None else []
         if missing:
             notes.append(f"row {entry.label!r} skipped: it needs models.{missing[0]}=PATH "
-                         f"({'a draft checkpoint' if missing[0] == 'draft' else 'trained Medusa heads'})")
+                         f"({WHAT_IS_NEEDED[missing[0]]})")
             continue
         strategy = build_strategy(cfg, target, tokenizer, device, dtype)
         speculator = Speculator(target, tokenizer, strategy, config=cfg)

@@ -50,11 +50,12 @@ def _resolve_models(models) -> None:
         models.target = cfg.target.path
         models.draft = models.draft or cfg.draft.path
         models.heads = models.heads or cfg.heads.path
-    for role in ("target", "draft", "heads", "tokenizer"):
+        models.eagle = models.eagle or cfg.eagle.path
+    for role in ("target", "draft", "heads", "eagle", "tokenizer"):
         path = getattr(models, role)
         if path is not None and not os.path.exists(path):
             raise ConfigError(f"models.{role}={path!r} does not exist: give the folder of the {role} "
-                              f"(or models.{role}=null{' to skip its rows' if role in ('draft', 'heads') else ''})")
+                              f"(or models.{role}=null{' to skip its rows' if role in ('draft', 'heads', 'eagle') else ''})")
 
 
 def _plain_reference(peer_rows, target, notes) -> HFRow:

@@ -43,14 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--prompt", help="the prompt (default: read standard input)")
     gen.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     gen.add_argument("--no-stream", action="store_true", help="print the completion once, at the end")
-    sub.add_parser("train-heads", help="train Medusa-style heads for a target model", add_help=False)
+    sub.add_parser("train-heads", help="train Medusa-style heads (or, with train_eagle, an EAGLE drafter) for a target model", add_help=False)
     sub.add_parser("bench", help="benchmark strategies against Hugging Face generate()", add_help=False)
     sub.add_parser("check", help="check losslessness and speed-up on your model", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("train-heads", "bench", "check"):
         try:
             if argv[0] == "train-heads":
-                from .heads.train import main as sub_main
+                from .heads.eagle_train import is_eagle_config
+                if len(argv) > 1 and "=" not in argv[1] and is_eagle_config(argv[1]):
+                    from .heads.eagle_train import main as sub_main      # e.g. `train-heads train_eagle`
+                else:
+                    from .heads.train import main as sub_main
             elif argv[0] == "check":
                 from .check import main as sub_main
             else:

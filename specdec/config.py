@@ -59,6 +59,15 @@ class MedusaConfig:
 
 
 @dataclass
+class EagleConfig:
+    path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
+    max_nodes: int = 16                 # tree node budget (CPU-measured; see configs/eagle.yaml)
+    top_k: int = 4                      # children considered per node (greedy), tree width per depth (sampling)
+    depth: int = 6                      # tree levels at most
+    expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
+
+
+@dataclass
 class HeadsConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads`
 
@@ -85,6 +94,7 @@ class SpecConfig:
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
     medusa: MedusaConfig = field(default_factory=MedusaConfig)
     heads: HeadsConfig = field(default_factory=HeadsConfig)
+    eagle: EagleConfig = field(default_factory=EagleConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
 
 
@@ -308,6 +318,9 @@ def validate_spec_config(cfg: SpecConfig) -> None:
         raise ConfigError(f"draft.num_tokens must be >= 1, got {cfg.draft.num_tokens}")
     if cfg.draft.max_nodes < 1:
         raise ConfigError(f"draft.max_nodes must be >= 1, got {cfg.draft.max_nodes}")
+    for key in ("max_nodes", "top_k", "depth", "expand"):
+        if getattr(cfg.eagle, key) is not None and getattr(cfg.eagle, key) < 1:
+            raise ConfigError(f"eagle.{key} must be >= 1, got {getattr(cfg.eagle, key)}")
     generation = {name: cfg.generation[name] for name in cfg.generation}
     check_generation_args(generation, prefix="generation.", error=ConfigError)
 

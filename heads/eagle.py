@@ -1,0 +1,179 @@
+"""EAGLE-style feature drafter: one decoder layer that autoregresses in the target's feature space.
+
+Row t of the drafter reads the target's feature(s) at position t and the embedding of token t + 1,
+fused as `fc([g_t; embed(x_{t+1})])`, runs one decoder block (RMSNorm, rotary attention over its
+own KV cache, SwiGLU MLP, the shape of a Llama layer sized like the target) and a final RMSNorm.
+Its output o_t stands for the target's feature at t + 1; the target's own frozen lm_head turns it
+into a distribution for token t + 2. Deeper draft steps feed the drafter its own output and the
+drafted token (g_{t+1} = o_t), so a chain or tree of guesses needs no target forward.
+
+Two layouts (EagleLayout.feature_layers, indices into Hugging Face's `hidden_states` tuple):
+  * EAGLE-1/2: (-1,), the last hidden state after the final norm (what the lm_head reads);
+    g_t = f_t, and training may also regress o_t onto f_{t+1};
+  * EAGLE-3: a low, a middle and a high layer side by side (F = 3H), fused to H by `fuse`
+    (g_t = fuse(f_t)); trained on token distributions only, with training-time test.
+
+Attention is given as an explicit boolean visibility mask over [past keys; new keys], so the same
+block serves a causal pass over committed rows, one batched pass over a tree level (each node
+sees the committed rows, its tree ancestors and itself) and the unrolled training pass.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class EagleLayout:
+    hidden_size: int                     # H: the target's hidden size
+    vocab_size: int                      # V: the width of the target's logits
+    num_heads: int                       # attention heads of the drafter's layer
+    intermediate_size: int               # SwiGLU width
+    feature_layers: tuple[int, ...] = (-1,)   # target hidden_states read (EAGLE-1/2: (-1,); EAGLE-3: 3 layers)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if not self.feature_layers:
+            raise ValueError("feature_layers must name at least one target layer")
+
+    @property
+    def fused(self) -> bool:
+        """EAGLE-3: several target layers fused into one H-wide input."""
+        return len(self.feature_layers) > 1
+
+    @property
+    def name(self) -> str:
+        return "eagle3" if self.fused else "eagle1"
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.feature_layers) * self.hidden_size
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["feature_layers"] = list(self.feature_layers)
+        return d
+
+
+def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
+    """A low, a middle and a high layer of a target with `num_layers` decoder layers, as indices
+    into `hidden_states` (i = the output of layer i; EAGLE-3 reads layers 2, L/2 and L - 3)."""
+    low = min(2, num_layers)
+    high = max(num_layers - 3, 1)
+    return (low, max(num_layers // 2, 1), max(high, low))
+
+
+def layout_for_target(target, feature_layers=(-1,)) -> EagleLayout:
+    """The drafter layout shaped like one layer of `target`."""
+    config = target.config
+    hidden = int(config.hidden_size)
+    heads = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or max(1, hidden // 64))
+    if hidden % heads:
+        heads = 1
+    inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(config, "rope_theta", None) or 10000.0
+    head = target.get_output_embeddings()
+    vocab = head.weight.shape[0] if head is not None else int(config.vocab_size)
+    return EagleLayout(hidden, int(vocab), heads, int(inner), tuple(feature_layers), float(theta))
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (rotate-half form): x [B, heads, n, d], positions [B, n]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))   # [d/2]
+    angles = positions.to(torch.float32)[..., None] * inv_freq                                   # [B, n, d/2]
+    cos = torch.cat([angles, angles], dim=-1).cos()[:, None].to(x.dtype)                         # [B, 1, n, d]
+    sin = torch.cat([angles, angles], dim=-1).sin()[:, None].to(x.dtype)
+    first, second = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+class DrafterBlock(nn.Module):
+    """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, layout: EagleLayout):
+        super().__init__()
+        h = layout.hidden_size
+        self.num_heads, self.theta = layout.num_heads, layout.rope_theta
+        self.attn_norm = nn.RMSNorm(h, eps=layout.norm_eps)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h, bias=False) for _ in range(4))
+        self.mlp_norm = nn.RMSNorm(h, eps=layout.norm_eps)
+        self.gate_proj = nn.Linear(h, layout.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, layout.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(layout.intermediate_size, h, bias=False)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:     # [B, n, H] -> [B, heads, n, d]
+        b, n, h = x.shape
+        return x.view(b, n, self.num_heads, h // self.num_heads).transpose(1, 2)
+
+    def forward(self, x, positions, past_k=None, past_v=None, visible=None):
+        """x [B, n, H], positions [B, n]; past_k / past_v [B, heads, L, d] (or None);
+        visible [B or 1, n, L + n] bool (None: causal over the new rows, all past visible).
+        Returns (x [B, n, H], k [B, heads, n, d], v [B, heads, n, d]) - the new rows' keys and values."""
+        h = self.attn_norm(x)
+        q = rotate(self._split(self.q_proj(h)), positions, self.theta)
+        k = rotate(self._split(self.k_proj(h)), positions, self.theta)
+        v = self._split(self.v_proj(h))
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)        # [B, heads, L + n, d]
+        values = v if past_v is None else torch.cat([past_v, v], dim=2)
+        if visible is None:
+            n, total = x.shape[1], keys.shape[2]
+            visible = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)[None]
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None])  # [B, heads, n, d]
+        x = x + self.o_proj(attn.transpose(1, 2).flatten(2))
+        h = self.mlp_norm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x, k, v
+
+
+class EagleDrafter(nn.Module):
+    def __init__(self, layout: EagleLayout):
+        super().__init__()
+        self.layout = layout
+        h = layout.hidden_size
+        self.fuse = nn.Linear(layout.feature_size, h, bias=False) if layout.fused else None
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.block = DrafterBlock(layout)
+        self.norm = nn.RMSNorm(h, eps=layout.norm_eps)
+        self._shared_lm_head: list[nn.Module] = []     # the target's lm_head, outside state_dict()
+        self._shared_embedding: list[nn.Module] = []   # the target's input embedding, likewise
+
+    def attach_lm_head(self, lm_head: nn.Module) -> None:
+        """Share the target's (frozen) output layer; it is not saved with the drafter."""
+        self._shared_lm_head[:] = [lm_head]
+
+    def attach_embedding(self, embedding: nn.Module) -> None:
+        """Share the target's (frozen) input embedding; not saved."""
+        self._shared_embedding[:] = [embedding]
+
+    def _shared(self, which: list, what: str) -> nn.Module:
+        if not which:
+            raise RuntimeError(f"the drafter uses the target's {what}: call attach_lm_head / attach_embedding "
+                               f"with the target's modules first (load_eagle and the eagle strategy do)")
+        return which[0]
+
+    def input_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [..., F] -> the drafter's feature input g [..., H] (EAGLE-3: fused)."""
+        return features if self.fuse is None else self.fuse(features)
+
+    def lm_head(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., H] drafter outputs -> [..., V] logits, through the target's own lm_head."""
+        return self._shared(self._shared_lm_head, "lm_head")(out)
+
+    def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True):
+        """g [B, n, H] feature inputs (input_features of target features, or earlier outputs),
+        tokens [B, n] the token after each feature's position, positions [B, n]; past / visible as
+        DrafterBlock. Returns (out [B, n, H], logits [B, n, V] or None, k, v)."""
+        embed = self._shared(self._shared_embedding, "input embedding")(tokens).to(g.dtype)   # [B, n, H]
+        x = self.fc(torch.cat([g, embed], dim=-1))
+        x, k, v = self.block(x, positions, past_k, past_v, visible)
+        out = self.norm(x)
+        return out, (self.lm_head(out) if with_logits else None), k, v

@@ -1,0 +1,478 @@
+"""Train an EAGLE drafter for a frozen target by self-distillation (training-time test).
+
+    specdec train-heads train_eagle target=/path/to/model output_dir=/path/to/drafter
+    torchrun --nproc_per_node=2 -m specdec.heads.eagle_train train_eagle target=... (DDP)
+
+Each batch: corpus windows -> one no-grad target forward (features of `feature_layers` [B, T, F]
+and logits [B, T, V]) -> the drafter unrolled `ttt_steps` times on its own predictions, as it
+runs at inference. Step 1, row s reads (target feature f_s, token x_{s+1}); step j > 1, row s
+reads the drafter's own step j - 1 output of row s - 1 (its guess of f_s) and x_{s+1}, and
+attends to the step-1 rows up to s - j + 1 and to its own chain (the step-i rows s - j + i):
+exactly what a depth-(j - 1) tree node sees. Every step's row s learns the target's distribution
+of token s + 2 (soft cross-entropy, weight decay ** (j - 1)); the EAGLE-1 layout also regresses
+its output onto f_{s+1} (smooth L1, feature_loss_weight).
+
+Held-out evaluation is the acceptance at inference: held-out windows whose tail is replaced by
+the target's own greedy continuation, the drafter chained on its own features from each position
+of that tail; acceptance[d] = the fraction of positions whose first d + 1 drafted tokens all equal
+the target's greedy tokens (chain tau = 1 + sum). Checkpoints are atomic; re-running with the
+same output_dir resumes. Under torchrun each rank trains on its own share of every global batch
+(DistributedDataParallel averages the gradients), so the loss trajectory is the single process's.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from specdec.config import build_config, find_config_file
+from specdec.errors import ConfigError, ModelLoadError
+from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
+from specdec.verifier import features as layer_features
+
+from .data import fixed_windows, sample_windows, tokenize_files
+from .eagle import EagleDrafter, eagle3_layers, layout_for_target
+from .eagle_io import save_eagle
+from .io import atomic_write, fingerprints_match, target_fingerprint
+from .train import _fmt, corpus_files
+
+CHECKPOINT_FILE = "eagle_checkpoint.pt"
+LOG_FILE = "eagle_train.json"
+
+
+@dataclass
+class TrainEagleConfig:
+    drafter: str = "eagle"              # marks a config as an EAGLE training config (`specdec train-heads` dispatch)
+    target: Optional[str] = None        # Hugging Face checkpoint folder of the (frozen) target
+    tokenizer: Optional[str] = None
+    output_dir: str = "eagle-out"       # eagle.json + eagle.safetensors + checkpoint + log; re-run to resume
+    corpus: List[str] = field(default_factory=list)     # [] = the whole standard library
+    corpus_root: Optional[str] = None
+    heldout: List[str] = field(default_factory=list)
+    split_file: Optional[str] = None    # JSON with "train" / "heldout" file lists
+    # drafter
+    layout: str = "eagle3"              # eagle1 (last hidden state) | eagle3 (low, middle, high layer fused)
+    feature_layers: Optional[List[int]] = None   # override the layers read (hidden_states indices)
+    # objective
+    ttt_steps: int = 3                  # unrolled steps on the drafter's own predictions (training-time test)
+    step_loss_decay: float = 0.8        # step j's loss weight = decay ** (j - 1)
+    feature_loss_weight: float = 0.1    # eagle1 only: smooth-L1 regression of the output onto f_{t+1}
+    # optimisation
+    seq_len: int = 256
+    batch_size: int = 8                 # global batch (split across torchrun ranks)
+    steps: int = 300
+    max_minutes: Optional[float] = None   # also stop after this much training time (summed over resumes); the
+    #   lr schedule then follows whichever of steps / time is further along
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    bf16: bool = False                  # bf16 autocast for the target and drafter forwards
+    # bookkeeping
+    seed: int = 0
+    eval_interval: int = 100
+    eval_windows: int = 12              # held-out windows of seq_len tokens
+    eval_new_tokens: int = 64           # tail of each window replaced by the target's greedy continuation
+    eval_depth: int = 6                 # chain depths reported
+    checkpoint_interval: int = 50
+    device: str = "cpu"
+    dtype: str = "float32"              # the target's dtype while training (the drafter trains in fp32)
+    backend: Optional[str] = None       # torch.distributed backend under torchrun (None: nccl on CUDA, else gloo)
+    progress: bool = True
+
+
+def validate(cfg) -> None:
+    if not cfg.target:
+        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint "
+                          "(e.g. `specdec train-heads train_eagle target=... output_dir=...`)")
+    if cfg.layout not in ("eagle1", "eagle3"):
+        raise ConfigError(f"layout must be eagle1 or eagle3, got {cfg.layout!r}")
+    for name in ("ttt_steps", "seq_len", "batch_size", "steps", "eval_windows", "eval_interval",
+                 "checkpoint_interval", "eval_depth", "eval_new_tokens"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.seq_len < cfg.ttt_steps + 2:
+        raise ConfigError(f"seq_len ({cfg.seq_len}) must be at least ttt_steps + 2 ({cfg.ttt_steps + 2})")
+    if cfg.eval_new_tokens + 1 >= cfg.seq_len or cfg.eval_new_tokens <= cfg.eval_depth:
+        raise ConfigError(f"need eval_depth ({cfg.eval_depth}) < eval_new_tokens ({cfg.eval_new_tokens}) < "
+                          f"seq_len - 1 ({cfg.seq_len - 1})")
+    if not cfg.lr > 0:
+        raise ConfigError(f"lr must be > 0, got {cfg.lr}")
+    if cfg.max_minutes is not None and not cfg.max_minutes > 0:
+        raise ConfigError(f"max_minutes must be > 0 (or null: no time budget), got {cfg.max_minutes}")
+
+
+def load_train_eagle_config(name_or_path: str | None = None, overrides=None):
+    cfg = build_config(TrainEagleConfig, name_or_path, overrides)
+    validate(cfg)
+    return cfg
+
+
+def is_eagle_config(name_or_path: str) -> bool:
+    """Whether a shipped config name / YAML path is an EAGLE training config (`drafter: eagle`)."""
+    try:
+        data = OmegaConf.load(find_config_file(name_or_path))
+    except Exception:  # noqa: BLE001 - let the regular loader report it
+        return False
+    return OmegaConf.is_dict(data) and data.get("drafter") == "eagle"
+
+
+# ---------------------------------------------------------------------- the unrolled objective
+def ttt_visible(rows: int, step: int, device) -> torch.Tensor:
+    """[1, rows, step * rows] bool: what step `step` (1-based) row s sees among the keys of steps
+    1..step side by side: step-1 rows u <= s - step + 1, and the step-i rows s - step + i."""
+    s = torch.arange(rows, device=device)[:, None]
+    u = torch.arange(rows, device=device)[None]
+    blocks = [u <= s - step + 1] + [u == s - (step - i) for i in range(2, step + 1)]
+    return torch.cat(blocks, dim=1)[None]
+
+
+def target_outputs(target, input_ids: torch.Tensor, layers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, T] ids -> (features [B, T, F], last hidden [B, T, H], logits [B, T, V]), fp32, no grad."""
+    with torch.no_grad():
+        out = target(input_ids=input_ids.to(target.device), output_hidden_states=True, use_cache=False)
+        feats = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+        return feats.float(), out.hidden_states[-1].float(), out.logits.float()
+
+
+class Unrolled(nn.Module):
+    """The drafter unrolled ttt_steps times on its own outputs (one module call: DDP-friendly).
+    Returns per-step (token loss [J], feature loss [J], top-1 agreement [J]) on the valid rows."""
+
+    def __init__(self, drafter: EagleDrafter, steps: int, feature_loss: bool):
+        super().__init__()
+        self.drafter, self.steps, self.feature_loss = drafter, steps, feature_loss
+
+    def forward(self, features, last_hidden, teacher_logits, input_ids):
+        rows = features.shape[1] - 1                                  # row s: feature s, token s + 1
+        tokens = input_ids[:, 1:].to(features.device)                 # [B, n]
+        teacher_probs = teacher_logits[:, 1:].softmax(dim=-1)         # [B, n, V]: token s + 2
+        teacher_best = teacher_logits[:, 1:].argmax(dim=-1)           # [B, n]
+        want_feature = last_hidden[:, 1:]                             # [B, n, H]: f_{s+1}
+        positions = torch.arange(rows, device=features.device)[None].expand(features.shape[0], -1)
+        g = self.drafter.input_features(features[:, :-1])             # [B, n, H]
+        past_k = past_v = None
+        token_losses, feature_losses, top1 = [], [], []
+        for step in range(1, self.steps + 1):
+            visible = ttt_visible(rows, step, features.device)
+            out, logits, k, v = self.drafter(g, tokens, positions, past_k, past_v, visible)
+            valid = slice(step - 1, rows)
+            student = logits[:, valid].float().flatten(0, 1)           # [B * m, V]
+            token_losses.append(F.cross_entropy(student, teacher_probs[:, valid].flatten(0, 1)))
+            feature_losses.append(F.smooth_l1_loss(out[:, valid].float(), want_feature[:, valid])
+                                  if self.feature_loss else student.new_zeros(()))
+            with torch.no_grad():
+                top1.append((student.argmax(-1) == teacher_best[:, valid].flatten()).float().mean())
+            past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
+            past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
+            g = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)   # row s reads row s - 1's guess
+        return torch.stack(token_losses), torch.stack(feature_losses), torch.stack(top1)
+
+
+# ---------------------------------------------------------------------- held-out acceptance
+class HeldOutAcceptance:
+    """Held-out windows ending in the target's own greedy continuation; the drafter chained on its
+    own features from every position of that tail, as at inference."""
+
+    def __init__(self, target, windows: torch.Tensor, layers, new_tokens: int, depth: int, batch_size: int):
+        prefix = windows[:, : windows.shape[1] - new_tokens]
+        with torch.no_grad():
+            sequences = target.generate(prefix.to(target.device), attention_mask=torch.ones_like(prefix).to(target.device),
+                                        do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                        pad_token_id=getattr(target.config, "pad_token_id", None) or 0).cpu()
+        self.first_root = sequences.shape[1] - new_tokens - 1    # root row r: guesses token r + 2 >= prefix end
+        self.depth = depth
+        self.batches = []
+        for i in range(0, sequences.shape[0], batch_size):
+            ids = sequences[i: i + batch_size]
+            self.batches.append((ids, *target_outputs(target, ids, layers)))
+
+    @torch.no_grad()
+    def evaluate(self, drafter: EagleDrafter, feature_loss: bool) -> dict:
+        unrolled = Unrolled(drafter, self.depth, feature_loss)
+        hits_total, count, losses = None, 0, []
+        for ids, feats, last, logits in self.batches:
+            rows = feats.shape[1] - 1
+            positions = torch.arange(rows)[None].expand(feats.shape[0], -1).to(feats.device)
+            tokens = ids[:, 1:].to(feats.device)
+            best = logits[:, 1:].argmax(-1)                            # [B, n]
+            g = drafter.input_features(feats[:, :-1])
+            past_k = past_v = None
+            hits = []                                                  # per step: [B, n] drafter == target
+            for step in range(1, self.depth + 1):
+                out, step_logits, k, v = drafter(g, tokens, positions, past_k, past_v,
+                                                 ttt_visible(rows, step, feats.device))
+                hits.append(step_logits.argmax(-1) == best)
+                past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
+                past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
+                g = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+            roots = torch.arange(self.first_root, rows - self.depth + 1)   # every depth's guess in the tail
+            chain = torch.ones(feats.shape[0], len(roots), dtype=torch.bool, device=feats.device)
+            per_depth = []
+            for d in range(self.depth):
+                chain = chain & hits[d][:, roots + d]                    # depth d from root r: step d+1, row r+d
+                per_depth.append(chain.float().sum(0).sum())
+            part = torch.stack(per_depth)
+            hits_total = part if hits_total is None else hits_total + part
+            count += chain.numel()
+            token_loss, _, _ = unrolled(feats, last, logits, ids)
+            losses.append(token_loss * feats.shape[0])
+        acceptance = (hits_total / count).tolist()
+        loss = (torch.stack(losses).sum(0) / sum(b[0].shape[0] for b in self.batches)).tolist()
+        return {"acceptance": acceptance, "chain_tau": 1 + sum(acceptance), "step_loss": loss}
+
+
+# ---------------------------------------------------------------------- schedule
+def lr_at(step: int, elapsed_s: float, cfg) -> float:
+    """Linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio over the rest of
+    the run: by steps, or by max_minutes when the time budget is further along."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    if cfg.max_minutes:
+        progress = max(progress, elapsed_s / (60 * cfg.max_minutes))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def out_of_time(elapsed_s: float, cfg) -> bool:
+    return bool(cfg.max_minutes) and elapsed_s >= 60 * cfg.max_minutes
+
+
+# ---------------------------------------------------------------------- set-up
+def feature_layers_for(cfg, target) -> tuple[int, ...]:
+    if cfg.feature_layers:
+        return tuple(int(i) for i in cfg.feature_layers)
+    if cfg.layout == "eagle1":
+        return (-1,)
+    return eagle3_layers(int(target.config.num_hidden_layers))
+
+
+def build_drafter(cfg, target) -> EagleDrafter:
+    """A fresh fp32 drafter on the target's device with fp32 frozen copies of its lm_head and embedding."""
+    layers = feature_layers_for(cfg, target)
+    if cfg.layout == "eagle1" and len(layers) != 1:
+        raise ConfigError(f"layout eagle1 reads one layer, got feature_layers={list(layers)}: use layout=eagle3")
+    drafter = EagleDrafter(layout_for_target(target, layers)).to(target.device)
+    drafter.attach_lm_head(copy.deepcopy(target.get_output_embeddings()).float().requires_grad_(False))
+    drafter.attach_embedding(copy.deepcopy(target.get_input_embeddings()).float().requires_grad_(False))
+    return drafter
+
+
+def _save_checkpoint(path, step, drafter, optimizer, generator, fingerprint, history, losses, elapsed_s) -> None:
+    state = {"step": step, "elapsed_s": elapsed_s, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
+             "window_rng": generator.get_state(), "layout": drafter.layout.as_dict(),
+             "target_fingerprint": fingerprint, "history": history, "losses": losses}
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _load_checkpoint(path, drafter, optimizer, generator, fingerprint):
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
+        raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
+    if state["layout"] != drafter.layout.as_dict():
+        raise ConfigError(f"{path} holds a drafter of layout {state['layout']}, this run asks for "
+                          f"{drafter.layout.as_dict()}: use another output_dir, or delete the checkpoint")
+    if not fingerprints_match(state["target_fingerprint"], fingerprint):
+        raise ConfigError(f"{path} was trained for another target: use another output_dir, or delete it")
+    drafter.load_state_dict(state["drafter"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["window_rng"])
+    return int(state["step"]), list(state["history"]), list(state["losses"]), float(state.get("elapsed_s", 0.0))
+
+
+def _write_log(folder, cfg, history, losses, extra) -> None:
+    data = {"config": OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg),
+            "history": history, "losses": losses, **extra}
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+    atomic_write(os.path.join(folder, LOG_FILE), write)
+
+
+class _Distributed:
+    """torchrun's environment, or a single process."""
+
+    def __init__(self, cfg, device):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1:
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                backend = cfg.backend or ("nccl" if device.type == "cuda" else "gloo")
+                dist.init_process_group(backend=backend)
+            self.dist = dist
+        if cfg.batch_size % self.world:
+            raise ConfigError(f"batch_size={cfg.batch_size} must be a multiple of the number of processes "
+                              f"({self.world}): each rank trains on an equal share of every batch")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def share(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's windows of the global batch."""
+        per = batch.shape[0] // self.world
+        return batch[self.rank * per: (self.rank + 1) * per]
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            value = value.detach().clone()
+            self.dist.all_reduce(value)
+            value /= self.world
+        return value
+
+    def max(self, value: float) -> float:
+        """The largest value over the ranks (so that all agree, e.g. on a time budget)."""
+        if self.world > 1:
+            tensor = torch.tensor([value], dtype=torch.float64)
+            self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MAX)
+            value = float(tensor.item())
+        return value
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.dist.barrier()
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        if self.world == 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(module)
+
+
+# ---------------------------------------------------------------------- the loop
+def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
+    """Train (or resume) an EAGLE drafter as `cfg` (TrainEagleConfig) says; returns the output folder."""
+    if not OmegaConf.is_config(cfg):
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainEagleConfig), OmegaConf.structured(cfg))
+    validate(cfg)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    ddp = _Distributed(cfg, device)
+    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32))
+    target.requires_grad_(False)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target")
+
+    train_files, heldout_files = corpus_files(cfg)
+    train_stream = tokenize_files(train_files, tokenizer, tokenizer.eos_token_id)        # [T_train]
+    heldout_stream = tokenize_files(heldout_files, tokenizer, tokenizer.eos_token_id)    # [T_heldout]
+    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
+        if stream.numel() < cfg.seq_len + 1:
+            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
+                              f"give a larger corpus or a smaller seq_len")
+    drafter = build_drafter(cfg, target)
+    layers = drafter.layout.feature_layers
+    feature_loss = not drafter.layout.fused and cfg.feature_loss_weight > 0
+    heldout = None
+    if ddp.main:
+        heldout = HeldOutAcceptance(target, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows), layers,
+                                    cfg.eval_new_tokens, cfg.eval_depth, cfg.batch_size)
+    unrolled = ddp.wrap(Unrolled(drafter, cfg.ttt_steps, feature_loss))
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
+    weights = torch.tensor([cfg.step_loss_decay ** j for j in range(cfg.ttt_steps)], device=device)   # [J]
+    fingerprint = target_fingerprint(target)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
+    step, history, losses, elapsed = 0, [], [], 0.0
+    if os.path.isfile(checkpoint):
+        step, history, losses, elapsed = _load_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint)
+    extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
+             "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
+             "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(cfg.bf16))
+    bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-eagle",
+               disable=not (cfg.progress and ddp.main), dynamic_ncols=True, file=sys.stderr)
+
+    def evaluate(at_step: int) -> dict | None:
+        if ddp.main:
+            drafter.eval()
+            with autocast:
+                result = {"step": at_step, **heldout.evaluate(drafter, feature_loss)}
+            drafter.train()
+            if not history or history[-1]["step"] != at_step:
+                history.append(result)
+            _write_log(cfg.output_dir, cfg, history, losses, extra)
+            bar.write(f"eval @ {at_step}: held-out acceptance per depth {_fmt(result['acceptance'])} "
+                      f"(chain tau {result['chain_tau']:.2f}) | step losses {_fmt(result['step_loss'])}")
+        ddp.barrier()
+        return history[-1] if ddp.main else None
+
+    if step == 0:
+        evaluate(0)
+    drafter.train()
+    started = time.perf_counter() - elapsed                 # training time carries over a resume
+    while step < cfg.steps and not out_of_time(elapsed, cfg):
+        lr = lr_at(step, elapsed, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
+        with autocast:
+            feats, last, teacher_logits = target_outputs(target, batch, layers)
+            token_loss, feat_loss, top1 = unrolled(feats, last, teacher_logits, batch)             # [J] each
+            loss = (weights * (token_loss + cfg.feature_loss_weight * feat_loss)).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        step += 1
+        elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
+        metrics = {"loss": ddp.mean(loss).item(), "top1": ddp.mean(top1).tolist(), "lr": lr}
+        losses.append(metrics["loss"])
+        bar.update(1)
+        bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
+        last = step == cfg.steps or out_of_time(elapsed, cfg)
+        if ddp.main and (step % cfg.checkpoint_interval == 0 or last):
+            _save_checkpoint(checkpoint, step, drafter, optimizer, generator, fingerprint, history, losses, elapsed)
+        if step % cfg.eval_interval == 0 and not last:
+            evaluate(step)
+        if on_step is not None:
+            on_step(step, metrics)
+    bar.close()
+    final = evaluate(step)
+    if ddp.main:
+        extra["train_time_s"] = elapsed
+        save_eagle(cfg.output_dir, drafter, target, training={
+            "steps": step, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps,
+            "layout": cfg.layout, "heldout": {k: final[k] for k in ("acceptance", "chain_tau", "step_loss")}})
+        _write_log(cfg.output_dir, cfg, history, losses, extra)
+    ddp.barrier()
+    return cfg.output_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """specdec train-heads train_eagle [key=value ...]  (or a YAML with `drafter: eagle`)"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: specdec train-heads train_eagle [key=value ...]\n\n"
+              "keys: " + ", ".join(TrainEagleConfig.__dataclass_fields__))
+        return 0
+    name = None
+    if argv and "=" not in argv[0]:
+        name, argv = argv[0], argv[1:]
+    cfg = load_train_eagle_config(name, argv)
+    folder = train_eagle(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"EAGLE drafter saved in {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

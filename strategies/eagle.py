@@ -1,0 +1,242 @@
+"""eagle: an EAGLE-style feature drafter (specdec.heads.eagle) proposes an EAGLE-2 dynamic tree.
+
+The drafter keeps its own KV cache of *committed* rows: row u reads the target's feature at u
+(from the prefill, then from each verify forward: StepResult.hidden) and the token u + 1. At a
+step the pending token has no target feature yet, so the tree hangs off the last committed row
+(the feature that produced the pending token, with the pending token's embedding); its output's
+distribution gives the tree's first level. Deeper levels feed the drafter its own outputs and the
+drafted tokens, one batched drafter forward per depth, each node seeing the committed rows, its
+tree ancestors and itself. Tree rows are never committed: after the verdict the accepted path's
+real target features arrive in observe() and are fed at the next proposal (a rollback is free).
+
+Trees:
+  * greedy (EAGLE-2): each expanded node gets its `top_k` most likely children; depth by depth the
+    `expand` best nodes of the newest level (by cumulative draft probability) that are still among
+    the max_nodes best candidates so far are expanded in one drafter forward; the tree is then the
+    best `max_nodes` candidates. With expand >= max_nodes this is the exact best-max_nodes tree of
+    the top_k-ary candidate tree, `depth` levels at most (candidates only get worse deeper down, so
+    a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
+    default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
+  * sampling (temperature > 0): the tree carries the drafter's real distributions. Per depth the
+    `top_k` best slots are filled, a slot (parent, i) being scored by the parent's cumulative
+    log-probability plus the log of the i-th largest probability of the parent's distribution -
+    a score that does not look at the token the slot will receive - then each parent's children
+    are drawn without replacement from its (warped) distribution q, tried in drawn order by the
+    verifier. Which nodes exist depends only on nodes drawn earlier, never on a node's own token
+    among its siblings, so recursive rejection sampling stays exact (tests/test_eagle_law.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from specdec.errors import ConfigError
+from specdec.sampling import logits_to_probs
+from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
+from specdec.types import DecodeState, StepResult
+
+# CPU defaults (see configs/eagle.yaml); on a GPU wider trees are nearly free (max_nodes 60, top_k 10).
+DEFAULT_MAX_NODES = 16
+DEFAULT_TOP_K = 4
+DEFAULT_DEPTH = 6
+
+
+class Eagle:
+    name = "eagle"
+    needs_hidden_states = True
+
+    def __init__(self, drafter, max_nodes: int = DEFAULT_MAX_NODES, top_k: int = DEFAULT_TOP_K,
+                 depth: int = DEFAULT_DEPTH, expand: int | None = None):
+        if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
+            raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
+                              f"{max_nodes}, {top_k}, {depth}, {expand}")
+        self.drafter = drafter.eval()
+        self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
+        self.expand = int(expand) if expand is not None else self.top_k   # nodes expanded per depth (greedy)
+        self.feature_layers = tuple(drafter.layout.feature_layers)
+        self.device = torch.device("cpu")
+        self.reset_cache()
+
+    # ------------------------------------------------------------------ protocol
+    def bind(self, target, tokenizer) -> None:
+        from specdec.heads.eagle_io import bind_eagle, check_drafter_fits_target
+        from specdec.heads.io import target_identity
+        info = getattr(self.drafter, "info", None)
+        if info is not None:                           # loaded from a file: the exact target it was trained for
+            check_drafter_fits_target(info["target"], target)
+        else:                                          # built in memory: at least the shapes must agree
+            current = target_identity(target)
+            layout = self.drafter.layout
+            if (layout.hidden_size, layout.vocab_size) != (current["hidden_size"], current["vocab_size"]):
+                from specdec.errors import IncompatibleModelsError
+                raise IncompatibleModelsError(
+                    f"the EAGLE drafter expects hidden size {layout.hidden_size} and vocabulary {layout.vocab_size}, "
+                    f"the target has {current['hidden_size']} and {current['vocab_size']}: use a drafter built for it")
+        bind_eagle(self.drafter, target)
+        self.device = target.device
+
+    def reset_cache(self) -> None:
+        self.past_k = self.past_v = None    # [1, heads, fed, d]: keys / values of the committed rows
+        self.fed = 0                        # committed rows in the cache (row u: feature u, token u + 1)
+        self.unfed: list[torch.Tensor] = []   # [n, F] target features not fed yet
+        self.root = None                    # (out [H], logits [V]) of the last committed row
+
+    def reset(self, state: DecodeState) -> None:
+        self.reset_cache()
+        if state.prompt_hidden is not None and len(state.prompt_hidden):
+            self.unfed.append(state.prompt_hidden)     # [P - 1, F]
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> CandidateTree:
+        depth_limit = min(self.depth, state.max_depth)
+        root = self.catch_up(state.token_ids)
+        if root is None or depth_limit <= 0:            # a one-token prompt: no target feature yet
+            return CandidateTree.empty(self.device)
+        if state.sampling.greedy:
+            return self._greedy_tree(*root, depth_limit)
+        return self._sampled_tree(*root, depth_limit, state)
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
+        self.root = None
+
+    # ------------------------------------------------------------------ the committed rows
+    def catch_up(self, token_ids: list[int]):
+        """Feed the committed rows not in the drafter's cache yet (one forward); returns the last
+        row's (out [H], logits [V]) - the parent of the tree - or None before any feature."""
+        if self.unfed:
+            features = torch.cat(self.unfed).to(device=self.device, dtype=self._dtype())     # [n, F]
+            self.unfed = []
+            n = features.shape[0]
+            rows = torch.arange(self.fed, self.fed + n, device=self.device)              # [n]
+            tokens = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + n], device=self.device)
+            if tokens.numel() != n:
+                raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
+                                   f"(expected one fewer feature than tokens)")
+            g = self.drafter.input_features(features)
+            out, logits, k, v = self.drafter(g[None], tokens[None], rows[None], self.past_k, self.past_v)
+            self.past_k = k if self.past_k is None else torch.cat([self.past_k, k], dim=2)
+            self.past_v = v if self.past_v is None else torch.cat([self.past_v, v], dim=2)
+            self.fed += n
+            self.root = (out[0, -1], logits[0, -1].float())
+        return self.root
+
+    def _dtype(self) -> torch.dtype:
+        return next(self.drafter.parameters()).dtype
+
+    # ------------------------------------------------------------------ one tree level
+    def _feed(self, tree, nodes: list[int], depth: int):
+        """Run the drafter on the tree nodes `nodes` (all at `depth`, their parents already fed) in
+        one forward. tree: dict with parent / token / out / column lists and the tree keys/values.
+        Returns logits [n, V] (fp32) and records each node's output and cache column."""
+        parents, tokens_of, outs, column = tree["parent"], tree["token"], tree["out"], tree["column"]
+        g = torch.stack([tree["root_out"] if parents[i] < 0 else outs[parents[i]] for i in nodes])   # [n, H]
+        tokens = torch.tensor([tokens_of[i] for i in nodes], device=self.device)                    # [n]
+        positions = torch.full((len(nodes),), self.fed + depth, device=self.device)
+        fed_tree = tree["k"].shape[2] if tree["k"] is not None else 0
+        n = len(nodes)
+        visible = torch.zeros(n, self.fed + fed_tree + n, dtype=torch.bool, device=self.device)
+        visible[:, : self.fed] = True                                       # every committed row
+        for row, node in enumerate(nodes):
+            ancestor = parents[node]
+            while ancestor >= 0:                                            # tree ancestors
+                visible[row, self.fed + column[ancestor]] = True
+                ancestor = parents[ancestor]
+            visible[row, self.fed + fed_tree + row] = True                  # itself
+        past_k = self.past_k if tree["k"] is None else torch.cat([self.past_k, tree["k"]], dim=2)
+        past_v = self.past_v if tree["v"] is None else torch.cat([self.past_v, tree["v"]], dim=2)
+        out, logits, k, v = self.drafter(g[None], tokens[None], positions[None], past_k, past_v, visible[None])
+        tree["k"] = k if tree["k"] is None else torch.cat([tree["k"], k], dim=2)
+        tree["v"] = v if tree["v"] is None else torch.cat([tree["v"], v], dim=2)
+        for row, node in enumerate(nodes):
+            outs[node] = out[0, row]
+            column[node] = fed_tree + row
+        return logits[0].float()
+
+    @staticmethod
+    def _new_tree(root_out) -> dict:
+        return {"root_out": root_out, "parent": [], "token": [], "out": {}, "column": {}, "k": None, "v": None}
+
+    # ------------------------------------------------------------------ greedy: exact best tree
+    def _greedy_tree(self, root_out, root_logits, depth_limit: int) -> CandidateTree:
+        tree = self._new_tree(root_out)
+        scores: list[float] = []
+        depths: list[int] = []
+
+        def add_children(parents: list[int], logits: torch.Tensor, depth: int) -> None:
+            top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)   # [n, k]
+            for parent, values, tokens in zip(parents, top.values.tolist(), top.indices.tolist()):
+                base = scores[parent] if parent >= 0 else 0.0
+                for value, token in zip(values, tokens):
+                    scores.append(base + value)
+                    depths.append(depth)
+                    tree["parent"].append(parent)
+                    tree["token"].append(token)
+
+        def best() -> list[int]:              # the max_nodes best candidates so far; ties: shallower first
+            return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[: self.max_nodes]
+
+        add_children([-1], root_logits[None], 0)
+        for depth in range(depth_limit - 1):
+            frontier = sorted([i for i in best() if depths[i] == depth][: self.expand])   # best() is by score
+            if not frontier:
+                break
+            add_children(frontier, self._feed(tree, frontier, depth), depth + 1)
+        chosen = sorted(best(), key=lambda i: (depths[i], i))                 # parents before children
+        return self._select(tree, chosen)
+
+    def _select(self, tree: dict, chosen: list[int], draft_probs=None, siblings=INDEPENDENT) -> CandidateTree:
+        new_index = {old: new for new, old in enumerate(chosen)}
+        parents = tuple(-1 if tree["parent"][i] < 0 else new_index[tree["parent"][i]] for i in chosen)
+        tokens = torch.tensor([tree["token"][i] for i in chosen], dtype=torch.long, device=self.device)
+        return CandidateTree(tokens, parents, draft_probs, siblings)
+
+    # ------------------------------------------------------------------ sampling: real distributions
+    def sample_siblings(self, probs: torch.Tensor, count: int, state: DecodeState) -> list[int]:
+        """`count` successive draws without replacement from probs [V] (tests enumerate them)."""
+        return torch.multinomial(probs, count, replacement=False, generator=state.generator).tolist()
+
+    def _sampled_tree(self, root_out, root_logits, depth_limit: int, state: DecodeState) -> CandidateTree:
+        tree = self._new_tree(root_out)
+        scores: list[float] = []
+        rows: list[torch.Tensor] = []                      # per node: [V] the q its token was drawn from
+        frontier = [(-1, logits_to_probs(root_logits, state.sampling), 0.0)]   # (node, q [V], its score)
+        for depth in range(depth_limit):
+            budget = min(self.top_k, self.max_nodes - len(scores))
+            if budget <= 0 or not frontier:
+                break
+            slots = []                                     # (slot score, rank, frontier index)
+            for f, (_, q, score) in enumerate(frontier):
+                available = min(self.top_k, int((q > 0).sum()))
+                ranked = q.topk(available).values.log().tolist()
+                slots += [(score + value, rank, f) for rank, value in enumerate(ranked)]
+            slots.sort(key=lambda s: (-s[0], s[1], s[2]))
+            counts = [0] * len(frontier)
+            for _, _, f in slots[:budget]:                 # a prefix of each parent's ranks
+                counts[f] += 1
+            level = []
+            for (parent, q, score), count in zip(frontier, counts):
+                for token in (self.sample_siblings(q, count, state) if count else []):
+                    level.append(len(scores))
+                    scores.append(score + float(q[token].log()))
+                    rows.append(q)
+                    tree["parent"].append(parent)
+                    tree["token"].append(int(token))
+            if depth == depth_limit - 1 or len(scores) >= self.max_nodes:
+                break
+            logits = self._feed(tree, level, depth)                            # [n, V]
+            probs = logits_to_probs(logits, state.sampling)
+            frontier = [(node, probs[row], scores[node]) for row, node in enumerate(level)]
+        chosen = list(range(len(scores)))
+        draft_probs = torch.stack(rows) if rows else None
+        return self._select(tree, chosen, draft_probs, WITHOUT_REPLACEMENT)
+
+
+def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
+    from specdec.errors import ModelLoadError
+    from specdec.heads.eagle_io import TRAIN_HINT, load_eagle
+    if not cfg.eagle.path:
+        raise ModelLoadError(f"strategy eagle needs a trained drafter: set eagle.path=/folder/written/by "
+                             f"{TRAIN_HINT}")
+    drafter = load_eagle(cfg.eagle.path, target)
+    e = cfg.eagle
+    return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand)

@@ -1,0 +1,221 @@
+"""The eagle strategy: greedy identity with all / none / partially accepted trees on five
+architectures, the drafter cache after commits, the exact best tree, the file format."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import char_tokenizer, hf_greedy, tiny_model
+from eagle_helpers import biased_target, echo_drafter, random_drafter, state_for
+from specdec.api import Speculator
+from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
+from specdec.heads.eagle import EagleDrafter, eagle3_layers, layout_for_target
+from specdec.heads.eagle_io import CONFIG_FILE, WEIGHTS_FILE, load_eagle, save_eagle
+from specdec.strategies.eagle import Eagle
+from specdec.verifier import Verifier
+
+PROMPT = list(range(5, 17))
+
+
+def run(model, strategy, tokens: int = 40):
+    sd = Speculator(model, None, strategy)
+    out = sd.generate(PROMPT, max_new_tokens=tokens, ignore_eos=True)
+    assert out.token_ids == hf_greedy(model, PROMPT, tokens, min_new_tokens=tokens)
+    return out.stats.accepted_lengths
+
+
+def test_greedy_identity_all_none_and_partial_acceptance(arch):
+    depth = 4
+    # all: the target always says 7; the drafter reads the same lm_head, so it says 7 at every depth
+    always = biased_target(arch, 5.0, keep_weights=False)
+    accepted = run(always, Eagle(random_drafter(always), max_nodes=6, top_k=2, depth=depth))
+    assert accepted[1:-1] and all(a == depth for a in accepted[1:-1])
+    # none: an untrained drafter on a random target
+    model = tiny_model(arch, seed=1, sharpen=4.0)
+    for layers in [(-1,), eagle3_layers(2)]:
+        accepted = run(model, Eagle(random_drafter(model, layers), max_nodes=8, top_k=3, depth=depth))
+        assert accepted.count(0) >= len(accepted) // 2
+    # partial: a target leaning to 7 and a drafter echoing its feature (right early, drifting deeper)
+    leaning = biased_target(arch, 3.0)
+    accepted = run(leaning, Eagle(echo_drafter(leaning), max_nodes=6, top_k=2, depth=depth))
+    assert any(0 < a < depth for a in accepted)
+
+
+def test_one_token_prompt_and_budget():
+    model = tiny_model("llama", seed=1, sharpen=4.0)
+    sd = Speculator(model, None, Eagle(random_drafter(model), max_nodes=8, top_k=3, depth=6))
+    for tokens in (1, 2, 5):
+        out = sd.generate([9], max_new_tokens=tokens, ignore_eos=True)
+        assert out.token_ids == hf_greedy(model, [9], tokens, min_new_tokens=tokens)
+
+
+def _fresh_root(model, drafter, token_ids):
+    """A fresh drafter run over the committed tokens' features (one prefill of the target)."""
+    fresh = Eagle(drafter)
+    fresh.bind(model, None)
+    hidden = Verifier(model).prefill(token_ids[:-1], fresh.feature_layers)
+    fresh.reset(state_for(token_ids, hidden))
+    out, logits = fresh.catch_up(token_ids)
+    return fresh, out, logits
+
+
+@pytest.mark.parametrize("layers", [(-1,), (1, 2)])
+def test_drafter_after_commits_equals_a_fresh_run(layers):
+    model = biased_target("llama", 3.0)
+    drafter = echo_drafter(model) if layers == (-1,) else random_drafter(model, layers)
+    strategy = Eagle(drafter, max_nodes=6, top_k=2, depth=4)
+    seen = []
+    propose = strategy.propose
+
+    def recording(state):
+        tree = propose(state)
+        seen.append((list(state.token_ids), strategy.root[0].clone(), strategy.root[1].clone(),
+                     strategy.past_k.clone()))
+        return tree
+
+    strategy.propose = recording
+    accepted = run(model, strategy, tokens=30)
+    assert max(accepted) >= 2                        # multi-row commits happened
+    for token_ids, out, logits, past_k in seen:
+        fresh, fresh_out, fresh_logits = _fresh_root(model, drafter, token_ids)
+        torch.testing.assert_close(out, fresh_out, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logits, fresh_logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(past_k, fresh.past_k, atol=1e-4, rtol=1e-4)
+
+
+def _chain_children(drafter, strategy, path, top_k):
+    """Reference without tree attention: feed the path node by node on top of the committed rows,
+    return the (log-prob, token) list of the best children below its last node."""
+    past_k, past_v = strategy.past_k, strategy.past_v
+    g, logits = strategy.root
+    for depth, token in enumerate(path):
+        out, step_logits, k, v = drafter(g.view(1, 1, -1), torch.tensor([[token]]),
+                                         torch.tensor([[strategy.fed + depth]]), past_k, past_v)
+        past_k, past_v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+        g, logits = out[0, 0], step_logits[0, 0]
+    top = logits.float().log_softmax(-1).topk(top_k)
+    return list(zip(top.values.tolist(), top.indices.tolist()))
+
+
+@pytest.mark.parametrize("max_nodes,top_k,depth", [(1, 2, 3), (4, 2, 3), (7, 3, 3), (12, 3, 4), (5, 4, 2)])
+def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k, depth):
+    model = tiny_model("llama", seed=3, sharpen=2.0)
+    drafter = random_drafter(model, seed=4)
+    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes)
+    strategy.bind(model, None)
+    hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
+    state = state_for(PROMPT, hidden)
+    strategy.reset(state)
+    tree = strategy.propose(state)
+    # brute force: every path of the top_k-ary candidate tree, scored by a sequential drafter run
+    with torch.inference_mode():
+        candidates = {}
+        level = [((), 0.0)]
+        for d in range(depth):
+            nxt = []
+            for path, score in level:
+                for logprob, token in _chain_children(drafter, strategy, path, top_k):
+                    candidates[path + (token,)] = score + logprob
+                    nxt.append((path + (token,), score + logprob))
+            level = nxt
+    best = sorted(candidates, key=lambda p: (-candidates[p], len(p)))[:max_nodes]
+    tokens = tree.tokens.tolist()
+    got = set()
+    for node in range(tree.num_nodes):
+        path, i = [], node
+        while i >= 0:
+            path.append(tokens[i])
+            i = tree.parents[i]
+        got.add(tuple(reversed(path)))
+    assert got == set(best)
+    assert tree.num_nodes == min(max_nodes, len(candidates))
+
+
+@pytest.mark.parametrize("layers", [(-1,), (0, 1, 2)])
+def test_save_load_round_trip_gives_identical_trees(tmp_path, layers):
+    model = tiny_model("llama", seed=1, sharpen=4.0)
+    drafter = random_drafter(model, layers)
+    save_eagle(str(tmp_path), drafter, model, training={"steps": 3})
+    loaded = load_eagle(str(tmp_path), model)
+    assert loaded.layout == drafter.layout and loaded.layout.fused == (len(layers) > 1)
+    info = json.loads((tmp_path / CONFIG_FILE).read_text())
+    assert info["format"] == "specdec-eagle-drafter" and info["layout"]["feature_layers"] == list(layers)
+    assert "embed" not in " ".join(loaded.state_dict()) and "lm_head" not in " ".join(loaded.state_dict())
+    trees = []
+    for d in (drafter, loaded):
+        sd = Speculator(model, None, Eagle(d, max_nodes=8, top_k=3, depth=4))
+        trees.append(sd.generate(PROMPT, max_new_tokens=12, ignore_eos=True).stats.accepted_lengths)
+    assert trees[0] == trees[1]
+
+
+def test_drafter_for_another_target_is_refused(tmp_path):
+    model = tiny_model("llama", seed=1)
+    save_eagle(str(tmp_path), random_drafter(model), model)
+    with pytest.raises(IncompatibleModelsError, match="fingerprint"):
+        load_eagle(str(tmp_path), tiny_model("llama", seed=2))
+    with pytest.raises(IncompatibleModelsError, match="architecture"):
+        load_eagle(str(tmp_path), tiny_model("qwen2", seed=1))
+    import specdec
+    with pytest.raises(IncompatibleModelsError):
+        Speculator(tiny_model("llama", seed=1, hidden=64), None, Eagle(random_drafter(model)))
+    del specdec
+
+
+def test_missing_or_corrupt_files_are_clear_errors(tmp_path):
+    model = tiny_model("llama", seed=1)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_eagle(str(tmp_path / "nope"), model)
+    with pytest.raises(ModelLoadError, match="no eagle.json"):
+        load_eagle(str(tmp_path), model)
+    save_eagle(str(tmp_path), random_drafter(model), model)
+    with open(tmp_path / WEIGHTS_FILE, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ModelLoadError, match="corrupt or truncated"):
+        load_eagle(str(tmp_path), model)
+    (tmp_path / CONFIG_FILE).write_text("{not json")
+    with pytest.raises(ModelLoadError, match="corrupt"):
+        load_eagle(str(tmp_path), model)
+
+
+def test_config_and_load_through_the_api(tmp_path):
+    import specdec
+    from specdec.config import load_spec_config
+    from specdec.models import load_model
+    model = tiny_model("llama", seed=1)
+    target_dir = tmp_path / "target"
+    model.save_pretrained(target_dir)
+    char_tokenizer().save_pretrained(target_dir)
+    save_eagle(str(tmp_path / "eagle"), random_drafter(model), model)
+    sd = specdec.load("eagle", **{"target.path": str(target_dir), "eagle.path": str(tmp_path / "eagle"),
+                                 "eagle.max_nodes": 5, "device": "cpu"})
+    assert isinstance(sd.strategy, Eagle) and sd.strategy.max_nodes == 5
+    out = sd.generate(PROMPT, max_new_tokens=10, ignore_eos=True)
+    assert out.token_ids == hf_greedy(load_model(str(target_dir), "t", torch.device("cpu"), torch.float32),
+                                      PROMPT, 10, min_new_tokens=10)
+    with pytest.raises(ConfigError, match="eagle.top_k"):
+        load_spec_config("eagle", {"eagle.top_k": 0})
+    with pytest.raises(ModelLoadError, match="eagle.path"):
+        specdec.load("eagle", **{"target.path": str(target_dir), "device": "cpu"})
+
+
+def test_expand_bounds_the_drafter_rows_per_depth():
+    model = tiny_model("llama", seed=3, sharpen=2.0)
+    drafter = random_drafter(model, seed=4)
+    rows = []
+    drafter.register_forward_pre_hook(lambda module, args: rows.append(args[1].shape[1]))
+    for expand, bound in ((2, 2), (None, 3), (20, 12)):
+        strategy = Eagle(drafter, max_nodes=12, top_k=3, depth=4, expand=expand)
+        strategy.bind(model, None)
+        hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
+        state = state_for(PROMPT, hidden)
+        strategy.reset(state)
+        rows.clear()
+        tree = strategy.propose(state)
+        tree_rows = rows[1:]                                  # rows[0]: the committed rows
+        assert 1 <= len(tree_rows) <= 3 and max(tree_rows) <= bound and tree.num_nodes == 12
+        if expand == 20:
+            assert max(tree_rows) > 3                         # the exact tree expands more nodes
