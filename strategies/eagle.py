@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
@@ -93,7 +94,18 @@ class Eagle:
             return CandidateTree.empty(self.device)
         if state.sampling.greedy:
             return self._greedy_tree(*root, depth_limit)
+        if state.noise is not None:                     # coupled sampler: rank by the target's noise
+            return self._greedy_tree(*root, depth_limit, self._coupled_scorer(state))
         return self._sampled_tree(*root, depth_limit, state)
+
+    @staticmethod
+    def _coupled_scorer(state: DecodeState):
+        """[n, V] drafter logits of nodes at `depth` -> scores whose top-k are the coupled proposals:
+        warped logits + the Gumbel noise of the position their children guess (len(token_ids) + depth)."""
+        def score(logits: torch.Tensor, depth: int) -> torch.Tensor:
+            positions = [len(state.token_ids) + depth] * logits.shape[0]
+            return coupled_scores(logits, positions, state.noise)
+        return score
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
@@ -157,12 +169,16 @@ class Eagle:
         return {"root_out": root_out, "parent": [], "token": [], "out": {}, "column": {}, "k": None, "v": None}
 
     # ------------------------------------------------------------------ greedy: exact best tree
-    def _greedy_tree(self, root_out, root_logits, depth_limit: int) -> CandidateTree:
+    def _greedy_tree(self, root_out, root_logits, depth_limit: int, scorer=None) -> CandidateTree:
+        """scorer(logits [n, V], depth) -> [n, V] scores to rank children by (default: the logits;
+        the coupled sampler adds its noise). Cumulative log-softmax of the scores ranks the nodes."""
         tree = self._new_tree(root_out)
         scores: list[float] = []
         depths: list[int] = []
 
         def add_children(parents: list[int], logits: torch.Tensor, depth: int) -> None:
+            if scorer is not None:
+                logits = scorer(logits, depth)
             top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)   # [n, k]
             for parent, values, tokens in zip(parents, top.values.tolist(), top.indices.tolist()):
                 base = scores[parent] if parent >= 0 else 0.0
@@ -193,7 +209,7 @@ class Eagle:
     # ------------------------------------------------------------------ sampling: real distributions
     def sample_siblings(self, probs: torch.Tensor, count: int, state: DecodeState) -> list[int]:
         """`count` successive draws without replacement from probs [V] (tests enumerate them)."""
-        return torch.multinomial(probs, count, replacement=False, generator=state.generator).tolist()
+        return state.rng.sample_without_replacement(probs, count)      # the call's one random source
 
     def _sampled_tree(self, root_out, root_logits, depth_limit: int, state: DecodeState) -> CandidateTree:
         tree = self._new_tree(root_out)

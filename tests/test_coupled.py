@@ -207,6 +207,37 @@ def test_medusa_heads_equal_to_the_target_accept_everything(arch):
     assert len(set(tokens)) > 5
 
 
+def test_eagle_reproduces_autoregressive(arch):
+    """The eagle drafter ranks its children by its logits plus the target's noise there: any tree it
+    builds gives autoregressive's coupled text; an untrained drafter is partly right, an echo one
+    (guessing what the target said one position earlier) on a target leaning to token 7 often."""
+    from eagle_helpers import echo_drafter, random_drafter
+    from specdec.strategies.eagle import Eagle
+    leaning = with_output_bias(target_of(arch), token=7, bias=3.0)
+    kinds = Counter()
+    for target, drafter in ((target_of(arch), random_drafter(target_of(arch))), (leaning, echo_drafter(leaning))):
+        for seed in (0, 1):
+            prompt = prompt_ids(seed)
+            tokens, step_kinds = run(target, Eagle(drafter, max_nodes=8, top_k=3, depth=4), prompt, seed)
+            assert tokens == autoregressive(target, prompt, seed)
+            kinds += step_kinds
+    assert kinds["none"] > 0 and kinds["partial"] + kinds["all"] > 0, kinds
+
+
+def test_eagle_with_the_targets_logits_accepts_everything(arch):
+    """A target that reads nothing but its output bias: any drafter read through its lm_head has
+    exactly its logits, so with the same noise eagle guesses every position right (an independent
+    draw would not), and the text is still random."""
+    from eagle_helpers import random_drafter
+    from specdec.strategies.eagle import Eagle
+    target = with_output_bias(tiny_model(arch, seed=0), token=7, bias=1.0, keep_weights=False)
+    eagle = Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=3)
+    tokens, kinds = run(target, eagle, prompt_ids(5), seed=4, n=25)
+    assert tokens == autoregressive(target, prompt_ids(5), seed=4, n=25)
+    assert set(kinds) == {"all"}
+    assert len(set(tokens)) > 5
+
+
 def test_prompt_lookup_reproduces_autoregressive(arch):
     """A target biased towards token 7 repeats itself; lookups of its own text are then accepted
     in full, in part or not at all. (GPT-2's tiny model needs less bias to stop missing.)"""
