@@ -123,7 +123,7 @@ def check_flag(value: Any, name: str, error=InputError) -> bool:
 
 def check_sampler(value: Any, name: str, error=InputError) -> str:
     from .coupled import SAMPLERS
-    if value not in SAMPLERS:
+    if not isinstance(value, str) or value not in SAMPLERS:
         raise error(f"{name} must be one of {', '.join(SAMPLERS)} (rejection: lossless rejection sampling; "
                     f"coupled: Gumbel-max noise keyed by (seed, position), the same text for every strategy), "
                     f"got {_shown(value)}")

@@ -40,7 +40,7 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 
 
 def check_sampler(sampler: str) -> str:
-    if sampler not in SAMPLERS:
+    if not isinstance(sampler, str) or sampler not in SAMPLERS:
         raise InputError(f"unknown sampler {sampler!r}; samplers: {', '.join(SAMPLERS)} (rejection: lossless "
                          f"rejection sampling, the default; coupled: Gumbel-max noise keyed by (seed, position), "
                          f"the same text for every strategy)")
@@ -123,14 +123,16 @@ class GumbelNoise:
         positions = [int(t) for t in positions]
         if not positions:
             return torch.empty(0, self.vocab, device=self.device)
-        oldest = min(positions)
-        for t in [t for t in self._rows if t < oldest]:     # positions only move forward
-            del self._rows[t]
         missing = sorted({t for t in positions if t not in self._rows})
         if missing:
             for t, row in zip(missing, gumbel(self.seed, missing, self.vocab, self.device)):
                 self._rows[t] = row
         return torch.stack([self._rows[t] for t in positions])
+
+    def forget_before(self, position: int) -> None:
+        """Drop the rows of committed positions (< position): they are never asked for again."""
+        for t in [t for t in self._rows if t < position]:
+            del self._rows[t]
 
 
 def make_noise(sampler: str, seed: int | None, sampling: SamplingParams, vocab: int,
@@ -176,4 +178,5 @@ def tree_row_positions(depths: Sequence[int], num_committed: int) -> list[int]:
 
 def coupled_target_tokens(logits: torch.Tensor, tree, num_committed: int, noise: GumbelNoise) -> list[int]:
     """[1 + N, V] verifier logits -> the target's coupled token per row (for accept_greedy)."""
+    noise.forget_before(num_committed)       # drafters ask depth by depth; the verifier reuses their rows
     return coupled_argmax(logits, tree_row_positions(tree.depths(), num_committed), noise).tolist()

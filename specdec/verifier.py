@@ -43,7 +43,6 @@ class Verifier:
         self.layout = attention_layout(model)     # refuses attention it cannot verify trees on
         self.cache = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
-        self._forward_rows = 0
 
     @property
     def device(self) -> torch.device:
@@ -79,7 +78,6 @@ class Verifier:
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True,
                          output_hidden_states=feature_layers is not None)
-        self._forward_rows = input_ids.shape[1]
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden)
 

@@ -29,24 +29,23 @@ from __future__ import annotations
 
 import torch
 
+from specdec.config import EagleConfig
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
 from specdec.types import DecodeState, StepResult
 
-# CPU defaults (see configs/eagle.yaml); on a GPU wider trees are nearly free (max_nodes 60, top_k 10).
-DEFAULT_MAX_NODES = 16
-DEFAULT_TOP_K = 4
-DEFAULT_DEPTH = 6
+# Defaults: specdec.config.EagleConfig (CPU-measured, see configs/eagle.yaml); on a GPU wider trees
+# are nearly free (max_nodes 60, top_k 10).
 
 
 class Eagle:
     name = "eagle"
     needs_hidden_states = True
 
-    def __init__(self, drafter, max_nodes: int = DEFAULT_MAX_NODES, top_k: int = DEFAULT_TOP_K,
-                 depth: int = DEFAULT_DEPTH, expand: int | None = None):
+    def __init__(self, drafter, max_nodes: int = EagleConfig.max_nodes, top_k: int = EagleConfig.top_k,
+                 depth: int = EagleConfig.depth, expand: int | None = EagleConfig.expand):
         if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
             raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
                               f"{max_nodes}, {top_k}, {depth}, {expand}")
@@ -179,7 +178,8 @@ class Eagle:
         def add_children(parents: list[int], logits: torch.Tensor, depth: int) -> None:
             if scorer is not None:
                 logits = scorer(logits, depth)
-            top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)   # [n, k]
+            width = min(self.top_k, int(torch.isfinite(logits).sum(dim=-1).min()))   # filtered tokens: no child
+            top = logits.log_softmax(dim=-1).topk(width, dim=-1)                       # [n, k]
             for parent, values, tokens in zip(parents, top.values.tolist(), top.indices.tolist()):
                 base = scores[parent] if parent >= 0 else 0.0
                 for value, token in zip(values, tokens):

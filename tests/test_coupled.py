@@ -416,3 +416,12 @@ def test_samplers_bench_checks_coupled_identity(tmp_path):
     assert all(e["identity"] == {"identical": 1, "compared": 1, "mismatches": 0} for e in coupled)
     assert all(e["identity"] is None for e in summary if e["row"].endswith(" rejection"))
     assert "same as coupled AR" in (out / "results.md").read_text()
+
+
+def test_sampler_must_be_a_name():
+    """A non-string sampler (e.g. a numpy array) is a clear error, not numpy's ambiguous truth value."""
+    import numpy as np
+    target = target_of("llama")
+    for bad in (np.array(["coupled", "x"]), np.array(["coupled"]), 1):
+        with pytest.raises(InputError, match="sampler must be one of rejection, coupled"):
+            Speculator(target, None, Autoregressive()).generate(PROMPT, max_new_tokens=2, temperature=1.0, sampler=bad)
