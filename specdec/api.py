@@ -10,6 +10,7 @@ from .config import GenerationDefaults, SpecConfig, load_spec_config
 from .coupled import make_noise
 from .errors import InputError, StreamSupersededError
 from .loop import decode
+from .processing import LogitsProcessing
 from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
 from .sampling import SamplingParams, make_generator
 from .stopping import StopRules
@@ -218,9 +219,12 @@ class Speculator:
         generator = make_generator(args["seed"], self.verifier.device)
         noise = make_noise(args["sampler"], args["seed"], sampling, output_vocab_size(self.target), self.verifier.device)
         stats = Stats()
+        # built before superseding anything: an unsupported generation_config fails here, not mid-stream
+        processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
         if self._current is not None:
             self._current._supersede()
-        stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise),
+        stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise,
+                                     processing),
                         stats)
         self._current = stream
         return stream

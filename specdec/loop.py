@@ -46,13 +46,15 @@ def check_depth(tree, max_depth: int, strategy) -> None:
 
 def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: SamplingParams,
            stop: StopRules, generator: torch.Generator, stats: Stats,
-           noise: GumbelNoise | None = None) -> Iterator[tuple[list[int], str | None]]:
+           noise: GumbelNoise | None = None,
+           processing: LogitsProcessing | None = None) -> Iterator[tuple[list[int], str | None]]:
     """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes.
     With `noise` (the coupled sampler) the target's token at each position is its Gumbel-max
     sample there, and acceptance is the greedy walk over those tokens."""
     clock = _Clock(verifier.device)
     layers = feature_layers(strategy)
-    processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
+    if processing is None:          # the checkpoint's generation_config processing (api builds it up front)
+        processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
     start = clock()
     prompt_hidden = verifier.prefill(prompt_ids[:-1], layers)
     stats.prefill_time_s = clock() - start

@@ -9,7 +9,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from conftest import hf_greedy, noisy_copy, tiny_model
+from conftest import char_tokenizer, hf_greedy, noisy_copy, tiny_model
 from specdec import Speculator
 from specdec.benchmarks.peers import HFRow
 from specdec.benchmarks.rows import SpecdecRow
@@ -154,6 +154,21 @@ def test_unsupported_processor_refused():
     target.generation_config.guidance_scale = 1.5           # classifier-free guidance: runs the model itself
     with pytest.raises(InputError, match="UnbatchedClassifierFreeGuidance"):
         Speculator(target, None, Autoregressive()).generate(PROMPT, max_new_tokens=4)
+
+
+def test_unsupported_processor_fails_at_the_call_and_keeps_a_running_stream():
+    """stream() refuses an unsupported generation_config when called (not when first iterated), and
+    the refused call does not supersede the stream already running."""
+    target = copy.deepcopy(base_model())
+    sd = Speculator(target, char_tokenizer(), Autoregressive())
+    running = sd.stream("abc", max_new_tokens=6, ignore_eos=True)
+    first = next(running)
+    target.generation_config.guidance_scale = 1.5
+    with pytest.raises(InputError, match="UnbatchedClassifierFreeGuidance"):
+        sd.stream("abc", max_new_tokens=4)
+    rest = "".join(running)
+    target.generation_config.guidance_scale = None
+    assert first + rest == sd.generate("abc", max_new_tokens=6, ignore_eos=True).text
 
 
 # ---------------------------------------------------------------------- benchmark rows
