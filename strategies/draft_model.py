@@ -21,6 +21,18 @@ from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
 from specdec.types import DecodeState, StepResult
+from specdec.verifier import tree_masks
+
+
+def draft_attention_layout(draft):
+    """The draft's attention layout (sliding windows per layer type), or None where the verifier's
+    checks refuse it (e.g. a flash-attention draft: its trees then use a plain mask)."""
+    from specdec.errors import IncompatibleModelsError
+    from specdec.models import attention_layout
+    try:
+        return attention_layout(draft)
+    except IncompatibleModelsError:
+        return None
 
 
 class DraftModel:
@@ -49,6 +61,7 @@ class DraftModel:
         self.min_confidence = float(min_confidence)
         self.draft_tokenizer = draft_tokenizer
         self.vocab = output_vocab_size(draft)
+        self.layout = None                    # the draft's attention layout, known at bind
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -56,6 +69,7 @@ class DraftModel:
         check_same_tokenizer(tokenizer, self.draft_tokenizer, target_vocab, self.vocab)
         self.vocab = target_vocab   # draft logits are cut / padded to the target's width
         self.draft.to(device=target.device)
+        self.layout = draft_attention_layout(self.draft)
         self._target_processing = lambda prompt, max_new: LogitsProcessing.for_generation(target, prompt, max_new)
 
     def reset(self, state: DecodeState) -> None:
@@ -166,10 +180,10 @@ class DraftModel:
                 break
             # one draft forward over the whole new level, each node seeing only its ancestors
             all_parents = tuple(parents)
-            mask = tree_attention_mask(all_parents, self.cached, self.draft.dtype, self.draft.device)
+            mask = self._tree_mask(all_parents, level_start)
             positions = tree_position_ids(all_parents, self.cached, self.draft.device)
             level_ids = torch.cat([tokens[i] for i in new_nodes])[None]          # [1, L]
-            level_logits = self._logits(level_ids, mask[:, :, level_start:], positions[:, level_start:])
+            level_logits = self._logits(level_ids, mask, positions[:, level_start:])
             if self.processing:
                 level_logits = self._process(level_logits, state, [self._path(tokens, parents, n) for n in new_nodes])
             self.fed_nodes.extend(new_nodes)
@@ -177,6 +191,17 @@ class DraftModel:
         draft_probs = None if rows[0] is None else torch.stack(rows)              # [N, V]
         siblings = INDEPENDENT if draft_probs is None else WITHOUT_REPLACEMENT
         return CandidateTree(torch.cat(tokens), tuple(parents), draft_probs, siblings)
+
+    def _tree_mask(self, parents: tuple[int, ...], level_start: int):
+        """The draft's tree mask(s) for the rows from level_start on, with its own sliding windows
+        (one [1, 1, L, cached + N] mask, or {layer type: mask}); a plain tree mask when its attention
+        layout is unknown (drafts only guess: a wrong mask costs acceptance, never correctness)."""
+        if self.layout is None:
+            return tree_attention_mask(parents, self.cached, self.draft.dtype, self.draft.device)[:, :, level_start:]
+        masks = tree_masks(self.layout, parents, self.cached, self.draft.dtype, self.draft.device)
+        if isinstance(masks, dict):
+            return {kind: mask[:, :, level_start:] for kind, mask in masks.items()}
+        return masks[:, :, level_start:]
 
     # ------------------------------------------------------------------ the target's logits processing
     def _start_processing(self, state: DecodeState) -> LogitsProcessing:

@@ -256,3 +256,25 @@ def test_low_precision_tie_check_catches_real_mismatches():
     wrong = hf_greedy(draft, LOW_PROMPT, 32, eos_token_id=None)
     gaps = mismatch_gaps(target, LOW_PROMPT, wrong, torch.bfloat16)
     assert gaps and max(gaps) > 1.0
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_sliding_window_draft_trees_keep_the_drafts_window(kind):
+    """A sliding-window draft's tree forward applies its own window: a width-1 tree drafts exactly
+    what its chain drafts (each chain step is a plain forward with HF's own windowed mask)."""
+    from specdec.sampling import SamplingParams
+    from specdec.types import DecodeState
+    model = sliding_model(kind)
+    proposals = []
+    for shape in (dict(num_tokens=6), dict(branching=[1] * 6)):
+        strategy = DraftModel(model, **shape)
+        strategy.bind(model, None)
+        trees = []
+        for seed in (0, 1, 2):
+            prompt = torch.randint(3, VOCAB, (48,), generator=torch.Generator().manual_seed(seed)).tolist()
+            state = DecodeState(token_ids=prompt, prompt_len=len(prompt), sampling=SamplingParams(),
+                                generator=torch.Generator(), max_depth=10)
+            strategy.reset(state)
+            trees.append(strategy.propose(state).tokens.tolist())
+        proposals.append(trees)
+    assert proposals[0] == proposals[1]
