@@ -12,93 +12,33 @@ it was trained for. Weights first, config last, each written atomically.
 """
 from __future__ import annotations
 
-import json
-import os
-
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-
-from specdec.errors import IncompatibleModelsError, ModelLoadError
-
 from .eagle import EagleDrafter, EagleLayout
-from .io import _write_json, atomic_write, fingerprints_match, target_identity
+from .io import DrafterFiles, check_fits_target, load_drafter, read_drafter_config, save_drafter
 
 WEIGHTS_FILE = "eagle.safetensors"
 CONFIG_FILE = "eagle.json"
 FORMAT = "specdec-eagle-drafter"
-VERSION = 1
 TRAIN_HINT = "`specdec train-heads train_eagle target=/path/to/it output_dir=...`"
 
 
+EAGLE_FILES = DrafterFiles("EAGLE drafter", "eagle.path", WEIGHTS_FILE, CONFIG_FILE, FORMAT, EagleLayout, TRAIN_HINT)
+
+
 def check_drafter_fits_target(info: dict, target, where: str = "this EAGLE drafter") -> None:
-    """IncompatibleModelsError naming what differs between the drafter's target and `target`."""
-    current = target_identity(target)
-    for field in ("architecture", "hidden_size", "vocab_size"):
-        if info.get(field) != current[field]:
-            raise IncompatibleModelsError(
-                f"{where} was trained for a target with {field}={info.get(field)!r}, but this target has "
-                f"{field}={current[field]!r}: train a drafter for this model with {TRAIN_HINT}, or load the "
-                f"target it belongs to")
-    if not fingerprints_match(info.get("fingerprint", []), current["fingerprint"]):
-        raise IncompatibleModelsError(
-            f"{where} was trained for another model of the same shape ({current['architecture']}, hidden "
-            f"{current['hidden_size']}, vocab {current['vocab_size']}): the weight fingerprint differs. A drafter "
-            f"only works on the exact target it was trained on: train one with {TRAIN_HINT}, or load its target")
+    check_fits_target(EAGLE_FILES, info, target, where)
 
 
 def save_eagle(folder: str, drafter: EagleDrafter, target, training: dict | None = None) -> str:
-    state = {name: t.detach().to("cpu").contiguous() for name, t in drafter.state_dict().items()}
-    atomic_write(os.path.join(folder, WEIGHTS_FILE), lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
-    _write_json(os.path.join(folder, CONFIG_FILE), {
-        "format": FORMAT, "version": VERSION, "layout": drafter.layout.as_dict(),
-        "target": target_identity(target), "training": training or {}})
-    return folder
+    return save_drafter(EAGLE_FILES, folder, drafter, target, training)
 
 
 def read_eagle_config(folder: str) -> dict:
-    if not folder:
-        raise ModelLoadError(f"no EAGLE drafter given: set eagle.path=/folder/written/by/{TRAIN_HINT}")
-    if not os.path.isdir(folder):
-        raise ModelLoadError(f"EAGLE drafter folder {folder!r} does not exist: give eagle.path= the output folder "
-                             f"of {TRAIN_HINT}")
-    path = os.path.join(folder, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"EAGLE drafter folder {folder!r} has no {CONFIG_FILE}: is it the output folder of a "
-                             f"finished {TRAIN_HINT} run?")
-    try:
-        with open(path) as f:
-            config = json.load(f)
-        EagleLayout(**config["layout"])
-        config["target"]["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{path} is corrupt or not a specdec EAGLE drafter config ({exc!r}): train the "
-                             f"drafter again with {TRAIN_HINT}") from exc
-    if config.get("format") != FORMAT:
-        raise ModelLoadError(f"{path} is not a specdec EAGLE drafter config (format={config.get('format')!r})")
-    return config
+    return read_drafter_config(EAGLE_FILES, folder)
 
 
 def load_eagle(folder: str, target=None) -> EagleDrafter:
     """The drafter in `folder`; with `target`, checked against it and bound to it."""
-    config = read_eagle_config(folder)
-    if target is not None:
-        check_drafter_fits_target(config["target"], target, where=f"the EAGLE drafter in {folder!r}")
-    weights = os.path.join(folder, WEIGHTS_FILE)
-    if not os.path.isfile(weights):
-        raise ModelLoadError(f"EAGLE drafter folder {folder!r} has {CONFIG_FILE} but no {WEIGHTS_FILE}: train it "
-                             f"again with {TRAIN_HINT}")
-    try:
-        state = load_file(weights)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"{weights} is corrupt or truncated ({exc}): train the drafter again with "
-                             f"{TRAIN_HINT} (an interrupted run resumes from its checkpoint)") from exc
-    drafter = EagleDrafter(EagleLayout(**config["layout"]))
-    try:
-        drafter.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"{weights} does not hold the weights its {CONFIG_FILE} describes ({exc}): train "
-                             f"the drafter again with {TRAIN_HINT}") from exc
-    drafter.info = config
+    drafter, _ = load_drafter(EAGLE_FILES, folder, EagleDrafter, target)
     if target is not None:
         bind_eagle(drafter, target)
     return drafter.eval()

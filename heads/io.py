@@ -17,6 +17,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError
@@ -68,22 +69,44 @@ def fingerprints_match(saved: list[float], current: list[float]) -> bool:
                for a, b in zip(saved, current))
 
 
-def check_heads_fit_target(info: dict, target, where: str = "these heads") -> None:
-    """IncompatibleModelsError naming the first field that differs between the target the heads
-    were trained for (`info` = heads.json's "target") and `target`."""
+@dataclass(frozen=True)
+class DrafterFiles:
+    """One drafter file format (Medusa heads, the EAGLE drafter): a folder with `weights_file`
+    (safetensors, the drafter's own weights) and `config_file` (JSON: format, version, layout,
+    target identity, training record). The functions below serve every such format."""
+    what: str                  # "heads", "EAGLE drafter": how messages name it
+    key: str                   # the config key that points at the folder
+    weights_file: str
+    config_file: str
+    format: str
+    layout_cls: type           # layout dataclass: layout_cls(**config["layout"])
+    train_hint: str            # the command that (re)makes one
+
+
+HEADS_FILES = DrafterFiles("heads", "heads.path", WEIGHTS_FILE, CONFIG_FILE, FORMAT, HeadsLayout,
+                           "`specdec train-heads target=/path/to/it`")
+
+
+def check_fits_target(files: DrafterFiles, info: dict, target, where: str) -> None:
+    """IncompatibleModelsError naming the first field that differs between the target a drafter
+    was trained for (`info` = its config's "target") and `target`."""
     current = target_identity(target)
     for field in ("architecture", "hidden_size", "vocab_size"):
         if info.get(field) != current[field]:
             raise IncompatibleModelsError(
-                f"{where} were trained for a target with {field}={info.get(field)!r}, but this target has "
-                f"{field}={current[field]!r}: train heads for this model with `specdec train-heads "
-                f"target=/path/to/it`, or load the target they belong to")
+                f"{where}: trained for a target with {field}={info.get(field)!r}, but this target has "
+                f"{field}={current[field]!r}. Train {files.what} for this model with {files.train_hint}, or "
+                f"load the target it was trained for")
     if not fingerprints_match(info.get("fingerprint", []), current["fingerprint"]):
         raise IncompatibleModelsError(
-            f"{where} were trained for another model of the same shape ({current['architecture']}, hidden "
-            f"{current['hidden_size']}, vocab {current['vocab_size']}): the weight fingerprint differs. Heads only "
-            f"work on the exact target they were trained on: train heads for this model with "
-            f"`specdec train-heads target=/path/to/it`, or load the target they belong to")
+            f"{where}: trained for another model of the same shape ({current['architecture']}, hidden "
+            f"{current['hidden_size']}, vocab {current['vocab_size']}): the weight fingerprint differs. A drafter "
+            f"only works on the exact target it was trained on: train {files.what} for this model with "
+            f"{files.train_hint}, or load the target it was trained for")
+
+
+def check_heads_fit_target(info: dict, target, where: str = "these heads") -> None:
+    check_fits_target(HEADS_FILES, info, target, where)
 
 
 # ---------------------------------------------------------------------- atomic writes
@@ -113,62 +136,77 @@ def _write_json(path: str, data: dict) -> None:
 
 
 # ---------------------------------------------------------------------- save / load
-def save_heads(folder: str, heads: MedusaHeads, target, training: dict | None = None) -> str:
-    """Write heads.safetensors, then heads.json (the config last: a folder with a config has
-    weights that go with it)."""
-    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in heads.state_dict().items()}
-    atomic_write(os.path.join(folder, WEIGHTS_FILE), lambda tmp: save_file(state, tmp, metadata={"format": FORMAT}))
-    _write_json(os.path.join(folder, CONFIG_FILE), {
-        "format": FORMAT, "version": VERSION, "layout": heads.layout.as_dict(),
+def save_drafter(files: DrafterFiles, folder: str, module, target, training: dict | None = None) -> str:
+    """Write the weights, then the config (the config last: a folder with a config has weights
+    that go with it)."""
+    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in module.state_dict().items()}
+    atomic_write(os.path.join(folder, files.weights_file),
+                 lambda tmp: save_file(state, tmp, metadata={"format": files.format}))
+    _write_json(os.path.join(folder, files.config_file), {
+        "format": files.format, "version": VERSION, "layout": module.layout.as_dict(),
         "target": target_identity(target), "training": training or {}})
     return folder
 
 
-def read_heads_config(folder: str) -> dict:
+def read_drafter_config(files: DrafterFiles, folder: str) -> dict:
     if not folder:
-        raise ModelLoadError("no heads given: set heads.path=/folder/written/by/specdec-train-heads")
-    path = os.path.join(folder, CONFIG_FILE)
+        raise ModelLoadError(f"no {files.what} given: set {files.key}=/folder/written/by {files.train_hint}")
+    path = os.path.join(folder, files.config_file)
     if not os.path.isdir(folder):
-        raise ModelLoadError(f"heads folder {folder!r} does not exist: give heads.path= the output folder of "
-                             f"`specdec train-heads`")
+        raise ModelLoadError(f"{files.what} folder {folder!r} does not exist: give {files.key}= the output folder "
+                             f"of {files.train_hint}")
     if not os.path.isfile(path):
-        raise ModelLoadError(f"heads folder {folder!r} has no {CONFIG_FILE}: is it the output folder of "
-                             f"`specdec train-heads` (a run that finished)?")
+        raise ModelLoadError(f"{files.what} folder {folder!r} has no {files.config_file}: is it the output folder "
+                             f"of a finished {files.train_hint} run?")
     try:
         with open(path) as f:
             config = json.load(f)
-        HeadsLayout(**config["layout"])
+        files.layout_cls(**config["layout"])
         config["target"]["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"{path} is corrupt or not a specdec heads config ({exc!r}): "
-                             f"train the heads again with `specdec train-heads`") from exc
-    if config.get("format") != FORMAT:
-        raise ModelLoadError(f"{path} is not a specdec heads config (format={config.get('format')!r})")
+        raise ModelLoadError(f"{path} is corrupt or not a specdec {files.what} config ({exc!r}): "
+                             f"train again with {files.train_hint}") from exc
+    if config.get("format") != files.format:
+        raise ModelLoadError(f"{path} is not a specdec {files.what} config (format={config.get('format')!r})")
     return config
+
+
+def load_drafter(files: DrafterFiles, folder: str, build, target=None):
+    """(module, config) from `folder`: config read and checked against `target` (when given),
+    module = build(layout) with the saved weights loaded strictly."""
+    config = read_drafter_config(files, folder)
+    if target is not None:
+        check_fits_target(files, config["target"], target, where=f"the {files.what} in {folder!r}")
+    weights = os.path.join(folder, files.weights_file)
+    if not os.path.isfile(weights):
+        raise ModelLoadError(f"{files.what} folder {folder!r} has {files.config_file} but no {files.weights_file}: "
+                             f"train again with {files.train_hint}")
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"{weights} is corrupt or truncated ({exc}): train again with {files.train_hint} "
+                             f"(an interrupted run resumes from its checkpoint)") from exc
+    module = build(files.layout_cls(**config["layout"]))
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{weights} does not hold the weights its {files.config_file} describes ({exc}): "
+                             f"train again with {files.train_hint}") from exc
+    module.info = config
+    return module, config
+
+
+def save_heads(folder: str, heads: MedusaHeads, target, training: dict | None = None) -> str:
+    return save_drafter(HEADS_FILES, folder, heads, target, training)
+
+
+def read_heads_config(folder: str) -> dict:
+    return read_drafter_config(HEADS_FILES, folder)
 
 
 def load_heads(folder: str, target=None) -> MedusaHeads:
     """Heads from `folder`; with `target`, checked against it and attached to its lm_head."""
-    config = read_heads_config(folder)
-    layout = HeadsLayout(**config["layout"])
-    if target is not None:
-        check_heads_fit_target(config["target"], target, where=f"the heads in {folder!r}")
-    weights = os.path.join(folder, WEIGHTS_FILE)
-    if not os.path.isfile(weights):
-        raise ModelLoadError(f"heads folder {folder!r} has {CONFIG_FILE} but no {WEIGHTS_FILE}: "
-                             f"train the heads again with `specdec train-heads`")
-    try:
-        state = load_file(weights)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"{weights} is corrupt or truncated ({exc}): train the heads again with "
-                             f"`specdec train-heads` (an interrupted run resumes from its checkpoint)") from exc
-    heads = MedusaHeads(layout)
-    try:
-        heads.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"{weights} does not hold the weights its {CONFIG_FILE} describes ({exc}): "
-                             f"train the heads again with `specdec train-heads`") from exc
-    heads.info = config
+    heads, _ = load_drafter(HEADS_FILES, folder, MedusaHeads, target)
     if target is not None:
         bind_heads(heads, target)
     return heads.eval()
