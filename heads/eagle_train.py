@@ -44,8 +44,8 @@ from specdec.verifier import features as layer_features
 from .data import fixed_windows, sample_windows, tokenize_files
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle_io import save_eagle
-from .io import atomic_write, fingerprints_match, target_fingerprint
-from .train import _fmt, corpus_files
+from .io import atomic_write, target_fingerprint
+from .train import _fmt, corpus_files, load_checkpoint, save_checkpoint
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
 LOG_FILE = "eagle_train.json"
@@ -271,29 +271,6 @@ def build_drafter(cfg, target) -> EagleDrafter:
     return drafter
 
 
-def _save_checkpoint(path, step, drafter, optimizer, generator, fingerprint, history, losses, elapsed_s) -> None:
-    state = {"step": step, "elapsed_s": elapsed_s, "drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
-             "window_rng": generator.get_state(), "layout": drafter.layout.as_dict(),
-             "target_fingerprint": fingerprint, "history": history, "losses": losses}
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
-
-
-def _load_checkpoint(path, drafter, optimizer, generator, fingerprint):
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
-        raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
-    if state["layout"] != drafter.layout.as_dict():
-        raise ConfigError(f"{path} holds a drafter of layout {state['layout']}, this run asks for "
-                          f"{drafter.layout.as_dict()}: use another output_dir, or delete the checkpoint")
-    if not fingerprints_match(state["target_fingerprint"], fingerprint):
-        raise ConfigError(f"{path} was trained for another target: use another output_dir, or delete it")
-    drafter.load_state_dict(state["drafter"])
-    optimizer.load_state_dict(state["optimizer"])
-    generator.set_state(state["window_rng"])
-    return int(state["step"]), list(state["history"]), list(state["losses"]), float(state.get("elapsed_s", 0.0))
-
-
 def _write_log(folder, cfg, history, losses, extra) -> None:
     data = {"config": OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg),
             "history": history, "losses": losses, **extra}
@@ -392,7 +369,9 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
     step, history, losses, elapsed = 0, [], [], 0.0
     if os.path.isfile(checkpoint):
-        step, history, losses, elapsed = _load_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint)
+        saved = load_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter")
+        step, history, losses = int(saved["step"]), list(saved["history"]), list(saved["losses"])
+        elapsed = float(saved.get("elapsed_s", 0.0))
     extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
              "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
              "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
@@ -440,7 +419,8 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
         bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
         last = step == cfg.steps or out_of_time(elapsed, cfg)
         if ddp.main and (step % cfg.checkpoint_interval == 0 or last):
-            _save_checkpoint(checkpoint, step, drafter, optimizer, generator, fingerprint, history, losses, elapsed)
+            save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step, history=history,
+                            losses=losses, elapsed_s=elapsed)
         if step % cfg.eval_interval == 0 and not last:
             evaluate(step)
         if on_step is not None:

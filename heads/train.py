@@ -148,27 +148,32 @@ def _rng_generator(seed: int) -> torch.Generator:
     return generator
 
 
-def save_checkpoint(path: str, step: int, heads, optimizer, generator, fingerprint, history) -> None:
-    state = {"step": step, "heads": heads.state_dict(), "optimizer": optimizer.state_dict(),
-             "window_rng": generator.get_state(), "layout": heads.layout.as_dict(),
-             "target_fingerprint": fingerprint, "history": history}
+def save_checkpoint(path: str, module, optimizer, generator, fingerprint, key: str = "heads", **progress) -> None:
+    """A training checkpoint (atomic): the trained module's and the optimizer's state, the window
+    sampler's RNG, the module's layout and target fingerprint, and `progress` (step, history, ...).
+    The module's state is kept under `key` ("heads", "drafter")."""
+    state = {key: module.state_dict(), "optimizer": optimizer.state_dict(),
+             "window_rng": generator.get_state(), "layout": module.layout.as_dict(),
+             "target_fingerprint": fingerprint, **progress}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: str, heads, optimizer, generator, fingerprint) -> tuple[int, list]:
+def load_checkpoint(path: str, module, optimizer, generator, fingerprint, key: str = "heads") -> dict:
+    """Restore what save_checkpoint wrote into module / optimizer / generator, after checking it
+    belongs to this run (same layout, same target); returns the saved progress entries."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
         raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
-    if state["layout"] != heads.layout.as_dict():
-        raise ConfigError(f"{path} holds heads of layout {state['layout']}, this run asks for "
-                          f"{heads.layout.as_dict()}: use another output_dir, or delete the checkpoint")
+    if state["layout"] != module.layout.as_dict():
+        raise ConfigError(f"{path} holds a module of layout {state['layout']}, this run asks for "
+                          f"{module.layout.as_dict()}: use another output_dir, or delete the checkpoint")
     if not fingerprints_match(state["target_fingerprint"], fingerprint):
         raise ConfigError(f"{path} was trained for another target: use another output_dir, or delete it")
-    heads.load_state_dict(state["heads"])
+    module.load_state_dict(state[key])
     optimizer.load_state_dict(state["optimizer"])
     generator.set_state(state["window_rng"])
-    return int(state["step"]), list(state["history"])
+    return state
 
 
 def _write_log(folder: str, cfg, history: list, extra: dict) -> None:
@@ -218,7 +223,8 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
     step, history = 0, []
     if os.path.isfile(checkpoint):
-        step, history = load_checkpoint(checkpoint, heads, optimizer, generator, fingerprint)
+        saved = load_checkpoint(checkpoint, heads, optimizer, generator, fingerprint)
+        step, history = int(saved["step"]), list(saved["history"])
     extra = {"train_files": len(train_files), "heldout_files": len(heldout_files),
              "train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout_stream.numel())}
 
@@ -256,7 +262,7 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
         bar.update(1)
         bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
         if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
-            save_checkpoint(checkpoint, step, heads, optimizer, generator, fingerprint, history)
+            save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
         if step % cfg.eval_interval == 0 and step != cfg.steps:
             evaluate(step)
         if on_step is not None:
