@@ -13,7 +13,7 @@ it was trained for. Weights first, config last, each written atomically.
 from __future__ import annotations
 
 from .eagle import EagleDrafter, EagleLayout
-from .io import DrafterFiles, check_fits_target, load_drafter, read_drafter_config, save_drafter
+from .io import DrafterFiles, load_drafter, read_drafter_config, save_drafter
 
 WEIGHTS_FILE = "eagle.safetensors"
 CONFIG_FILE = "eagle.json"
@@ -22,10 +22,6 @@ TRAIN_HINT = "`specdec train-heads train_eagle target=/path/to/it output_dir=...
 
 
 EAGLE_FILES = DrafterFiles("EAGLE drafter", "eagle.path", WEIGHTS_FILE, CONFIG_FILE, FORMAT, EagleLayout, TRAIN_HINT)
-
-
-def check_drafter_fits_target(info: dict, target, where: str = "this EAGLE drafter") -> None:
-    check_fits_target(EAGLE_FILES, info, target, where)
 
 
 def save_eagle(folder: str, drafter: EagleDrafter, target, training: dict | None = None) -> str:

@@ -105,6 +105,21 @@ def check_fits_target(files: DrafterFiles, info: dict, target, where: str) -> No
             f"{files.train_hint}, or load the target it was trained for")
 
 
+def check_module_fits_target(files: DrafterFiles, module, target) -> None:
+    """A drafter module about to serve `target`: loaded from a file (module.info), the exact target
+    it was trained for; built in memory, at least the target's hidden size and vocabulary."""
+    info = getattr(module, "info", None)
+    if info is not None:
+        check_fits_target(files, info["target"], target, where=f"the {files.what}")
+        return
+    current = target_identity(target)
+    layout = module.layout
+    if (layout.hidden_size, layout.vocab_size) != (current["hidden_size"], current["vocab_size"]):
+        raise IncompatibleModelsError(
+            f"the {files.what}: built for hidden size {layout.hidden_size} and vocabulary {layout.vocab_size}, "
+            f"but the target has {current['hidden_size']} and {current['vocab_size']}: use {files.what} built for it")
+
+
 def check_heads_fit_target(info: dict, target, where: str = "these heads") -> None:
     check_fits_target(HEADS_FILES, info, target, where)
 

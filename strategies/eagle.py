@@ -58,19 +58,9 @@ class Eagle:
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
-        from specdec.heads.eagle_io import bind_eagle, check_drafter_fits_target
-        from specdec.heads.io import target_identity
-        info = getattr(self.drafter, "info", None)
-        if info is not None:                           # loaded from a file: the exact target it was trained for
-            check_drafter_fits_target(info["target"], target)
-        else:                                          # built in memory: at least the shapes must agree
-            current = target_identity(target)
-            layout = self.drafter.layout
-            if (layout.hidden_size, layout.vocab_size) != (current["hidden_size"], current["vocab_size"]):
-                from specdec.errors import IncompatibleModelsError
-                raise IncompatibleModelsError(
-                    f"the EAGLE drafter expects hidden size {layout.hidden_size} and vocabulary {layout.vocab_size}, "
-                    f"the target has {current['hidden_size']} and {current['vocab_size']}: use a drafter built for it")
+        from specdec.heads.eagle_io import EAGLE_FILES, bind_eagle
+        from specdec.heads.io import check_module_fits_target
+        check_module_fits_target(EAGLE_FILES, self.drafter, target)
         bind_eagle(self.drafter, target)
         self.device = target.device
 

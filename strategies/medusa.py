@@ -172,18 +172,8 @@ class Medusa:
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
-        from specdec.heads.io import bind_heads, check_heads_fit_target, target_identity
-        info = getattr(self.heads, "info", None)
-        if info is not None:                           # loaded from a file: check it was for this target
-            check_heads_fit_target(info["target"], target)
-        else:                                          # built in memory: at least the shapes must agree
-            current = target_identity(target)
-            layout = self.heads.layout
-            if (layout.hidden_size, layout.vocab_size) != (current["hidden_size"], current["vocab_size"]):
-                from specdec.errors import IncompatibleModelsError
-                raise IncompatibleModelsError(
-                    f"the heads expect hidden size {layout.hidden_size} and vocabulary {layout.vocab_size}, the "
-                    f"target has {current['hidden_size']} and {current['vocab_size']}: use heads built for it")
+        from specdec.heads.io import HEADS_FILES, bind_heads, check_module_fits_target
+        check_module_fits_target(HEADS_FILES, self.heads, target)
         bind_heads(self.heads, target)
         self.device = target.device
 
