@@ -156,9 +156,9 @@ def test_negative_control_always_accept_verifier():
 class LyingDraft(DraftModel):
     """Samples from its distribution but reports a flatter one to the verifier."""
 
-    def _pick(self, logits, k, state, position):
-        tokens, _true_probs = super()._pick(logits, k, state, position)
-        return tokens, logits_to_probs(logits / 4, state.sampling)
+    def _pick(self, logits, widths, state, position):
+        tokens, counts, _true_probs = super()._pick(logits, widths, state, position)
+        return tokens, counts, logits_to_probs(logits / 4, state.sampling)
 
 
 def test_negative_control_draft_that_lies_about_its_distribution():
