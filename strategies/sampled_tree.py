@@ -2,8 +2,8 @@
 
 `draw_children` draws sibling tokens without replacement from a draft distribution through the
 call's one random source (DecodeState.rng), on the device: with the loop's TorchRandom it makes
-exactly the draw TorchRandom.sample_without_replacement makes, minus the read back to the host
-(tests check the two agree token for token); any other source (tests/law.py's enumerating one)
+exactly the draw TorchRandom.sample_without_replacement makes (torch.multinomial's own algorithm),
+minus the reads back to the host (tests check the two agree token for token); any other source (tests/law.py's enumerating one)
 is asked through the protocol method.
 
 `sampled_tree` is the EAGLE-2-style sampled tree (eagle and medusa): per depth the `width` best
@@ -27,10 +27,21 @@ from specdec.tree import WITHOUT_REPLACEMENT, CandidateTree
 def draw_children(rng, probs: torch.Tensor, count: int) -> torch.Tensor:
     """[count] distinct tokens drawn in order from probs [V] (each from what the earlier ones left,
     renormalized). The caller guarantees count <= the tokens of probability > 0."""
-    if type(rng) is TorchRandom:        # the loop's source: the same multinomial, left on the device
-        return torch.multinomial(probs, count, replacement=False, generator=rng.generator)
+    if type(rng) is TorchRandom:        # the loop's source: its draw, left on the device
+        return exponential_race(probs, count, rng.generator)
     drawn = rng.sample_without_replacement(probs, count)
     return torch.tensor(drawn, dtype=torch.long, device=probs.device)
+
+
+def exponential_race(probs: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """The top `count` of probs / E, E ~ Exp(1) per token: `count` successive draws without
+    replacement (the Gumbel-top-k trick in exponential form). It is the algorithm of
+    torch.multinomial(replacement=False) step for step - same generator use, same tokens - minus
+    its argument checks, which read values back to the host (a device sync on a GPU)."""
+    race = probs / torch.empty_like(probs).exponential_(1, generator=generator)      # [V]
+    if count == 1:
+        return race.argmax(dim=-1, keepdim=True)
+    return race.topk(count).indices
 
 
 # next_probs(depth, nodes, tokens, parents) -> [n, V] the distributions of the children of the new

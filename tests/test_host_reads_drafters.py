@@ -71,7 +71,14 @@ def test_device_draw_is_the_random_sources_own_draw():
     """draw_children with the loop's TorchRandom makes exactly TorchRandom.sample_without_replacement's
     draw (same generator state in, same tokens out), only without the read back to the host."""
     probs = torch.softmax(torch.randn(40, generator=torch.Generator().manual_seed(3)) * 2, dim=-1)
-    for count in (1, 3, 7):
+    for count in (1, 2, 3, 7, 40):
         ours = draw_children(TorchRandom(torch.Generator().manual_seed(count)), probs, count)
         theirs = TorchRandom(torch.Generator().manual_seed(count)).sample_without_replacement(probs, count)
         assert ours.tolist() == theirs and len(set(theirs)) == count
+
+
+def test_device_draw_reads_nothing_back():
+    probs = torch.softmax(torch.randn(40, generator=torch.Generator().manual_seed(4)), dim=-1)
+    with HostReads() as reads:
+        draw_children(TorchRandom(torch.Generator().manual_seed(0)), probs, 3)
+    assert reads.total() == 0, reads.report()
