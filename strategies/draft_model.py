@@ -5,6 +5,9 @@ sampled without replacement when sampling). The draft keeps its own KV cache: af
 it keeps the entries of the accepted drafted tokens it already computed and catches up on the
 rest (the bonus token) at the start of the next proposal. Optional adaptive gamma picks the chain
 length that maximises expected tokens per unit of time from the acceptance history.
+Drafted tokens stay on the device (sampled there too, strategies/sampled_tree.draw_children): a
+chain reads nothing back per token (one read per token only with min_confidence > 0), a tree at
+most one read per depth.
 """
 from __future__ import annotations
 

@@ -17,13 +17,12 @@ Trees:
     the top_k-ary candidate tree, `depth` levels at most (candidates only get worse deeper down, so
     a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
     default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
-  * sampling (temperature > 0): the tree carries the drafter's real distributions. Per depth the
-    `top_k` best slots are filled, a slot (parent, i) being scored by the parent's cumulative
-    log-probability plus the log of the i-th largest probability of the parent's distribution -
-    a score that does not look at the token the slot will receive - then each parent's children
-    are drawn without replacement from its (warped) distribution q, tried in drawn order by the
-    verifier. Which nodes exist depends only on nodes drawn earlier, never on a node's own token
-    among its siblings, so recursive rejection sampling stays exact (tests/test_eagle_law.py).
+  * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
+    distributions, built by strategies/sampled_tree.py (shared with medusa): per depth the `top_k`
+    best slots by a score blind to the token a slot receives, each parent's children drawn without
+    replacement from its warped distribution q, one drafter forward per depth. Lossless
+    (tests/test_eagle_law.py).
+Host reads: one per depth (the candidates' scores); drafted tokens stay on the device.
 """
 from __future__ import annotations
 

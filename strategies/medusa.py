@@ -15,7 +15,10 @@ own token. Both trees are then built depth by depth, one batched head call per d
 dynamic one keeps only the nodes still among the best so far, which is exact).
 Greedy proposals are point masses (draft_probs None). At temperature > 0 under the rejection
 sampler the tree carries the heads' real distributions: siblings drawn without replacement from
-the head's warped distribution, the tree shaped as eagle's (strategies/sampled_tree.py).
+the head's warped distribution, the tree shaped as eagle's (strategies/sampled_tree.py; a static
+`choices` list then shapes only greedy and coupled trees). The K heads' vocabulary projections
+run as one matmul (MedusaHeads.project); host reads: one per step (plain heads) or per depth
+(token-conditioned), none for static trees.
 Under the coupled sampler (state.noise) each head ranks tokens by its warped logits plus the
 target's Gumbel noise at the position it guesses (specdec.coupled.coupled_scores), so its best
 guess is its own coupled sample; the tree is then chosen from those perturbed scores as above.
