@@ -121,11 +121,32 @@ class MedusaHeads(nn.Module):
                                "get_output_embeddings()) first (Medusa.bind and load_heads do)")
         return self._shared_lm_head[0]
 
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., K, H] per-head features (column k - 1 from head k) -> [..., K, V] logits in ONE
+        matmul: the shared lm_head over all heads' rows at once, or the heads' own projections as
+        one batched matmul over a [K, V, H] stack of their weights."""
+        if self.lm_heads is None:
+            return self._lm_head()(features)
+        return torch.einsum("...kh,kvh->...kv", features, self._own_weights())
+
+    def _own_weights(self) -> torch.Tensor:
+        """[K, V, H] the own projections stacked. Without grad the stack is kept and rebuilt only
+        when a weight changed (its in-place version counter moved); with grad it is stacked anew,
+        so training sees the live weights."""
+        weights = [head.weight for head in self.lm_heads]
+        if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+            return torch.stack(weights)
+        key = tuple((w.data_ptr(), w._version, w.device, w.dtype) for w in weights)
+        if getattr(self, "_stacked_key", None) != key:
+            self._stacked = torch.stack([w.detach() for w in weights])
+            self._stacked_key = key
+        return self._stacked
+
     def forward(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None, head: int | None = None) -> torch.Tensor:
         """[..., H] last hidden states (and, for token-conditioned heads, prev_ids [..., K]: column k - 1
-        is the token before the one head k guesses) -> [..., K, V]; [..., k-1, :] guesses token +k+1.
+        is the token before the one head k guesses) -> [..., K, V]; [..., k-1, :] guesses token +k+1;
+        the K heads' vocabulary projections are one matmul (`project`).
         With head=k: head k alone, prev_ids [...] -> [..., V] (what head_logits gives, as a module call)."""
         if head is not None:
             return self.head_logits(head, hidden, prev_ids)
-        return torch.stack([self.head_logits(k, hidden, None if prev_ids is None else prev_ids[..., k - 1])
-                            for k in range(1, self.num_heads + 1)], dim=-2)  # [..., K, V]
+        return self.project(self.features(hidden, prev_ids))                 # [..., K, V]

@@ -5,6 +5,9 @@ sampled without replacement when sampling). The draft keeps its own KV cache: af
 it keeps the entries of the accepted drafted tokens it already computed and catches up on the
 rest (the bonus token) at the start of the next proposal. Optional adaptive gamma picks the chain
 length that maximises expected tokens per unit of time from the acceptance history.
+Drafted tokens stay on the device (sampled there too, strategies/sampled_tree.draw_children): a
+chain reads nothing back per token (one read per token only with min_confidence > 0), a tree at
+most one read per depth.
 """
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ import torch
 
 from specdec.cache import commit_rows, new_cache
 from specdec.config import DraftConfig
-from specdec.coupled import coupled_proposals
+from specdec.coupled import coupled_proposals, coupled_scores
 from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
+from specdec.strategies.sampled_tree import draw_children
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import tree_masks
@@ -89,7 +93,8 @@ class DraftModel:
             return CandidateTree.empty(device)
         pending_logits = self._catch_up(state.token_ids)              # [V]
         if self.processing:
-            pending_logits = self._process(pending_logits[None], state, [[]])[0]
+            no_path = torch.empty(1, 0, dtype=torch.long, device=device)
+            pending_logits = self._process(pending_logits[None], state, no_path)[0]
         if self.branching is None:
             return self._chain(pending_logits, depth, state)
         return self._tree(pending_logits, self.branching[:depth], state)
@@ -123,30 +128,51 @@ class DraftModel:
         self.cached = len(token_ids)
         return logits
 
-    def _pick(self, logits: torch.Tensor, k: int, state: DecodeState, position: int):
-        """k children from [V] draft logits guessing `position`: (tokens [k], draft distribution [V]
-        or None). The coupled sampler: the top-k of (warped logits + the target's noise there)."""
+    def _pick(self, logits: torch.Tensor, widths: list[int], state: DecodeState, position: int):
+        """Children of R nodes at one depth from their [R, V] draft logits guessing `position`:
+        (tokens [sum of R_i children] on the device, each node's child count, draft distributions
+        [R, V] or None). Node r gets up to widths[r] children: the top ones when greedy; under the
+        coupled sampler the top of (warped logits + the target's noise there); when sampling, drawn
+        without replacement from its warped distribution. At most one host read per call."""
+        width = max(widths)
         if state.noise is not None:
-            return coupled_proposals(logits[None], [position], state.noise, k)[0], None
+            positions = [position] * len(widths)
+            if width == 1:       # each row's own coupled sample: no count of unfiltered tokens to read
+                return (*self._first(coupled_scores(logits, positions, state.noise).topk(1).indices, widths), None)
+            top = coupled_proposals(logits, positions, state.noise, width)        # [R, k'] (one read)
+            return (*self._first(top, widths), None)
         if state.sampling.greedy:
-            return torch.topk(logits, k).indices, None
-        draft_probs = logits_to_probs(logits, state.sampling)                      # [V]
-        drawn = state.rng.sample_without_replacement(draft_probs, k)              # the call's one random source
-        return torch.tensor(drawn, dtype=torch.long, device=logits.device), draft_probs
+            return (*self._first(torch.topk(logits, width, dim=-1).indices, widths), None)
+        draft_probs = logits_to_probs(logits, state.sampling)                       # [R, V]
+        if width > 1:            # draws without replacement need that many tokens of probability > 0
+            available = (draft_probs > 0).sum(dim=-1).tolist()                       # the call's one read
+            widths = [min(w, a) for w, a in zip(widths, available)]
+        drawn = [draw_children(state.rng, draft_probs[r], w) for r, w in enumerate(widths) if w]
+        return torch.cat(drawn), widths, draft_probs
+
+    @staticmethod
+    def _first(top: torch.Tensor, widths: list[int]):
+        """top [R, k] ranked candidates -> (the first widths[r] of row r, concatenated; the counts)."""
+        widths = [min(w, top.shape[1]) for w in widths]
+        if all(w == top.shape[1] for w in widths):
+            return top.reshape(-1), widths
+        return torch.cat([top[r, :w] for r, w in enumerate(widths)]), widths
 
     def _chain(self, logits: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
+        """gamma tokens, each fed back to the draft; the tokens never leave the device (no host
+        read, unless min_confidence asks one per token)."""
         tokens, rows = [], []
         for i in range(depth):
-            token, draft_probs = self._pick(logits, 1, state, len(state.token_ids) + i)   # [1]
+            token, _, draft_probs = self._pick(logits[None], [1], state, len(state.token_ids) + i)   # [1]
             tokens.append(token)
             rows.append(draft_probs)
             if i == depth - 1 or self._unsure(logits, token, draft_probs):
                 break
             logits = self._logits(token.view(1, 1))[-1]
             if self.processing:
-                logits = self._process(logits[None], state, [[int(t) for t in tokens]])[0]
+                logits = self._process(logits[None], state, torch.cat(tokens)[None])[0]
             self.fed_nodes.append(i)
-        draft_probs = None if rows[0] is None else torch.stack(rows)               # [n, V]
+        draft_probs = None if rows[0] is None else torch.cat(rows)                 # [n, V]
         return CandidateTree(torch.cat(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
 
     def _unsure(self, logits: torch.Tensor, token: torch.Tensor, draft_probs: torch.Tensor | None) -> bool:
@@ -155,26 +181,36 @@ class DraftModel:
         on the draft alone, so the verdict stays lossless.)"""
         if self.min_confidence <= 0:
             return False
-        probs = torch.softmax(logits, dim=-1) if draft_probs is None else draft_probs   # [V]
+        probs = torch.softmax(logits, dim=-1) if draft_probs is None else draft_probs[0]   # [V]
         return bool(probs[token] < self.min_confidence)
 
     def _tree(self, logits: torch.Tensor, branching: list[int], state: DecodeState) -> CandidateTree:
-        tokens: list[torch.Tensor] = []      # per node: [1]
+        """Depth by depth: every node of the level gets its children in one pick (one host read at
+        most) and the new level goes through the draft in one forward. Tokens stay on the device."""
+        tokens: list[torch.Tensor] = []      # per level: [L] its nodes' tokens
+        paths: list[torch.Tensor] = []       # per level: [L, depth + 1] each node's drafted path
         parents: list[int] = []
-        rows: list[torch.Tensor] = []        # per node: [V] distribution it was drawn from
-        level = [(-1, logits)]               # (parent node, its draft logits)
+        rows: list[torch.Tensor] = []        # per level: [L, V] the distribution each node was drawn from
+        level_nodes, level_logits = [-1], logits[None]            # the level to expand: [R, V]
+        level_paths = torch.empty(1, 0, dtype=torch.long, device=logits.device)   # [R, depth]
         for depth, width in enumerate(branching):
             level_start = len(parents)
-            for parent, parent_logits in level:
-                room = self.max_nodes - len(parents)
-                if room <= 0:
-                    break
-                children, draft_probs = self._pick(parent_logits, min(width, room), state,
-                                                   len(state.token_ids) + depth)
-                for token in children:
-                    tokens.append(token.view(1))
-                    parents.append(parent)
-                    rows.append(draft_probs)
+            widths, room = [], self.max_nodes - level_start
+            for _ in level_nodes:
+                widths.append(max(0, min(width, room)))
+                room -= widths[-1]
+            if not any(widths):
+                break
+            live = [r for r, w in enumerate(widths) if w]            # rows that get children
+            children, counts, draft_probs = self._pick(level_logits[live], [widths[r] for r in live], state,
+                                                       len(state.token_ids) + depth)
+            repeat = torch.tensor(counts, device=logits.device)
+            for r, count in zip(live, counts):
+                parents += [level_nodes[r]] * count
+            tokens.append(children)
+            if draft_probs is not None:
+                rows.append(draft_probs.repeat_interleave(repeat, dim=0))          # [L, V]
+            new_paths = torch.cat([level_paths[live].repeat_interleave(repeat, dim=0), children[:, None]], dim=1)
             new_nodes = list(range(level_start, len(parents)))
             if depth == len(branching) - 1 or not new_nodes:
                 break
@@ -182,13 +218,12 @@ class DraftModel:
             all_parents = tuple(parents)
             mask = self._tree_mask(all_parents, level_start)
             positions = tree_position_ids(all_parents, self.cached, self.draft.device)
-            level_ids = torch.cat([tokens[i] for i in new_nodes])[None]          # [1, L]
-            level_logits = self._logits(level_ids, mask, positions[:, level_start:])
+            level_logits = self._logits(children[None], mask, positions[:, level_start:])    # [L, V]
             if self.processing:
-                level_logits = self._process(level_logits, state, [self._path(tokens, parents, n) for n in new_nodes])
+                level_logits = self._process(level_logits, state, new_paths)
             self.fed_nodes.extend(new_nodes)
-            level = list(zip(new_nodes, level_logits))
-        draft_probs = None if rows[0] is None else torch.stack(rows)              # [N, V]
+            level_nodes, level_paths = new_nodes, new_paths
+        draft_probs = torch.cat(rows) if rows else None                             # [N, V]
         siblings = INDEPENDENT if draft_probs is None else WITHOUT_REPLACEMENT
         return CandidateTree(torch.cat(tokens), tuple(parents), draft_probs, siblings)
 
@@ -211,21 +246,13 @@ class DraftModel:
             return LogitsProcessing()
         return start(state.token_ids[: state.prompt_len], state.max_depth + 1)
 
-    def _process(self, logits: torch.Tensor, state: DecodeState, paths: list[list[int]]) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, state: DecodeState, drafted: torch.Tensor) -> torch.Tensor:
         """[R, V] draft logits processed as the target's generate() would process them: row r
-        continues the committed ids + paths[r] (all paths of one length). Called only when the
-        target's generation_config asks for processing (building paths reads tokens on the host)."""
+        continues the committed ids + drafted[r] ([R, d] on the device, all paths of one length).
+        Called only when the target's generation_config asks for processing."""
         committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
-        drafted = torch.tensor(paths, dtype=torch.long, device=logits.device).view(len(paths), -1)
-        return self.processing.rows(logits, torch.cat([committed.expand(len(paths), -1), drafted], dim=1))
-
-    @staticmethod
-    def _path(tokens: list[torch.Tensor], parents: list[int], node: int) -> list[int]:
-        path = []
-        while node != -1:
-            path.append(int(tokens[node]))
-            node = parents[node]
-        return path[::-1]
+        drafted = drafted.to(logits.device).view(len(logits), -1)
+        return self.processing.rows(logits, torch.cat([committed.expand(len(logits), -1), drafted], dim=1))
 
     def _adapt(self, accepted: int, proposed: int) -> None:
         """Update the acceptance estimate and pick gamma maximising expected tokens per unit time:

@@ -17,13 +17,12 @@ Trees:
     the top_k-ary candidate tree, `depth` levels at most (candidates only get worse deeper down, so
     a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
     default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
-  * sampling (temperature > 0): the tree carries the drafter's real distributions. Per depth the
-    `top_k` best slots are filled, a slot (parent, i) being scored by the parent's cumulative
-    log-probability plus the log of the i-th largest probability of the parent's distribution -
-    a score that does not look at the token the slot will receive - then each parent's children
-    are drawn without replacement from its (warped) distribution q, tried in drawn order by the
-    verifier. Which nodes exist depends only on nodes drawn earlier, never on a node's own token
-    among its siblings, so recursive rejection sampling stays exact (tests/test_eagle_law.py).
+  * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
+    distributions, built by strategies/sampled_tree.py (shared with medusa): per depth the `top_k`
+    best slots by a score blind to the token a slot receives, each parent's children drawn without
+    replacement from its warped distribution q, one drafter forward per depth. Lossless
+    (tests/test_eagle_law.py).
+Host reads: one per depth (the candidates' scores); drafted tokens stay on the device.
 """
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ from specdec.config import EagleConfig
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
-from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
+from specdec.strategies.sampled_tree import sampled_tree
+from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
 # Defaults: specdec.config.EagleConfig (CPU-measured, see configs/eagle.yaml); on a GPU wider trees
@@ -125,17 +125,17 @@ class Eagle:
         return next(self.drafter.parameters()).dtype
 
     # ------------------------------------------------------------------ one tree level
-    def _feed(self, tree, nodes: list[int], depth: int):
-        """Run the drafter on the tree nodes `nodes` (all at `depth`, their parents already fed) in
-        one forward. tree: dict with parent / token / out / column lists and the tree keys/values.
-        Returns logits [n, V] (fp32) and records each node's output and cache column."""
-        parents, tokens_of, outs, column = tree["parent"], tree["token"], tree["out"], tree["column"]
+    def _feed(self, tree, nodes: list[int], tokens: torch.Tensor, depth: int):
+        """Run the drafter on the tree nodes `nodes` (all at `depth`, their parents already fed;
+        tokens [n] their tokens, on the device) in one forward. tree: dict with the parent list,
+        out / column maps and the tree keys/values. Returns logits [n, V] (fp32) and records each
+        node's output and cache column."""
+        parents, outs, column = tree["parent"], tree["out"], tree["column"]
         g = torch.stack([tree["root_out"] if parents[i] < 0 else outs[parents[i]] for i in nodes])   # [n, H]
-        tokens = torch.tensor([tokens_of[i] for i in nodes], device=self.device)                    # [n]
         positions = torch.full((len(nodes),), self.fed + depth, device=self.device)
         fed_tree = tree["k"].shape[2] if tree["k"] is not None else 0
         n = len(nodes)
-        visible = torch.zeros(n, self.fed + fed_tree + n, dtype=torch.bool, device=self.device)
+        visible = torch.zeros(n, self.fed + fed_tree + n, dtype=torch.bool)     # built on the host, copied once
         visible[:, : self.fed] = True                                       # every committed row
         for row, node in enumerate(nodes):
             ancestor = parents[node]
@@ -143,9 +143,11 @@ class Eagle:
                 visible[row, self.fed + column[ancestor]] = True
                 ancestor = parents[ancestor]
             visible[row, self.fed + fed_tree + row] = True                  # itself
+        visible = visible.to(self.device)
         past_k = self.past_k if tree["k"] is None else torch.cat([self.past_k, tree["k"]], dim=2)
         past_v = self.past_v if tree["v"] is None else torch.cat([self.past_v, tree["v"]], dim=2)
-        out, logits, k, v = self.drafter(g[None], tokens[None], positions[None], past_k, past_v, visible[None])
+        out, logits, k, v = self.drafter(g[None], tokens.to(self.device)[None], positions[None], past_k, past_v,
+                                         visible[None])
         tree["k"] = k if tree["k"] is None else torch.cat([tree["k"], k], dim=2)
         tree["v"] = v if tree["v"] is None else torch.cat([tree["v"], v], dim=2)
         for row, node in enumerate(nodes):
@@ -155,28 +157,31 @@ class Eagle:
 
     @staticmethod
     def _new_tree(root_out) -> dict:
-        return {"root_out": root_out, "parent": [], "token": [], "out": {}, "column": {}, "k": None, "v": None}
+        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "k": None, "v": None}
 
     # ------------------------------------------------------------------ greedy: exact best tree
     def _greedy_tree(self, root_out, root_logits, depth_limit: int, scorer=None) -> CandidateTree:
         """scorer(logits [n, V], depth) -> [n, V] scores to rank children by (default: the logits;
-        the coupled sampler adds its noise). Cumulative log-softmax of the scores ranks the nodes."""
+        the coupled sampler adds its noise). Cumulative log-softmax of the scores ranks the nodes.
+        One host read per depth (the children's log-probabilities); tokens stay on the device."""
         tree = self._new_tree(root_out)
         scores: list[float] = []
         depths: list[int] = []
+        tokens: list[torch.Tensor] = []       # per candidate: a 0-d token tensor on the device
 
         def add_children(parents: list[int], logits: torch.Tensor, depth: int) -> None:
             if scorer is not None:
                 logits = scorer(logits, depth)
-            width = min(self.top_k, int(torch.isfinite(logits).sum(dim=-1).min()))   # filtered tokens: no child
-            top = logits.log_softmax(dim=-1).topk(width, dim=-1)                       # [n, k]
-            for parent, values, tokens in zip(parents, top.values.tolist(), top.indices.tolist()):
+            top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)   # [n, k]
+            for row, (parent, values) in enumerate(zip(parents, top.values.tolist())):
                 base = scores[parent] if parent >= 0 else 0.0
-                for value, token in zip(values, tokens):
+                for rank, value in enumerate(values):
+                    if value == float("-inf"):                               # filtered tokens: no child
+                        break
                     scores.append(base + value)
                     depths.append(depth)
                     tree["parent"].append(parent)
-                    tree["token"].append(token)
+                    tokens.append(top.indices[row, rank])
 
         def best() -> list[int]:              # the max_nodes best candidates so far; ties: shallower first
             return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[: self.max_nodes]
@@ -186,55 +191,24 @@ class Eagle:
             frontier = sorted([i for i in best() if depths[i] == depth][: self.expand])   # best() is by score
             if not frontier:
                 break
-            add_children(frontier, self._feed(tree, frontier, depth), depth + 1)
+            logits = self._feed(tree, frontier, torch.stack([tokens[i] for i in frontier]), depth)
+            add_children(frontier, logits, depth + 1)
         chosen = sorted(best(), key=lambda i: (depths[i], i))                 # parents before children
-        return self._select(tree, chosen)
-
-    def _select(self, tree: dict, chosen: list[int], draft_probs=None, siblings=INDEPENDENT) -> CandidateTree:
         new_index = {old: new for new, old in enumerate(chosen)}
         parents = tuple(-1 if tree["parent"][i] < 0 else new_index[tree["parent"][i]] for i in chosen)
-        tokens = torch.tensor([tree["token"][i] for i in chosen], dtype=torch.long, device=self.device)
-        return CandidateTree(tokens, parents, draft_probs, siblings)
+        return CandidateTree(torch.stack([tokens[i] for i in chosen]), parents)
 
     # ------------------------------------------------------------------ sampling: real distributions
-    def sample_siblings(self, probs: torch.Tensor, count: int, state: DecodeState) -> list[int]:
-        """`count` successive draws without replacement from probs [V] (tests enumerate them)."""
-        return state.rng.sample_without_replacement(probs, count)      # the call's one random source
-
     def _sampled_tree(self, root_out, root_logits, depth_limit: int, state: DecodeState) -> CandidateTree:
+        """strategies.sampled_tree over the drafter's warped distributions; one drafter forward per depth."""
         tree = self._new_tree(root_out)
-        scores: list[float] = []
-        rows: list[torch.Tensor] = []                      # per node: [V] the q its token was drawn from
-        frontier = [(-1, logits_to_probs(root_logits, state.sampling), 0.0)]   # (node, q [V], its score)
-        for depth in range(depth_limit):
-            budget = min(self.top_k, self.max_nodes - len(scores))
-            if budget <= 0 or not frontier:
-                break
-            slots = []                                     # (slot score, rank, frontier index)
-            for f, (_, q, score) in enumerate(frontier):
-                available = min(self.top_k, int((q > 0).sum()))
-                ranked = q.topk(available).values.log().tolist()
-                slots += [(score + value, rank, f) for rank, value in enumerate(ranked)]
-            slots.sort(key=lambda s: (-s[0], s[1], s[2]))
-            counts = [0] * len(frontier)
-            for _, _, f in slots[:budget]:                 # a prefix of each parent's ranks
-                counts[f] += 1
-            level = []
-            for (parent, q, score), count in zip(frontier, counts):
-                for token in (self.sample_siblings(q, count, state) if count else []):
-                    level.append(len(scores))
-                    scores.append(score + float(q[token].log()))
-                    rows.append(q)
-                    tree["parent"].append(parent)
-                    tree["token"].append(int(token))
-            if depth == depth_limit - 1 or len(scores) >= self.max_nodes:
-                break
-            logits = self._feed(tree, level, depth)                            # [n, V]
-            probs = logits_to_probs(logits, state.sampling)
-            frontier = [(node, probs[row], scores[node]) for row, node in enumerate(level)]
-        chosen = list(range(len(scores)))
-        draft_probs = torch.stack(rows) if rows else None
-        return self._select(tree, chosen, draft_probs, WITHOUT_REPLACEMENT)
+
+        def next_probs(depth: int, nodes: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+            tree["parent"] = parents
+            return logits_to_probs(self._feed(tree, nodes, tokens, depth), state.sampling)       # [n, V]
+
+        return sampled_tree(logits_to_probs(root_logits, state.sampling), next_probs, depth_limit,
+                            self.max_nodes, self.top_k, state.rng)
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:

@@ -13,7 +13,12 @@ Token-conditioned heads (head k also reads the token before the one it guesses) 
 whole path from one hidden state: a node's children come from the next head run on that node's
 own token. Both trees are then built depth by depth, one batched head call per depth (the
 dynamic one keeps only the nodes still among the best so far, which is exact).
-Proposals are point masses (draft_probs None): lossless under sampling by the core's rule.
+Greedy proposals are point masses (draft_probs None). At temperature > 0 under the rejection
+sampler the tree carries the heads' real distributions: siblings drawn without replacement from
+the head's warped distribution, the tree shaped as eagle's (strategies/sampled_tree.py; a static
+`choices` list then shapes only greedy and coupled trees). The K heads' vocabulary projections
+run as one matmul (MedusaHeads.project); host reads: one per step (plain heads) or per depth
+(token-conditioned), none for static trees.
 Under the coupled sampler (state.noise) each head ranks tokens by its warped logits plus the
 target's Gumbel noise at the position it guesses (specdec.coupled.coupled_scores), so its best
 guess is its own coupled sample; the tree is then chosen from those perturbed scores as above.
@@ -28,6 +33,8 @@ import torch
 from specdec.config import MedusaConfig
 from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
+from specdec.sampling import logits_to_probs
+from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
@@ -38,33 +45,41 @@ from specdec.types import DecodeState, StepResult
 def best_rank_paths(head_logprobs: torch.Tensor, max_nodes: int) -> list[tuple[int, ...]]:
     """The max_nodes rank paths of highest cumulative log-probability, parents before children.
 
-    head_logprobs [D, k]: sorted descending per row (row d = depth d's head, its top-k log-probs).
-    Best-first search: a popped path pushes its first child (rank 0 one level deeper) and its next
-    sibling (rank + 1 at the same depth); both score no higher than it, so the popped set is
-    closed under prefixes."""
+    head_logprobs [D, k]: sorted descending per row (row d = depth d's head, its top-k log-probs;
+    -inf = a filtered-out token, never proposed). Best-first search: a popped path pushes its first
+    child (rank 0 one level deeper) and its next sibling (rank + 1 at the same depth); both score no
+    higher than it, so the popped set is closed under prefixes. One host read (the log-probs)."""
     depth_limit, width = head_logprobs.shape
     if depth_limit == 0 or width == 0 or max_nodes <= 0:
         return []
     logprobs = head_logprobs.tolist()
-    heap = [(-logprobs[0][0], (0,))]
+    widths = [sum(1 for value in row if value != float("-inf")) for row in logprobs]   # ranks available
+    heap = [(-logprobs[0][0], (0,))] if widths[0] else []
     chosen: list[tuple[int, ...]] = []
     while heap and len(chosen) < max_nodes:
         neg_score, path = heapq.heappop(heap)
         chosen.append(path)
         parent_score = -neg_score - logprobs[len(path) - 1][path[-1]]
-        if len(path) < depth_limit:
+        if len(path) < depth_limit and widths[len(path)]:
             heapq.heappush(heap, (neg_score - logprobs[len(path)][0], path + (0,)))
-        if path[-1] + 1 < width:
+        if path[-1] + 1 < widths[len(path) - 1]:
             sibling = path[:-1] + (path[-1] + 1,)
             heapq.heappush(heap, (-(parent_score + logprobs[len(path) - 1][path[-1] + 1]), sibling))
     return sorted(chosen, key=lambda p: (len(p), p))
 
 
 def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor, device) -> CandidateTree:
-    """Rank paths -> a trie of tokens; head_tokens [D, k]: row d = depth d's head's tokens by rank."""
-    paths = sorted((tuple(p) for p in rank_paths), key=lambda p: (len(p), p))
-    table = head_tokens.tolist()
-    return CandidateTree.from_paths([[table[d][r] for d, r in enumerate(p)] for p in paths], device=device)
+    """Rank paths (and their prefixes) -> a trie of tokens; head_tokens [D, k]: row d = depth d's
+    head's tokens by rank (distinct within a row, so distinct rank paths are distinct token paths).
+    The tokens are gathered on the device: no host read."""
+    paths = sorted({tuple(p[:end]) for p in rank_paths for end in range(1, len(p) + 1)}, key=lambda p: (len(p), p))
+    if not paths:
+        return CandidateTree.empty(device)
+    node_of = {path: i for i, path in enumerate(paths)}
+    parents = tuple(node_of[p[:-1]] if len(p) > 1 else -1 for p in paths)
+    depth_index = torch.tensor([len(p) - 1 for p in paths], device=head_tokens.device)     # [N]
+    rank_index = torch.tensor([p[-1] for p in paths], device=head_tokens.device)           # [N]
+    return CandidateTree(head_tokens[depth_index, rank_index].to(device), parents)
 
 
 class ConditionedExpander:
@@ -76,20 +91,25 @@ class ConditionedExpander:
         self.heads, self.hidden, self.top_k = heads, hidden, top_k              # hidden [H]
         self.noise, self.first = noise, first
 
-    def children(self, depth: int, parent_tokens: Sequence[int]) -> tuple[list[list[float]], list[list[int]]]:
-        """parent_tokens [n] -> (log-probs [n][k], tokens [n][k]) of each parent's best children."""
-        ids = torch.tensor(list(parent_tokens), device=self.hidden.device)     # [n]
-        logits = self.heads(self.hidden.expand(len(ids), -1), ids, head=depth + 1).float()   # [n, V]
+    def logits(self, depth: int, parent_tokens) -> torch.Tensor:
+        """parent_tokens [n] (ints or a tensor) -> [n, V] head depth + 1's logits, one batched call."""
+        ids = torch.as_tensor(parent_tokens, dtype=torch.long, device=self.hidden.device).view(-1)   # [n]
+        return self.heads(self.hidden.expand(len(ids), -1), ids, head=depth + 1).float()
+
+    def children(self, depth: int, parent_tokens) -> tuple[list[list[float]], torch.Tensor]:
+        """parent_tokens [n] -> (log-probs [n][k] on the host, tokens [n, k] on the device) of each
+        parent's best children (-inf: a filtered-out token). One host read."""
+        logits = self.logits(depth, parent_tokens)                                   # [n, V]
         if self.noise is not None:
-            logits = coupled_scores(logits, [self.first + depth] * len(ids), self.noise)
+            logits = coupled_scores(logits, [self.first + depth] * logits.shape[0], self.noise)
         top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)
-        return top.values.tolist(), top.indices.tolist()
+        return top.values.tolist(), top.indices
 
 
 def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: int,
                      max_nodes: int) -> CandidateTree:
     """The max_nodes nodes of highest cumulative log-probability, a node's children coming from the
-    next head run on that node's own token; one batched head call per depth.
+    next head run on that node's own token; one batched head call (and one host read) per depth.
 
     Depth by depth, only nodes that are still among the max_nodes best candidates seen so far are
     expanded: candidates only get worse deeper down (log-probabilities <= 0), so a node outside
@@ -98,8 +118,9 @@ def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: i
     scores: list[float] = []
     depths: list[int] = []
     parent_of: list[int] = []            # candidate index of the parent, -1 = the pending token
-    token_of: list[int] = []
-    frontier = [(-1, pending)]           # (candidate index, token) of the nodes to expand
+    token_of: list[torch.Tensor] = []    # 0-d token tensors, on the device
+    frontier = [-1]                      # candidate indices of the nodes to expand
+    frontier_tokens = torch.tensor([pending], device=expander.hidden.device)
 
     def best() -> list[int]:             # the max_nodes best candidates so far
         return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes]
@@ -107,39 +128,52 @@ def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: i
     for depth in range(depth_limit):
         if not frontier or max_nodes <= 0:
             break
-        logprobs, children = expander.children(depth, [token for _, token in frontier])
-        for (parent, _), row_logprobs, row_tokens in zip(frontier, logprobs, children):
+        logprobs, children = expander.children(depth, frontier_tokens)
+        for row, (parent, row_logprobs) in enumerate(zip(frontier, logprobs)):
             base = scores[parent] if parent >= 0 else 0.0
-            for logprob, token in zip(row_logprobs, row_tokens):
+            for rank, logprob in enumerate(row_logprobs):
+                if logprob == float("-inf"):
+                    break
                 scores.append(base + logprob)
                 depths.append(depth)
                 parent_of.append(parent)
-                token_of.append(token)
-        frontier = [(i, token_of[i]) for i in sorted(best()) if depths[i] == depth]
+                token_of.append(children[row, rank])
+        frontier = [i for i in sorted(best()) if depths[i] == depth]
+        if frontier:
+            frontier_tokens = torch.stack([token_of[i] for i in frontier])
     chosen = sorted(best(), key=lambda i: (depths[i], i))                      # parents first
+    if not chosen:
+        return CandidateTree.empty(expander.hidden.device)
     new_index = {old: new for new, old in enumerate(chosen)}
     parents = tuple(-1 if parent_of[i] < 0 else new_index[parent_of[i]] for i in chosen)
-    tokens = torch.tensor([token_of[i] for i in chosen], dtype=torch.long, device=expander.hidden.device)
-    return CandidateTree(tokens, parents)
+    return CandidateTree(torch.stack([token_of[i] for i in chosen]), parents)
 
 
 def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequence[Sequence[int]]) -> CandidateTree:
-    """A static tree of rank paths (and their prefixes), expanded depth by depth."""
+    """A static tree of rank paths (and their prefixes), expanded depth by depth; no host read."""
     paths = sorted({tuple(p[:end]) for p in rank_paths for end in range(1, len(p) + 1)}, key=lambda p: (len(p), p))
     node_of: dict[tuple[int, ...], int] = {}
-    tokens: list[int] = []
+    tokens: list[torch.Tensor] = []      # 0-d token tensors, on the device
     parents: list[int] = []
+    device = expander.hidden.device
     for depth in range(max((len(p) for p in paths), default=0)):
         level = [p for p in paths if len(p) == depth + 1]
         parent_keys = sorted({p[:-1] for p in level})
-        parent_tokens = [pending if not key else tokens[node_of[key]] for key in parent_keys]
-        _, children = expander.children(depth, parent_tokens)
+        parent_tokens = (torch.tensor([pending], device=device) if depth == 0
+                         else torch.stack([tokens[node_of[key]] for key in parent_keys]))
+        width = max(p[-1] for p in level) + 1
+        children = expander.logits(depth, parent_tokens)                            # [n, V]
+        if expander.noise is not None:
+            children = coupled_scores(children, [expander.first + depth] * len(parent_keys), expander.noise)
+        children = children.topk(min(width, children.shape[-1]), dim=-1).indices   # [n, width]
         row_of = {key: row for row, key in enumerate(parent_keys)}
         for path in level:
             node_of[path] = len(tokens)
-            tokens.append(children[row_of[path[:-1]]][path[-1]])
+            tokens.append(children[row_of[path[:-1]], path[-1]])
             parents.append(node_of[path[:-1]] if depth else -1)
-    return CandidateTree(torch.tensor(tokens, dtype=torch.long, device=expander.hidden.device), tuple(parents))
+    if not tokens:
+        return CandidateTree.empty(device)
+    return CandidateTree(torch.stack(tokens), tuple(parents))
 
 
 class Medusa:
@@ -190,6 +224,8 @@ class Medusa:
         conditioned = self.heads.layout.token_conditioned
         pending = state.token_ids[-1]
         noise, first = state.noise, len(state.token_ids)        # depth d guesses position first + d
+        if not state.sampling.greedy and noise is None:         # rejection sampler: real distributions
+            return self._sampled_tree(last_hidden, depth, state)
         if self.tree == "static":
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1
@@ -201,19 +237,38 @@ class Medusa:
             return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k, noise, first), pending,
                                     depth, self.max_nodes)
         head_logits = self._head_logits(last_hidden, depth, state)          # [D, V]
-        width = min(self.top_k, int(torch.isfinite(head_logits).sum(dim=-1).min()))   # filtered-out: -inf
-        top = head_logits.log_softmax(dim=-1).topk(width, dim=-1)
-        paths = best_rank_paths(top.values, self.max_nodes)                       # values [D, k]
+        top = head_logits.log_softmax(dim=-1).topk(min(self.top_k, head_logits.shape[-1]), dim=-1)
+        paths = best_rank_paths(top.values, self.max_nodes)                 # values [D, k]: the one host read
         return ranks_to_tree(paths, top.indices, self.device)
 
     def _head_logits(self, last_hidden: torch.Tensor, depth: int, state: DecodeState) -> torch.Tensor:
-        """[D, V] the first `depth` heads' logits; under the coupled sampler, their warped logits plus
-        the noise of the position each guesses."""
+        """[D, V] the first `depth` heads' logits (one stacked vocabulary matmul); under the coupled
+        sampler, their warped logits plus the noise of the position each guesses."""
         logits = self.heads(last_hidden)[:depth].float()                     # [D, V]
         if state.noise is None:
             return logits
         first = len(state.token_ids)
         return coupled_scores(logits, range(first, first + depth), state.noise)
+
+    def _sampled_tree(self, last_hidden: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
+        """Temperature > 0 under the rejection sampler: the heads' real (warped) distributions, siblings
+        drawn without replacement (strategies.sampled_tree, as eagle). Head d + 1 gives the children
+        of depth-d nodes: plain heads the same distribution for every such node (all heads in one
+        call), token-conditioned heads one batched call per depth on the parents' drawn tokens."""
+        sampling = state.sampling
+        if self.heads.layout.token_conditioned:
+            expander = ConditionedExpander(self.heads, last_hidden, self.top_k)
+            root_probs = logits_to_probs(expander.logits(0, [state.token_ids[-1]])[0], sampling)     # [V]
+
+            def next_probs(depth, nodes, tokens, parents):
+                return logits_to_probs(expander.logits(depth + 1, tokens), sampling)                   # [n, V]
+        else:
+            head_probs = logits_to_probs(self.heads(last_hidden)[:depth].float(), sampling)           # [D, V]
+            root_probs = head_probs[0]
+
+            def next_probs(depth, nodes, tokens, parents):
+                return head_probs[depth + 1].expand(len(nodes), -1)                                  # [n, V]
+        return sampled_tree(root_probs, next_probs, depth, self.max_nodes, self.top_k, state.rng)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.last_hidden = result.hidden[-1]            # [H] the row that produced the new pending token

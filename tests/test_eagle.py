@@ -219,3 +219,27 @@ def test_expand_bounds_the_drafter_rows_per_depth():
         assert 1 <= len(tree_rows) <= 3 and max(tree_rows) <= bound and tree.num_nodes == 12
         if expand == 20:
             assert max(tree_rows) > 3                         # the exact tree expands more nodes
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_first_step_proposes_from_the_prefills_hidden_state(kind):
+    """The very first verify step already checks a tree (from the prefill's features), not an empty one."""
+    from specdec.api import Speculator
+    from specdec.heads import HeadsLayout, MedusaHeads
+    from specdec.heads.io import output_vocab
+    from specdec.strategies.medusa import Medusa
+    model = tiny_model("llama", seed=1, sharpen=4.0)
+    if kind == "eagle":
+        strategy = Eagle(random_drafter(model), max_nodes=6, top_k=2, depth=3)
+    else:
+        strategy = Medusa(MedusaHeads(HeadsLayout(2, 1, model.config.hidden_size, output_vocab(model))), max_nodes=4)
+    sizes = []
+    propose = strategy.propose
+
+    def recording(state):
+        tree = propose(state)
+        sizes.append(tree.num_nodes)
+        return tree
+    strategy.propose = recording
+    Speculator(model, None, strategy).generate(PROMPT, max_new_tokens=4, ignore_eos=True)
+    assert sizes[0] > 0

@@ -63,7 +63,7 @@ def test_exact_law_of_eagle_trees_through_the_acceptance_rule(temperature, tree)
     prefix_of_pending = ()
 
     def one_step(rng):
-        strategy.sample_siblings = lambda probs, count, _state: rng.sample_without_replacement(probs, count)
+        state.rng = rng                   # the strategy's draws go through the call's one random source
         candidate = strategy.propose(state)
         assert candidate.siblings == WITHOUT_REPLACEMENT and candidate.draft_probs is not None
         tokens = candidate.tokens.tolist()

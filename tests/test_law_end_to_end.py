@@ -116,8 +116,10 @@ def test_zero_residual_branch():
 
 
 # ---------------------------------------------------------------------- medusa, prompt lookup
-def noisy_heads(model, num_heads: int = 2, noise: float = 0.5, seed: int = 0) -> MedusaHeads:
-    heads = MedusaHeads(HeadsLayout(num_heads, 1, model.config.hidden_size, output_vocab(model)))
+def noisy_heads(model, num_heads: int = 2, noise: float = 0.5, seed: int = 0,
+                token_conditioned: bool = False) -> MedusaHeads:
+    heads = MedusaHeads(HeadsLayout(num_heads, 1, model.config.hidden_size, output_vocab(model),
+                                    token_conditioned=token_conditioned))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -125,9 +127,12 @@ def noisy_heads(model, num_heads: int = 2, noise: float = 0.5, seed: int = 0) ->
     return heads
 
 
-def test_medusa_law_is_the_targets():
-    """Point-mass proposals (a tree of the heads' top guesses)."""
-    sd = Speculator(TARGET, None, Medusa(noisy_heads(TARGET), max_nodes=4, top_k=2))
+@pytest.mark.parametrize("token_conditioned", [False, True])
+def test_medusa_law_is_the_targets(token_conditioned):
+    """The sampled tree: siblings drawn without replacement from the heads' real distributions
+    (plain heads: one per depth; token-conditioned: per parent token), every draw enumerated."""
+    heads = noisy_heads(TARGET, token_conditioned=token_conditioned)
+    sd = Speculator(TARGET, None, Medusa(heads, max_nodes=4, top_k=2))
     law = generation_law(sd, PROMPT, NEW, TOP2)
     assert_lossless(law, PROMPT, TOP2)
     assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01   # guesses were kept
@@ -156,9 +161,9 @@ def test_negative_control_always_accept_verifier():
 class LyingDraft(DraftModel):
     """Samples from its distribution but reports a flatter one to the verifier."""
 
-    def _pick(self, logits, k, state, position):
-        tokens, _true_probs = super()._pick(logits, k, state, position)
-        return tokens, logits_to_probs(logits / 4, state.sampling)
+    def _pick(self, logits, widths, state, position):
+        tokens, counts, _true_probs = super()._pick(logits, widths, state, position)
+        return tokens, counts, logits_to_probs(logits / 4, state.sampling)
 
 
 def test_negative_control_draft_that_lies_about_its_distribution():

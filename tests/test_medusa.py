@@ -188,8 +188,8 @@ def _all_node_paths(expander, pending, depth_limit):
     for depth in range(depth_limit):
         nxt = []
         for path, token, score in frontier:
-            (logprobs,), (children,) = expander.children(depth, [token])
-            for logprob, child in zip(logprobs, children):
+            (logprobs,), children = expander.children(depth, [token])
+            for logprob, child in zip(logprobs, children[0].tolist()):
                 out[path + (child,)] = score + logprob
                 nxt.append((path + (child,), child, score + logprob))
         frontier = nxt
@@ -229,8 +229,8 @@ def test_conditioned_static_tree_follows_rank_choices():
     paths = dict(zip(map(tuple, sorted(choices, key=lambda c: (len(c), c))), _paths_of(tree)))
     for ranks, tokens in paths.items():
         parent_token = tokens[-2] if len(tokens) > 1 else 9
-        _, (children,) = expander.children(len(ranks) - 1, [parent_token])
-        assert tokens[-1] == children[ranks[-1]]
+        _, children = expander.children(len(ranks) - 1, [parent_token])
+        assert tokens[-1] == children[0, ranks[-1]].item()
         if len(ranks) > 1:
             assert paths[ranks[:-1]] == tokens[:-1]
     lone = static_nodes(expander, 9, [[0, 1]])            # a path without its prefix gets the prefix too
@@ -249,3 +249,52 @@ def test_greedy_identity_conditioned_heads(arch, tree):
         out = sd.generate(ids, max_new_tokens=20, ignore_eos=True)
         assert out.token_ids == hf_greedy(model, ids, 20, eos_token_id=None)
         assert_step_accounting(out, 20)
+
+
+# ---------------------------------------------------------------------- stacked projections, sampling
+@pytest.mark.parametrize("own_lm_head", [False, True])
+def test_stacked_vocabulary_projection_equals_the_per_head_path(own_lm_head):
+    """forward() projects all K heads' features in one matmul; each row equals head_logits(k)."""
+    from specdec.heads.io import bind_heads
+    model = tiny_model("llama", seed=3)
+    layout = HeadsLayout(3, 1, model.config.hidden_size, output_vocab(model), own_lm_head=own_lm_head)
+    heads = MedusaHeads(layout)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    bind_heads(heads, model)
+    hidden = torch.randn(5, model.config.hidden_size)
+    with torch.no_grad():
+        stacked = heads(hidden)                                                        # [5, K, V]
+        for k in range(1, 4):
+            torch.testing.assert_close(stacked[:, k - 1], heads.head_logits(k, hidden), rtol=1e-6, atol=1e-6)
+        if own_lm_head:            # the kept stack follows an in-place weight change
+            heads.lm_heads[1].weight.mul_(2)
+            torch.testing.assert_close(heads(hidden)[:, 1], heads.head_logits(2, hidden), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("token_conditioned", [False, True])
+def test_sampled_tree_carries_the_heads_real_distributions(token_conditioned):
+    """T > 0, rejection sampler: the root's children are drawn without replacement from head 1's
+    warped distribution, and draft_probs rows are that distribution."""
+    from specdec.sampling import SamplingParams, logits_to_probs
+    from specdec.tree import WITHOUT_REPLACEMENT
+    model = tiny_model("llama", seed=1, sharpen=4.0)
+    medusa = Medusa(fresh_heads(model, noise=0.5, token_conditioned=token_conditioned), max_nodes=6, top_k=3)
+    medusa.bind(model, None)
+    medusa.last_hidden = torch.randn(model.config.hidden_size)
+    params = SamplingParams(0.8)
+    state = DecodeState(token_ids=[5, 6, 9], prompt_len=3, sampling=params,
+                        generator=torch.Generator().manual_seed(0), max_depth=8)
+    tree = medusa.propose(state)
+    assert tree.siblings == WITHOUT_REPLACEMENT and tree.num_nodes == 6
+    with torch.no_grad():
+        ids = torch.tensor([9]) if token_conditioned else None
+        head1 = medusa.heads(medusa.last_hidden[None], ids, head=1)[0] if token_conditioned \
+            else medusa.heads(medusa.last_hidden)[0]
+    root_q = logits_to_probs(head1.float(), params)
+    kids = tree.children(-1)
+    assert kids and len({tree.tokens[c].item() for c in kids}) == len(kids)
+    for node in kids:
+        torch.testing.assert_close(tree.draft_probs[node], root_q)
