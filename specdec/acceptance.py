@@ -3,53 +3,139 @@
 Pure functions of the tree, the target's per-node outputs and (when sampling) a random source.
 Row 0 of the target outputs belongs to the pending token, row i + 1 to tree node i: row r holds
 the target's distribution for the children of that row's node.
+
+Both rules run on the device and read back to the host once per step (greedy, coupled) or twice
+(rejection sampling: the acceptance table with the step's uniforms, then the final token's draw),
+so a GPU synchronises once or twice per step, whatever the tree. The per-shape index tensors they
+need are built once per tree shape and device (`tree_index`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from .tree import WITHOUT_REPLACEMENT, CandidateTree
+from .tree import WITHOUT_REPLACEMENT, CandidateTree, ancestor_matrix, children_of
 
 
 @dataclass(frozen=True)
 class Verdict:
     accepted: tuple[int, ...]   # tree node indices of the accepted path, root first
     next_token: int             # the target's own token after that path (correction or bonus)
+    accepted_tokens: tuple[int, ...] | None = None   # tokens of the accepted nodes, root first
+    #   (None: not carried, path_tokens reads them from the tree)
+
+    def __post_init__(self):
+        object.__setattr__(self, "next_token", int(self.next_token))
 
     @property
     def last_row(self) -> int:
         """Row of the target outputs that produced next_token (0 = pending token)."""
         return self.accepted[-1] + 1 if self.accepted else 0
 
+    def path_tokens(self, tree: CandidateTree) -> list[int]:
+        """Tokens of the accepted path, root first (no host read when the verdict carries them)."""
+        if self.accepted_tokens is not None:
+            return list(self.accepted_tokens)
+        return tree.tokens[list(self.accepted)].tolist() if self.accepted else []
 
-def accept_greedy(tree: CandidateTree, target_argmax: list[int], tree_tokens: list[int] | None = None) -> Verdict:
-    """Walk from the root to the child equal to the target's argmax; the first miss yields the argmax.
 
-    target_argmax: [1 + N] argmax token of each row."""
-    tokens = tree.tokens.tolist() if tree_tokens is None else tree_tokens
-    accepted: list[int] = []
-    node = -1
-    while True:
-        want = target_argmax[node + 1]
-        for child in tree.children(node):
-            if tokens[child] == want:
-                accepted.append(child)
-                node = child
-                break
+# ---------------------------------------------------------------------- per-shape index tensors
+@dataclass(frozen=True)
+class TreeIndex:
+    """Index tensors of one tree shape on one device, built once and reused every step."""
+    parent_rows: torch.Tensor     # [N] long: the target row that scores node i (its parent's row)
+    node_rows: torch.Tensor       # [N] long: node i's own row, i + 1
+    ancestors: torch.Tensor       # [N, N] bool: (i, j) = node j is node i or one of its ancestors
+    watched: torch.Tensor         # [N, N] bool: ancestors, plus the earlier siblings of each of them
+    kid_rows: torch.Tensor        # [P] long: the rows whose node has children (P of them)
+    kid_table: torch.Tensor       # [P, J] long: their children in drafted order, -1 past the last
+    slot_of_row: dict             # row -> its index in kid_rows (host)
+    max_children: int             # J
+
+
+@lru_cache(maxsize=256)
+def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
+    n = len(parents)
+    kids = children_of(parents)                       # kids[row] = children of row's node, drafted order
+    ancestors = ancestor_matrix(parents).clone()      # [N, N]
+    earlier_sibling = torch.zeros(n, n, dtype=torch.bool)
+    for siblings in kids:
+        for rank, node in enumerate(siblings):
+            earlier_sibling[node, list(siblings[:rank])] = True
+    # node i is kept iff each node j on its path matches and no earlier sibling of j matches
+    watched = ancestors | (ancestors.float() @ earlier_sibling.float() > 0)      # [N, N]
+    kid_rows = [row for row, siblings in enumerate(kids) if siblings]
+    width = max((len(kids[row]) for row in kid_rows), default=0)
+    table = [list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
+    return TreeIndex(
+        parent_rows=torch.tensor([p + 1 for p in parents], dtype=torch.long, device=device),
+        node_rows=torch.arange(1, n + 1, dtype=torch.long, device=device),
+        ancestors=ancestors.to(device), watched=watched.to(device),
+        kid_rows=torch.tensor(kid_rows, dtype=torch.long, device=device),
+        kid_table=torch.tensor(table, dtype=torch.long, device=device).reshape(len(kid_rows), width),
+        slot_of_row={row: slot for slot, row in enumerate(kid_rows)}, max_children=width)
+
+
+# ---------------------------------------------------------------------- greedy and coupled
+def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) -> Verdict:
+    """Walk from the root to the first child equal to the target's token; the first miss yields
+    the target's token there. Computed on the device, one host read.
+
+    target_tokens: [1 + N] the target's token of each row (its argmax, or the coupled sampler's
+    noisy argmax)."""
+    target_tokens = torch.as_tensor(target_tokens, dtype=torch.long)             # [1 + N]
+    index = tree_index(tree.parents, target_tokens.device)
+    tokens = tree.tokens.to(target_tokens.device)                                 # [N]
+    match = tokens == target_tokens[index.parent_rows]                            # [N]
+    on_path = ~(index.watched & (match[None, :] != index.ancestors)).any(dim=-1)  # [N]
+    # the kept nodes form one path, so the deepest one has the largest row (0: none kept)
+    last_row = torch.cat([on_path * index.node_rows, index.node_rows.new_zeros(1)]).max()
+    packed = torch.cat([torch.where(on_path, tokens, -1), target_tokens[last_row][None]])   # [N + 1]
+    values = packed.tolist()                                      # the step's one host read
+    kept = [(node, token) for node, token in enumerate(values[:-1]) if token >= 0]
+    return Verdict(tuple(node for node, _ in kept), values[-1], tuple(token for _, token in kept))
+
+
+# ---------------------------------------------------------------------- rejection sampling
+def rejection_tables(tree: CandidateTree, target_probs: torch.Tensor, index: TreeIndex):
+    """Every parent's rejection sampling over its children, batched over parents (the residual at
+    a node depends only on its own target row and its children's drafts, not on the path to it).
+
+    Returns accept_probs [P, J] (child j of parent slot p is accepted with this probability when
+    it is tried) and residuals [J + 1, P, V] (the residual after the first j children of slot p
+    were rejected; residuals[0] = the target rows)."""
+    kids = index.kid_table.clamp(min=0)                                          # [P, J]
+    tokens = tree.tokens.to(target_probs.device)[kids]                           # [P, J]
+    draft_probs = None if tree.draft_probs is None else tree.draft_probs.to(target_probs.device)
+    without_replacement = tree.siblings == WITHOUT_REPLACEMENT
+    residual = target_probs[index.kid_rows]                                      # [P, V]
+    residuals, accept_probs = [residual], []
+    tried = torch.zeros_like(residual, dtype=torch.bool)                         # [P, V] earlier siblings' tokens
+    for rank in range(index.max_children):
+        token = tokens[:, rank: rank + 1]                                        # [P, 1]
+        if draft_probs is None:                                                  # point mass on `token`
+            accept = residual.gather(1, token)                                   # [P, 1]
+            rejected = residual.scatter(1, token, 0.0)                           # [P, V]
         else:
-            return Verdict(tuple(accepted), want)
+            draft = draft_probs[kids[:, rank]]                                   # [P, V]
+            if without_replacement and rank:
+                draft = draft.masked_fill(tried, 0)
+                draft = draft / draft.sum(dim=-1, keepdim=True)
+            accept = torch.clamp(residual.gather(1, token) / draft.gather(1, token), max=1.0)
+            rejected = torch.clamp(residual - draft, min=0)
+        # A zero residual can only follow a rejection of probability zero (r == q):
+        # keep r then, which has the same law and never divides by zero.
+        total = rejected.sum(dim=-1, keepdim=True)                               # [P, 1]
+        residual = torch.where(total > 0, rejected / total, residual)
+        residuals.append(residual)
+        accept_probs.append(accept)
+        tried = tried.scatter(1, token, True)
+    return torch.cat(accept_probs, dim=1), torch.stack(residuals)
 
 
-def _normalized(residual: torch.Tensor) -> torch.Tensor | None:
-    total = residual.sum()
-    if not total > 0:
-        return None
-    return residual / total
-
-
-def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng, tree_tokens: list[int] | None = None) -> Verdict:
+def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
     """Recursive rejection sampling over siblings; the kept path has the target's law.
 
     target_probs: [1 + N, V] fp32 warped target distributions per row.
@@ -57,43 +143,41 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng, tree_t
     order, accept child x with probability min(1, r(x) / q(x)); on rejection r <- norm(max(0, r - q)).
     q is the child's draft distribution (None: a point mass on x). Siblings drawn without
     replacement see q with the earlier siblings' tokens removed. If every child is rejected the
-    token is drawn from r; below an accepted leaf it is drawn from the target there (bonus)."""
-    tokens = tree.tokens.tolist() if tree_tokens is None else tree_tokens
-    draft_probs = tree.draft_probs
-    without_replacement = tree.siblings == WITHOUT_REPLACEMENT
+    token is drawn from r; below an accepted leaf it is drawn from the target there (bonus).
+
+    The acceptance probabilities of every child are computed on the device first; they come to
+    the host in one read together with the tokens and the step's uniforms (`rng.uniforms`), the
+    walk draws rng.bernoulli child by child in drafted order on the host, and the final draw
+    (rng.categorical) is the second read."""
+    if tree.num_nodes == 0:
+        return Verdict((), rng.categorical(target_probs[0]), ())
+    index = tree_index(tree.parents, target_probs.device)
+    accept_probs, residuals = rejection_tables(tree, target_probs, index)       # [P, J], [J + 1, P, V]
+    uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
+    parts = [accept_probs.flatten().double(), tree.tokens.to(target_probs.device).double()]
+    if uniforms is not None:
+        parts.append(uniforms.to(target_probs.device).double())
+    values = torch.cat(parts).tolist()                           # host read 1: table, tokens, uniforms
+    width, num_slots = index.max_children, accept_probs.shape[0]
+    tokens = [int(t) for t in values[num_slots * width: num_slots * width + tree.num_nodes]]
+    uniform_values = iter(values[num_slots * width + tree.num_nodes:])
     accepted: list[int] = []
     node = -1
     while True:
         kids = tree.children(node)
-        residual = target_probs[node + 1]                          # [V]
-        if not kids:
-            return Verdict(tuple(accepted), rng.categorical(residual))
-        tried: list[int] = []
-        for child in kids:
-            token = tokens[child]
-            if draft_probs is None:                                 # point mass on `token`
-                accept_prob = residual[token]
-            else:
-                draft = draft_probs[child]                          # [V]
-                if without_replacement and tried:
-                    draft = draft.clone()
-                    draft[tried] = 0
-                    draft = draft / draft.sum()
-                accept_prob = torch.clamp(residual[token] / draft[token], max=1.0)
-            if rng.bernoulli(accept_prob):
+        if not kids:                                              # bonus token below a leaf
+            final = target_probs[node + 1]
+            break
+        slot = index.slot_of_row[node + 1]
+        for rank, child in enumerate(kids):
+            accept_prob = values[slot * width + rank]
+            uniform = next(uniform_values, None)
+            if rng.bernoulli(accept_prob) if uniform is None else rng.bernoulli(accept_prob, uniform):
                 accepted.append(child)
                 node = child
                 break
-            if draft_probs is None:
-                rejected = residual.clone()
-                rejected[token] = 0
-            else:
-                rejected = torch.clamp(residual - draft, min=0)
-            # A zero residual can only follow a rejection of probability zero (r == q):
-            # keep r then, which has the same law and never divides by zero.
-            renormalized = _normalized(rejected)
-            if renormalized is not None:
-                residual = renormalized
-            tried.append(token)
-        else:
-            return Verdict(tuple(accepted), rng.categorical(residual))
+        else:                                                     # every child rejected
+            final = residuals[len(kids), slot]
+            break
+    next_token = rng.categorical(final)                           # host read 2
+    return Verdict(tuple(accepted), next_token, tuple(tokens[n] for n in accepted))
