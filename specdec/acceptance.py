@@ -99,40 +99,87 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) 
 
 
 # ---------------------------------------------------------------------- rejection sampling
+def _normalized(residual: torch.Tensor) -> torch.Tensor | None:
+    total = residual.sum()
+    if not total > 0:
+        return None
+    return residual / total
+
+
+def _rejected(residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor) -> torch.Tensor:
+    """[..., V] residual after rejecting `token` [..., 1] drawn from draft [..., V] (None: a point
+    mass on it): max(0, r - q), not renormalized."""
+    if draft is None:
+        return residual.scatter(-1, token, 0.0)
+    return torch.clamp(residual - draft, min=0)
+
+
+def _draft_without(draft: torch.Tensor, tried: torch.Tensor) -> torch.Tensor:
+    """[..., V] draft distribution with the earlier siblings' tokens (`tried`, bool [..., V])
+    removed and renormalized: what a sibling drawn without replacement was drawn from."""
+    draft = draft.masked_fill(tried, 0)
+    return draft / draft.sum(dim=-1, keepdim=True)
+
+
 def rejection_tables(tree: CandidateTree, target_probs: torch.Tensor, index: TreeIndex):
     """Every parent's rejection sampling over its children, batched over parents (the residual at
     a node depends only on its own target row and its children's drafts, not on the path to it).
 
     Returns accept_probs [P, J] (child j of parent slot p is accepted with this probability when
-    it is tried) and residuals [J + 1, P, V] (the residual after the first j children of slot p
-    were rejected; residuals[0] = the target rows)."""
+    it is tried), residual_left [P, J] bool (the residual after rejecting child j is not all zero)
+    and residuals [J + 1, P, V] (the residual after the first j children of slot p were rejected;
+    residuals[0] = the target rows; entries after a zero residual are meaningless)."""
     kids = index.kid_table.clamp(min=0)                                          # [P, J]
     tokens = tree.tokens.to(target_probs.device)[kids]                           # [P, J]
     draft_probs = None if tree.draft_probs is None else tree.draft_probs.to(target_probs.device)
     without_replacement = tree.siblings == WITHOUT_REPLACEMENT
     residual = target_probs[index.kid_rows]                                      # [P, V]
-    residuals, accept_probs = [residual], []
+    residuals, accept_probs, totals = [residual], [], []
     tried = torch.zeros_like(residual, dtype=torch.bool)                         # [P, V] earlier siblings' tokens
     for rank in range(index.max_children):
         token = tokens[:, rank: rank + 1]                                        # [P, 1]
         if draft_probs is None:                                                  # point mass on `token`
+            draft = None
             accept = residual.gather(1, token)                                   # [P, 1]
-            rejected = residual.scatter(1, token, 0.0)                           # [P, V]
         else:
             draft = draft_probs[kids[:, rank]]                                   # [P, V]
             if without_replacement and rank:
-                draft = draft.masked_fill(tried, 0)
-                draft = draft / draft.sum(dim=-1, keepdim=True)
+                draft = _draft_without(draft, tried)
             accept = torch.clamp(residual.gather(1, token) / draft.gather(1, token), max=1.0)
-            rejected = torch.clamp(residual - draft, min=0)
-        # A zero residual can only follow a rejection of probability zero (r == q):
-        # keep r then, which has the same law and never divides by zero.
+        rejected = _rejected(residual, draft, token)                             # [P, V]
         total = rejected.sum(dim=-1, keepdim=True)                               # [P, 1]
-        residual = torch.where(total > 0, rejected / total, residual)
+        residual = rejected / total
         residuals.append(residual)
         accept_probs.append(accept)
+        totals.append(total)
         tried = tried.scatter(1, token, True)
-    return torch.cat(accept_probs, dim=1), torch.stack(residuals)
+    return torch.cat(accept_probs, dim=1), torch.cat(totals, dim=1) > 0, torch.stack(residuals)
+
+
+def _rest_on_host(tree: CandidateTree, kids: tuple[int, ...], rank: int, residual: torch.Tensor, rng,
+                  next_uniform) -> tuple[int | None, torch.Tensor]:
+    """kids[rank] was just rejected from `residual` [V] and left a zero residual max(0, r - q) (a
+    rejection of probability zero, r == q): keep r, which has the same law and never divides by
+    zero, and try the children after it one by one with host reads (a path of probability zero).
+    Returns (accepted child or None, the residual then)."""
+    device = residual.device
+    tried = torch.zeros_like(residual, dtype=torch.bool)                          # [V]
+    for position in range(rank, len(kids)):
+        child = kids[position]
+        token = tree.tokens[child: child + 1].to(device)                         # [1]
+        draft = None if tree.draft_probs is None else tree.draft_probs[child].to(device)
+        if draft is not None and tree.siblings == WITHOUT_REPLACEMENT and position:
+            tried[tree.tokens[list(kids[:position])].to(device)] = True
+            draft = _draft_without(draft, tried)
+        if position > rank:                                                      # kids[rank] was rejected already
+            accept_prob = residual[token] if draft is None else torch.clamp(residual[token] / draft[token], max=1.0)
+            uniform = next_uniform()
+            if rng.bernoulli(accept_prob) if uniform is None else rng.bernoulli(float(accept_prob), uniform):
+                return child, residual
+        renormalized = _normalized(_rejected(residual, draft, token))
+        if renormalized is not None:
+            residual = renormalized
+    return None, residual
 
 
 def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
@@ -145,22 +192,29 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
     replacement see q with the earlier siblings' tokens removed. If every child is rejected the
     token is drawn from r; below an accepted leaf it is drawn from the target there (bonus).
 
-    The acceptance probabilities of every child are computed on the device first; they come to
-    the host in one read together with the tokens and the step's uniforms (`rng.uniforms`), the
-    walk draws rng.bernoulli child by child in drafted order on the host, and the final draw
-    (rng.categorical) is the second read."""
+    Every child's acceptance probability is computed on the device first (rejection_tables);
+    they come to the host in one read together with the tokens and the step's uniforms
+    (`rng.uniforms`), the walk draws rng.bernoulli child by child in drafted order on the host,
+    and the final draw (rng.categorical) is the second read. A zero residual (probability zero)
+    finishes its node on the host (_rest_on_host)."""
     if tree.num_nodes == 0:
         return Verdict((), rng.categorical(target_probs[0]), ())
     index = tree_index(tree.parents, target_probs.device)
-    accept_probs, residuals = rejection_tables(tree, target_probs, index)       # [P, J], [J + 1, P, V]
+    accept_probs, residual_left, residuals = rejection_tables(tree, target_probs, index)
     uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
-    parts = [accept_probs.flatten().double(), tree.tokens.to(target_probs.device).double()]
+    parts = [accept_probs.flatten().double(), residual_left.flatten().double(),
+             tree.tokens.to(target_probs.device).double()]
     if uniforms is not None:
         parts.append(uniforms.to(target_probs.device).double())
-    values = torch.cat(parts).tolist()                           # host read 1: table, tokens, uniforms
-    width, num_slots = index.max_children, accept_probs.shape[0]
-    tokens = [int(t) for t in values[num_slots * width: num_slots * width + tree.num_nodes]]
-    uniform_values = iter(values[num_slots * width + tree.num_nodes:])
+    values = torch.cat(parts).tolist()            # host read 1: acceptance table, tokens, uniforms
+    cells = accept_probs.numel()
+    width = index.max_children
+    tokens = [int(t) for t in values[2 * cells: 2 * cells + tree.num_nodes]]
+    uniform_values = iter(values[2 * cells + tree.num_nodes:])
+
+    def next_uniform():
+        return next(uniform_values, None)
+
     accepted: list[int] = []
     node = -1
     while True:
@@ -169,15 +223,19 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
             final = target_probs[node + 1]
             break
         slot = index.slot_of_row[node + 1]
+        chosen, final = None, residuals[len(kids), slot]
         for rank, child in enumerate(kids):
+            uniform = next_uniform()
             accept_prob = values[slot * width + rank]
-            uniform = next(uniform_values, None)
             if rng.bernoulli(accept_prob) if uniform is None else rng.bernoulli(accept_prob, uniform):
-                accepted.append(child)
-                node = child
+                chosen = child
                 break
-        else:                                                     # every child rejected
-            final = residuals[len(kids), slot]
+            if not values[cells + slot * width + rank]:           # a zero residual: the host finishes the node
+                chosen, final = _rest_on_host(tree, kids, rank, residuals[rank, slot], rng, next_uniform)
+                break
+        if chosen is None:                                        # every child rejected
             break
+        accepted.append(chosen)
+        node = chosen
     next_token = rng.categorical(final)                           # host read 2
     return Verdict(tuple(accepted), next_token, tuple(tokens[n] for n in accepted))

@@ -334,3 +334,18 @@ def test_torch_random_uniforms_decide_like_a_fresh_draw():
                 for seed in (5, 5, 6)]
     assert verdicts[0] == verdicts[1]
     assert all(v.accepted_tokens == tuple(tree.tokens[list(v.accepted)].tolist()) for v in verdicts)
+
+
+@pytest.mark.parametrize("draft", ["none", "probs"])
+def test_zero_residual_mid_siblings_matches_the_walk(draft):
+    """The first child's rejection (probability 0) leaves an all-zero residual while siblings are
+    still to be tried: the host finishes that node; every outcome, weight-0 ones included, agrees
+    with the walk."""
+    one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    rows = torch.stack([one_hot, torch.tensor([0.0, 0.5, 0.5, 0.0]), torch.full((4,), 0.25)])
+    tree = CandidateTree(torch.tensor([1, 2, 3]), (-1, -1, 0), rows if draft == "probs" else None)
+    target_probs = torch.stack([one_hot, torch.full((4,), 0.25), torch.full((4,), 0.25), torch.full((4,), 0.25)])
+    law = enumerate_law(lambda rng: (lambda v: (v.accepted, v.next_token))(accept_sampling(tree, target_probs, rng)),
+                        explore_zero=True)
+    expected = enumerate_law(lambda rng: reference_sampling(tree, target_probs, rng), explore_zero=True)
+    assert set(law) == set(expected) and total_variation(law, expected) < 1e-9
