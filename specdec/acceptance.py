@@ -46,13 +46,13 @@ class Verdict:
 class TreeIndex:
     """Index tensors of one tree shape on one device, built once and reused every step."""
     parent_rows: torch.Tensor     # [N] long: the target row that scores node i (its parent's row)
-    node_rows: torch.Tensor       # [N] long: node i's own row, i + 1
     ancestors: torch.Tensor       # [N, N] bool: (i, j) = node j is node i or one of its ancestors
     watched: torch.Tensor         # [N, N] bool: ancestors, plus the earlier siblings of each of them
-    kid_rows: torch.Tensor        # [P] long: the rows whose node has children (P of them)
+    kid_rows: torch.Tensor        # [P] long: the rows whose node has children, most children first
     kid_table: torch.Tensor       # [P, J] long: their children in drafted order, -1 past the last
+    active: tuple[int, ...]       # [J]: how many of those rows have more than j children (a prefix)
+    offsets: tuple[int, ...]      # [J]: where rank j's cells start when ranks are laid end to end
     slot_of_row: dict             # row -> its index in kid_rows (host)
-    max_children: int             # J
 
 
 @lru_cache(maxsize=256)
@@ -66,16 +66,17 @@ def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
             earlier_sibling[node, list(siblings[:rank])] = True
     # node i is kept iff each node j on its path matches and no earlier sibling of j matches
     watched = ancestors | (ancestors.float() @ earlier_sibling.float() > 0)      # [N, N]
-    kid_rows = [row for row, siblings in enumerate(kids) if siblings]
-    width = max((len(kids[row]) for row in kid_rows), default=0)
+    kid_rows = sorted((row for row, siblings in enumerate(kids) if siblings), key=lambda row: -len(kids[row]))
+    width = len(kids[kid_rows[0]]) if kid_rows else 0
     table = [list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
+    active = tuple(sum(len(kids[row]) > rank for row in kid_rows) for rank in range(width))
     return TreeIndex(
         parent_rows=torch.tensor([p + 1 for p in parents], dtype=torch.long, device=device),
-        node_rows=torch.arange(1, n + 1, dtype=torch.long, device=device),
         ancestors=ancestors.to(device), watched=watched.to(device),
         kid_rows=torch.tensor(kid_rows, dtype=torch.long, device=device),
         kid_table=torch.tensor(table, dtype=torch.long, device=device).reshape(len(kid_rows), width),
-        slot_of_row={row: slot for slot, row in enumerate(kid_rows)}, max_children=width)
+        active=active, offsets=tuple(sum(active[:rank]) for rank in range(width)),
+        slot_of_row={row: slot for slot, row in enumerate(kid_rows)})
 
 
 # ---------------------------------------------------------------------- greedy and coupled
@@ -90,12 +91,13 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) 
     tokens = tree.tokens.to(target_tokens.device)                                 # [N]
     match = tokens == target_tokens[index.parent_rows]                            # [N]
     on_path = ~(index.watched & (match[None, :] != index.ancestors)).any(dim=-1)  # [N]
-    # the kept nodes form one path, so the deepest one has the largest row (0: none kept)
-    last_row = torch.cat([on_path * index.node_rows, index.node_rows.new_zeros(1)]).max()
-    packed = torch.cat([torch.where(on_path, tokens, -1), target_tokens[last_row][None]])   # [N + 1]
+    packed = torch.cat([torch.where(on_path, tokens, -1), target_tokens])        # [N + 1 + N]
     values = packed.tolist()                                      # the step's one host read
-    kept = [(node, token) for node, token in enumerate(values[:-1]) if token >= 0]
-    return Verdict(tuple(node for node, _ in kept), values[-1], tuple(token for _, token in kept))
+    kept = [(node, token) for node, token in enumerate(values[:tree.num_nodes]) if token >= 0]
+    # the kept nodes form one path: the deepest (last) one's row holds the next token
+    last_row = kept[-1][0] + 1 if kept else 0
+    return Verdict(tuple(node for node, _ in kept), values[tree.num_nodes + last_row],
+                   tuple(token for _, token in kept))
 
 
 # ---------------------------------------------------------------------- rejection sampling
@@ -111,7 +113,7 @@ def _rejected(residual: torch.Tensor, draft: torch.Tensor | None, token: torch.T
     mass on it): max(0, r - q), not renormalized."""
     if draft is None:
         return residual.scatter(-1, token, 0.0)
-    return torch.clamp(residual - draft, min=0)
+    return (residual - draft).clamp_(min=0)
 
 
 def _draft_without(draft: torch.Tensor, tried: torch.Tensor) -> torch.Tensor:
@@ -124,36 +126,41 @@ def _draft_without(draft: torch.Tensor, tried: torch.Tensor) -> torch.Tensor:
 def rejection_tables(tree: CandidateTree, target_probs: torch.Tensor, index: TreeIndex):
     """Every parent's rejection sampling over its children, batched over parents (the residual at
     a node depends only on its own target row and its children's drafts, not on the path to it).
+    Rank j (the j-th child of each parent) is one batch over the parents that have one, a prefix
+    of index.kid_rows: P_j = index.active[j] rows, N cells over all ranks.
 
-    Returns accept_probs [P, J] (child j of parent slot p is accepted with this probability when
-    it is tried), residual_left [P, J] bool (the residual after rejecting child j is not all zero)
-    and residuals [J + 1, P, V] (the residual after the first j children of slot p were rejected;
-    residuals[0] = the target rows; entries after a zero residual are meaningless)."""
-    kids = index.kid_table.clamp(min=0)                                          # [P, J]
-    tokens = tree.tokens.to(target_probs.device)[kids]                           # [P, J]
+    Returns, per rank j: accept_probs[j] [P_j] (child j of parent slot p is accepted with this
+    probability when it is tried), residual_left[j] [P_j] bool (the residual after rejecting it
+    is not all zero), and residuals[j + 1] [P_j, V] (the residual after the first j + 1 children
+    were rejected; residuals[0] = the target rows [P, V]; meaningless after a zero residual)."""
+    tokens = tree.tokens.to(target_probs.device)                                 # [N]
     draft_probs = None if tree.draft_probs is None else tree.draft_probs.to(target_probs.device)
     without_replacement = tree.siblings == WITHOUT_REPLACEMENT
     residual = target_probs[index.kid_rows]                                      # [P, V]
-    residuals, accept_probs, totals = [residual], [], []
-    tried = torch.zeros_like(residual, dtype=torch.bool)                         # [P, V] earlier siblings' tokens
-    for rank in range(index.max_children):
-        token = tokens[:, rank: rank + 1]                                        # [P, 1]
+    residuals, accept_probs, residual_left = [residual], [], []
+    tried = None                                                                 # [P_j, V] earlier siblings' tokens
+    for rank, active in enumerate(index.active):
+        residual = residual[:active]                                             # [P_j, V]
+        child = index.kid_table[:active, rank]                                   # [P_j]
+        token = tokens[child][:, None]                                           # [P_j, 1]
         if draft_probs is None:                                                  # point mass on `token`
             draft = None
-            accept = residual.gather(1, token)                                   # [P, 1]
+            accept = residual.gather(1, token)                                   # [P_j, 1]
         else:
-            draft = draft_probs[kids[:, rank]]                                   # [P, V]
+            draft = draft_probs[child]                                           # [P_j, V]
             if without_replacement and rank:
-                draft = _draft_without(draft, tried)
+                draft = _draft_without(draft, tried[:active])
             accept = torch.clamp(residual.gather(1, token) / draft.gather(1, token), max=1.0)
-        rejected = _rejected(residual, draft, token)                             # [P, V]
-        total = rejected.sum(dim=-1, keepdim=True)                               # [P, 1]
-        residual = rejected / total
+        rejected = _rejected(residual, draft, token)                             # [P_j, V]
+        total = rejected.sum(dim=-1, keepdim=True)                               # [P_j, 1]
+        residual = rejected.div_(total)                                          # (a fresh tensor: in place)
         residuals.append(residual)
-        accept_probs.append(accept)
-        totals.append(total)
-        tried = tried.scatter(1, token, True)
-    return torch.cat(accept_probs, dim=1), torch.cat(totals, dim=1) > 0, torch.stack(residuals)
+        accept_probs.append(accept[:, 0])
+        residual_left.append(total[:, 0] > 0)
+        if without_replacement and draft_probs is not None:
+            tried = torch.zeros_like(residual, dtype=torch.bool) if tried is None else tried[:active]
+            tried = tried.scatter(1, token, True)
+    return accept_probs, residual_left, residuals
 
 
 def _rest_on_host(tree: CandidateTree, kids: tuple[int, ...], rank: int, residual: torch.Tensor, rng,
@@ -202,15 +209,13 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
     index = tree_index(tree.parents, target_probs.device)
     accept_probs, residual_left, residuals = rejection_tables(tree, target_probs, index)
     uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
-    parts = [accept_probs.flatten().double(), residual_left.flatten().double(),
-             tree.tokens.to(target_probs.device).double()]
+    parts = [*accept_probs, *residual_left, tree.tokens.to(target_probs.device)]
     if uniforms is not None:
-        parts.append(uniforms.to(target_probs.device).double())
-    values = torch.cat(parts).tolist()            # host read 1: acceptance table, tokens, uniforms
-    cells = accept_probs.numel()
-    width = index.max_children
-    tokens = [int(t) for t in values[2 * cells: 2 * cells + tree.num_nodes]]
-    uniform_values = iter(values[2 * cells + tree.num_nodes:])
+        parts.append(uniforms.to(target_probs.device))
+    values = torch.cat([part.double() for part in parts]).tolist()   # host read 1: tables, tokens, uniforms
+    cells = tree.num_nodes                                       # one acceptance cell per child
+    tokens = [int(t) for t in values[2 * cells: 3 * cells]]
+    uniform_values = iter(values[3 * cells:])
 
     def next_uniform():
         return next(uniform_values, None)
@@ -223,15 +228,15 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
             final = target_probs[node + 1]
             break
         slot = index.slot_of_row[node + 1]
-        chosen, final = None, residuals[len(kids), slot]
+        chosen, final = None, residuals[len(kids)][slot]
         for rank, child in enumerate(kids):
             uniform = next_uniform()
-            accept_prob = values[slot * width + rank]
+            accept_prob = values[index.offsets[rank] + slot]
             if rng.bernoulli(accept_prob) if uniform is None else rng.bernoulli(accept_prob, uniform):
                 chosen = child
                 break
-            if not values[cells + slot * width + rank]:           # a zero residual: the host finishes the node
-                chosen, final = _rest_on_host(tree, kids, rank, residuals[rank, slot], rng, next_uniform)
+            if not values[cells + index.offsets[rank] + slot]:     # a zero residual: the host finishes the node
+                chosen, final = _rest_on_host(tree, kids, rank, residuals[rank][slot], rng, next_uniform)
                 break
         if chosen is None:                                        # every child rejected
             break
