@@ -4,10 +4,10 @@ Pure functions of the tree, the target's per-node outputs and (when sampling) a 
 Row 0 of the target outputs belongs to the pending token, row i + 1 to tree node i: row r holds
 the target's distribution for the children of that row's node.
 
-Both rules run on the device and read back to the host once per step (greedy, coupled) or twice
-(rejection sampling: the acceptance table with the step's uniforms, then the final token's draw),
-so a GPU synchronises once or twice per step, whatever the tree. The per-shape index tensors they
-need are built once per tree shape and device (`tree_index`).
+Both rules read the device back to the host once per step (greedy, coupled) or twice (rejection
+sampling: every child's acceptance probability, computed on the device in a batch, with the step's
+uniforms; then the final token's draw), so a GPU synchronises once or twice per step, whatever
+the tree. The index tensors of a tree shape are built once per shape and device (`tree_index`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import torch
 
-from .tree import WITHOUT_REPLACEMENT, CandidateTree, ancestor_matrix, children_of
+from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,8 @@ class Verdict:
 # ---------------------------------------------------------------------- per-shape index tensors
 @dataclass(frozen=True)
 class TreeIndex:
-    """Index tensors of one tree shape on one device, built once and reused every step."""
-    parent_rows: torch.Tensor     # [N] long: the target row that scores node i (its parent's row)
-    ancestors: torch.Tensor       # [N, N] bool: (i, j) = node j is node i or one of its ancestors
-    watched: torch.Tensor         # [N, N] bool: ancestors, plus the earlier siblings of each of them
+    """Index tensors of one tree shape on one device for the batched rejection tables, built once
+    and reused every step."""
     kid_rows: torch.Tensor        # [P] long: the rows whose node has children, most children first
     kid_table: torch.Tensor       # [P, J] long: their children in drafted order, -1 past the last
     active: tuple[int, ...]       # [J]: how many of those rows have more than j children (a prefix)
@@ -57,22 +55,12 @@ class TreeIndex:
 
 @lru_cache(maxsize=256)
 def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
-    n = len(parents)
     kids = children_of(parents)                       # kids[row] = children of row's node, drafted order
-    ancestors = ancestor_matrix(parents).clone()      # [N, N]
-    earlier_sibling = torch.zeros(n, n, dtype=torch.bool)
-    for siblings in kids:
-        for rank, node in enumerate(siblings):
-            earlier_sibling[node, list(siblings[:rank])] = True
-    # node i is kept iff each node j on its path matches and no earlier sibling of j matches
-    watched = ancestors | (ancestors.float() @ earlier_sibling.float() > 0)      # [N, N]
     kid_rows = sorted((row for row, siblings in enumerate(kids) if siblings), key=lambda row: -len(kids[row]))
     width = len(kids[kid_rows[0]]) if kid_rows else 0
     table = [list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
     active = tuple(sum(len(kids[row]) > rank for row in kid_rows) for rank in range(width))
     return TreeIndex(
-        parent_rows=torch.tensor([p + 1 for p in parents], dtype=torch.long, device=device),
-        ancestors=ancestors.to(device), watched=watched.to(device),
         kid_rows=torch.tensor(kid_rows, dtype=torch.long, device=device),
         kid_table=torch.tensor(table, dtype=torch.long, device=device).reshape(len(kid_rows), width),
         active=active, offsets=tuple(sum(active[:rank]) for rank in range(width)),
@@ -82,22 +70,28 @@ def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
 # ---------------------------------------------------------------------- greedy and coupled
 def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) -> Verdict:
     """Walk from the root to the first child equal to the target's token; the first miss yields
-    the target's token there. Computed on the device, one host read.
+    the target's token there.
 
     target_tokens: [1 + N] the target's token of each row (its argmax, or the coupled sampler's
-    noisy argmax)."""
+    noisy argmax), on the device. One host read: the tree's tokens and the target's come back
+    together and the walk (O(N) Python) runs on the host. A GPU synchronises once either way, and
+    the tokens have to reach the host for streaming and the stop rules; computing the path with
+    tensor ops first would only add kernel launches (and ~15 us per step on a CPU)."""
     target_tokens = torch.as_tensor(target_tokens, dtype=torch.long)             # [1 + N]
-    index = tree_index(tree.parents, target_tokens.device)
-    tokens = tree.tokens.to(target_tokens.device)                                 # [N]
-    match = tokens == target_tokens[index.parent_rows]                            # [N]
-    on_path = ~(index.watched & (match[None, :] != index.ancestors)).any(dim=-1)  # [N]
-    packed = torch.cat([torch.where(on_path, tokens, -1), target_tokens])        # [N + 1 + N]
+    packed = torch.cat([tree.tokens.to(target_tokens.device), target_tokens])    # [N + 1 + N]
     values = packed.tolist()                                      # the step's one host read
-    kept = [(node, token) for node, token in enumerate(values[:tree.num_nodes]) if token >= 0]
-    # the kept nodes form one path: the deepest (last) one's row holds the next token
-    last_row = kept[-1][0] + 1 if kept else 0
-    return Verdict(tuple(node for node, _ in kept), values[tree.num_nodes + last_row],
-                   tuple(token for _, token in kept))
+    tokens, wanted = values[:tree.num_nodes], values[tree.num_nodes:]
+    accepted: list[int] = []
+    node = -1
+    while True:
+        want = wanted[node + 1]
+        for child in tree.children(node):
+            if tokens[child] == want:
+                accepted.append(child)
+                node = child
+                break
+        else:
+            return Verdict(tuple(accepted), want, tuple(tokens[n] for n in accepted))
 
 
 # ---------------------------------------------------------------------- rejection sampling

@@ -199,8 +199,9 @@ def test_monte_carlo_negative_control():
 
 
 # ----------------------------------------------------------------------------- the old walks
-# The host walks the batched device acceptance replaced, kept as references: the verdicts (greedy)
-# and the exact joint laws of (accepted path, next token) (sampling) must be the same.
+# The walks as they were before acceptance read the device once (greedy) or twice (sampling, with
+# batched tables), kept as references: the verdicts (greedy) and the exact joint laws of (accepted
+# path, next token) (sampling) must be the same.
 def reference_greedy(tree, target_tokens: list[int]):
     tokens = tree.tokens.tolist()
     accepted, node = [], -1
@@ -277,7 +278,7 @@ def random_tree(gen, num_nodes: int, vocab: int, shape: str, draft: str = "none"
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_device_greedy_equals_the_walk(shape):
+def test_greedy_verdict_equals_the_walk(shape):
     gen = torch.Generator().manual_seed(0)
     for trial in range(300):
         num_nodes = int(torch.randint(0, 12, (), generator=gen))
@@ -289,7 +290,7 @@ def test_device_greedy_equals_the_walk(shape):
         assert verdict.accepted_tokens == tuple(tree.tokens[list(verdict.accepted)].tolist())
 
 
-def test_device_greedy_keeps_the_first_matching_sibling():
+def test_greedy_keeps_the_first_matching_sibling():
     tree = CandidateTree(torch.tensor([4, 7, 7, 5, 6]), (-1, -1, -1, 1, 2))   # two siblings with token 7
     verdict = accept_greedy(tree, [7, 0, 0, 9, 9, 0])
     assert verdict.accepted == (1,) and verdict.next_token == 0              # the first 7, not its twin
