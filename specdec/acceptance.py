@@ -3,45 +3,98 @@
 Pure functions of the tree, the target's per-node outputs and (when sampling) a random source.
 Row 0 of the target outputs belongs to the pending token, row i + 1 to tree node i: row r holds
 the target's distribution for the children of that row's node.
+
+Both rules read the device back to the host once per step (greedy, coupled) or twice (rejection
+sampling: every child's acceptance probability, computed on the device in a batch, with the step's
+uniforms; then the final token's draw), so a GPU synchronises once or twice per step, whatever
+the tree. The index tensors of a tree shape are built once per shape and device (`tree_index`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from .tree import WITHOUT_REPLACEMENT, CandidateTree
+from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of
 
 
 @dataclass(frozen=True)
 class Verdict:
     accepted: tuple[int, ...]   # tree node indices of the accepted path, root first
     next_token: int             # the target's own token after that path (correction or bonus)
+    accepted_tokens: tuple[int, ...] | None = None   # tokens of the accepted nodes, root first
+    #   (None: not carried, path_tokens reads them from the tree)
+
+    def __post_init__(self):
+        object.__setattr__(self, "next_token", int(self.next_token))
 
     @property
     def last_row(self) -> int:
         """Row of the target outputs that produced next_token (0 = pending token)."""
         return self.accepted[-1] + 1 if self.accepted else 0
 
+    def path_tokens(self, tree: CandidateTree) -> list[int]:
+        """Tokens of the accepted path, root first (no host read when the verdict carries them)."""
+        if self.accepted_tokens is not None:
+            return list(self.accepted_tokens)
+        return tree.tokens[list(self.accepted)].tolist() if self.accepted else []
 
-def accept_greedy(tree: CandidateTree, target_argmax: list[int], tree_tokens: list[int] | None = None) -> Verdict:
-    """Walk from the root to the child equal to the target's argmax; the first miss yields the argmax.
 
-    target_argmax: [1 + N] argmax token of each row."""
-    tokens = tree.tokens.tolist() if tree_tokens is None else tree_tokens
+# ---------------------------------------------------------------------- per-shape index tensors
+@dataclass(frozen=True)
+class TreeIndex:
+    """Index tensors of one tree shape on one device for the batched rejection tables, built once
+    and reused every step."""
+    kid_rows: torch.Tensor        # [P] long: the rows whose node has children, most children first
+    kid_table: torch.Tensor       # [P, J] long: their children in drafted order, -1 past the last
+    active: tuple[int, ...]       # [J]: how many of those rows have more than j children (a prefix)
+    offsets: tuple[int, ...]      # [J]: where rank j's cells start when ranks are laid end to end
+    slot_of_row: dict             # row -> its index in kid_rows (host)
+
+
+@lru_cache(maxsize=256)
+def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
+    kids = children_of(parents)                       # kids[row] = children of row's node, drafted order
+    kid_rows = sorted((row for row, siblings in enumerate(kids) if siblings), key=lambda row: -len(kids[row]))
+    width = len(kids[kid_rows[0]]) if kid_rows else 0
+    table = [list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
+    active = tuple(sum(len(kids[row]) > rank for row in kid_rows) for rank in range(width))
+    return TreeIndex(
+        kid_rows=torch.tensor(kid_rows, dtype=torch.long, device=device),
+        kid_table=torch.tensor(table, dtype=torch.long, device=device).reshape(len(kid_rows), width),
+        active=active, offsets=tuple(sum(active[:rank]) for rank in range(width)),
+        slot_of_row={row: slot for slot, row in enumerate(kid_rows)})
+
+
+# ---------------------------------------------------------------------- greedy and coupled
+def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) -> Verdict:
+    """Walk from the root to the first child equal to the target's token; the first miss yields
+    the target's token there.
+
+    target_tokens: [1 + N] the target's token of each row (its argmax, or the coupled sampler's
+    noisy argmax), on the device. One host read: the tree's tokens and the target's come back
+    together and the walk (O(N) Python) runs on the host. A GPU synchronises once either way, and
+    the tokens have to reach the host for streaming and the stop rules; computing the path with
+    tensor ops first would only add kernel launches (and ~15 us per step on a CPU)."""
+    target_tokens = torch.as_tensor(target_tokens, dtype=torch.long)             # [1 + N]
+    packed = torch.cat([tree.tokens.to(target_tokens.device), target_tokens])    # [N + 1 + N]
+    values = packed.tolist()                                      # the step's one host read
+    tokens, wanted = values[:tree.num_nodes], values[tree.num_nodes:]
     accepted: list[int] = []
     node = -1
     while True:
-        want = target_argmax[node + 1]
+        want = wanted[node + 1]
         for child in tree.children(node):
             if tokens[child] == want:
                 accepted.append(child)
                 node = child
                 break
         else:
-            return Verdict(tuple(accepted), want)
+            return Verdict(tuple(accepted), want, tuple(tokens[n] for n in accepted))
 
 
+# ---------------------------------------------------------------------- rejection sampling
 def _normalized(residual: torch.Tensor) -> torch.Tensor | None:
     total = residual.sum()
     if not total > 0:
@@ -49,7 +102,88 @@ def _normalized(residual: torch.Tensor) -> torch.Tensor | None:
     return residual / total
 
 
-def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng, tree_tokens: list[int] | None = None) -> Verdict:
+def _rejected(residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor) -> torch.Tensor:
+    """[..., V] residual after rejecting `token` [..., 1] drawn from draft [..., V] (None: a point
+    mass on it): max(0, r - q), not renormalized."""
+    if draft is None:
+        return residual.scatter(-1, token, 0.0)
+    return (residual - draft).clamp_(min=0)
+
+
+def _draft_without(draft: torch.Tensor, tried: torch.Tensor) -> torch.Tensor:
+    """[..., V] draft distribution with the earlier siblings' tokens (`tried`, bool [..., V])
+    removed and renormalized: what a sibling drawn without replacement was drawn from."""
+    draft = draft.masked_fill(tried, 0)
+    return draft / draft.sum(dim=-1, keepdim=True)
+
+
+def rejection_tables(tree: CandidateTree, target_probs: torch.Tensor, index: TreeIndex):
+    """Every parent's rejection sampling over its children, batched over parents (the residual at
+    a node depends only on its own target row and its children's drafts, not on the path to it).
+    Rank j (the j-th child of each parent) is one batch over the parents that have one, a prefix
+    of index.kid_rows: P_j = index.active[j] rows, N cells over all ranks.
+
+    Returns, per rank j: accept_probs[j] [P_j] (child j of parent slot p is accepted with this
+    probability when it is tried), residual_left[j] [P_j] bool (the residual after rejecting it
+    is not all zero), and residuals[j + 1] [P_j, V] (the residual after the first j + 1 children
+    were rejected; residuals[0] = the target rows [P, V]; meaningless after a zero residual)."""
+    tokens = tree.tokens.to(target_probs.device)                                 # [N]
+    draft_probs = None if tree.draft_probs is None else tree.draft_probs.to(target_probs.device)
+    without_replacement = tree.siblings == WITHOUT_REPLACEMENT
+    residual = target_probs[index.kid_rows]                                      # [P, V]
+    residuals, accept_probs, residual_left = [residual], [], []
+    tried = None                                                                 # [P_j, V] earlier siblings' tokens
+    for rank, active in enumerate(index.active):
+        residual = residual[:active]                                             # [P_j, V]
+        child = index.kid_table[:active, rank]                                   # [P_j]
+        token = tokens[child][:, None]                                           # [P_j, 1]
+        if draft_probs is None:                                                  # point mass on `token`
+            draft = None
+            accept = residual.gather(1, token)                                   # [P_j, 1]
+        else:
+            draft = draft_probs[child]                                           # [P_j, V]
+            if without_replacement and rank:
+                draft = _draft_without(draft, tried[:active])
+            accept = torch.clamp(residual.gather(1, token) / draft.gather(1, token), max=1.0)
+        rejected = _rejected(residual, draft, token)                             # [P_j, V]
+        total = rejected.sum(dim=-1, keepdim=True)                               # [P_j, 1]
+        residual = rejected.div_(total)                                          # (a fresh tensor: in place)
+        residuals.append(residual)
+        accept_probs.append(accept[:, 0])
+        residual_left.append(total[:, 0] > 0)
+        if without_replacement and draft_probs is not None:
+            tried = torch.zeros_like(residual, dtype=torch.bool) if tried is None else tried[:active]
+            tried = tried.scatter(1, token, True)
+    return accept_probs, residual_left, residuals
+
+
+def _rest_on_host(tree: CandidateTree, kids: tuple[int, ...], rank: int, residual: torch.Tensor, rng,
+                  next_uniform) -> tuple[int | None, torch.Tensor]:
+    """kids[rank] was just rejected from `residual` [V] and left a zero residual max(0, r - q) (a
+    rejection of probability zero, r == q): keep r, which has the same law and never divides by
+    zero, and try the children after it one by one with host reads (a path of probability zero).
+    Returns (accepted child or None, the residual then)."""
+    device = residual.device
+    tried = torch.zeros_like(residual, dtype=torch.bool)                          # [V]
+    for position in range(rank, len(kids)):
+        child = kids[position]
+        token = tree.tokens[child: child + 1].to(device)                         # [1]
+        draft = None if tree.draft_probs is None else tree.draft_probs[child].to(device)
+        if draft is not None and tree.siblings == WITHOUT_REPLACEMENT and position:
+            tried[tree.tokens[list(kids[:position])].to(device)] = True
+            draft = _draft_without(draft, tried)
+        if position > rank:                                                      # kids[rank] was rejected already
+            accept_prob = residual[token] if draft is None else torch.clamp(residual[token] / draft[token], max=1.0)
+            uniform = next_uniform()
+            if rng.bernoulli(accept_prob) if uniform is None else rng.bernoulli(float(accept_prob), uniform):
+                return child, residual
+        renormalized = _normalized(_rejected(residual, draft, token))
+        if renormalized is not None:
+            residual = renormalized
+    return None, residual
+
+
+def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
     """Recursive rejection sampling over siblings; the kept path has the target's law.
 
     target_probs: [1 + N, V] fp32 warped target distributions per row.
@@ -57,43 +191,50 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng, tree_t
     order, accept child x with probability min(1, r(x) / q(x)); on rejection r <- norm(max(0, r - q)).
     q is the child's draft distribution (None: a point mass on x). Siblings drawn without
     replacement see q with the earlier siblings' tokens removed. If every child is rejected the
-    token is drawn from r; below an accepted leaf it is drawn from the target there (bonus)."""
-    tokens = tree.tokens.tolist() if tree_tokens is None else tree_tokens
-    draft_probs = tree.draft_probs
-    without_replacement = tree.siblings == WITHOUT_REPLACEMENT
+    token is drawn from r; below an accepted leaf it is drawn from the target there (bonus).
+
+    Every child's acceptance probability is computed on the device first (rejection_tables);
+    they come to the host in one read together with the tokens and the step's uniforms
+    (`rng.uniforms`), the walk draws rng.bernoulli child by child in drafted order on the host,
+    and the final draw (rng.categorical) is the second read. A zero residual (probability zero)
+    finishes its node on the host (_rest_on_host)."""
+    if tree.num_nodes == 0:
+        return Verdict((), rng.categorical(target_probs[0]), ())
+    index = tree_index(tree.parents, target_probs.device)
+    accept_probs, residual_left, residuals = rejection_tables(tree, target_probs, index)
+    uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
+    parts = [*accept_probs, *residual_left, tree.tokens.to(target_probs.device)]
+    if uniforms is not None:
+        parts.append(uniforms.to(target_probs.device))
+    values = torch.cat([part.double() for part in parts]).tolist()   # host read 1: tables, tokens, uniforms
+    cells = tree.num_nodes                                       # one acceptance cell per child
+    tokens = [int(t) for t in values[2 * cells: 3 * cells]]
+    uniform_values = iter(values[3 * cells:])
+
+    def next_uniform():
+        return next(uniform_values, None)
+
     accepted: list[int] = []
     node = -1
     while True:
         kids = tree.children(node)
-        residual = target_probs[node + 1]                          # [V]
-        if not kids:
-            return Verdict(tuple(accepted), rng.categorical(residual))
-        tried: list[int] = []
-        for child in kids:
-            token = tokens[child]
-            if draft_probs is None:                                 # point mass on `token`
-                accept_prob = residual[token]
-            else:
-                draft = draft_probs[child]                          # [V]
-                if without_replacement and tried:
-                    draft = draft.clone()
-                    draft[tried] = 0
-                    draft = draft / draft.sum()
-                accept_prob = torch.clamp(residual[token] / draft[token], max=1.0)
-            if rng.bernoulli(accept_prob):
-                accepted.append(child)
-                node = child
+        if not kids:                                              # bonus token below a leaf
+            final = target_probs[node + 1]
+            break
+        slot = index.slot_of_row[node + 1]
+        chosen, final = None, residuals[len(kids)][slot]
+        for rank, child in enumerate(kids):
+            uniform = next_uniform()
+            accept_prob = values[index.offsets[rank] + slot]
+            if rng.bernoulli(accept_prob) if uniform is None else rng.bernoulli(accept_prob, uniform):
+                chosen = child
                 break
-            if draft_probs is None:
-                rejected = residual.clone()
-                rejected[token] = 0
-            else:
-                rejected = torch.clamp(residual - draft, min=0)
-            # A zero residual can only follow a rejection of probability zero (r == q):
-            # keep r then, which has the same law and never divides by zero.
-            renormalized = _normalized(rejected)
-            if renormalized is not None:
-                residual = renormalized
-            tried.append(token)
-        else:
-            return Verdict(tuple(accepted), rng.categorical(residual))
+            if not values[cells + index.offsets[rank] + slot]:     # a zero residual: the host finishes the node
+                chosen, final = _rest_on_host(tree, kids, rank, residuals[rank][slot], rng, next_uniform)
+                break
+        if chosen is None:                                        # every child rejected
+            break
+        accepted.append(chosen)
+        node = chosen
+    next_token = rng.categorical(final)                           # host read 2
+    return Verdict(tuple(accepted), next_token, tuple(tokens[n] for n in accepted))

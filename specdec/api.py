@@ -132,6 +132,7 @@ class Speculator:
         self.tokenizer = tokenizer
         self.strategy = strategy
         self.config = config
+        self.profile = bool(config.profile) if config is not None else False   # exact time split on a GPU
         self.verifier = Verifier(self.target)
         self.context = context_length(self.target, tokenizer)
         self._current: Stream | None = None    # the call that owns the KV cache and the strategy state
@@ -224,7 +225,7 @@ class Speculator:
         if self._current is not None:
             self._current._supersede()
         stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise,
-                                     processing),
+                                     processing, self.profile),
                         stats)
         self._current = stream
         return stream

@@ -96,6 +96,8 @@ class SpecConfig:
     heads: HeadsConfig = field(default_factory=HeadsConfig)
     eagle: EagleConfig = field(default_factory=EagleConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
+    profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around
+    #                                     each; off: no synchronisation in the loop, see README "Host reads")
 
 
 # ---------------------------------------------------------------------- loading

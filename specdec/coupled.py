@@ -176,7 +176,8 @@ def tree_row_positions(depths: Sequence[int], num_committed: int) -> list[int]:
     return [num_committed] + [num_committed + d + 1 for d in depths]
 
 
-def coupled_target_tokens(logits: torch.Tensor, tree, num_committed: int, noise: GumbelNoise) -> list[int]:
-    """[1 + N, V] verifier logits -> the target's coupled token per row (for accept_greedy)."""
+def coupled_target_tokens(logits: torch.Tensor, tree, num_committed: int, noise: GumbelNoise) -> torch.Tensor:
+    """[1 + N, V] verifier logits -> [1 + N] the target's coupled token per row, on the device
+    (for accept_greedy, which reads the verdict back once)."""
     noise.forget_before(num_committed)       # drafters ask depth by depth; the verifier reuses their rows
-    return coupled_argmax(logits, tree_row_positions(tree.depths(), num_committed), noise).tolist()
+    return coupled_argmax(logits, tree_row_positions(tree.depths(), num_committed), noise)

@@ -18,13 +18,20 @@ from .verifier import Verifier
 
 
 class _Clock:
-    """Wall time that waits for queued GPU work, so the draft/verify split is honest on CUDA."""
+    """Wall time for the stats. It never synchronises unless `profile` is on and the device is a
+    GPU: then each reading first waits for the queued GPU work, so the draft / verify split is
+    the device's own. Without profile on a GPU the split says when work was queued, not when it
+    ran (the total stays honest: each step reads its verdict back, which waits for the device).
+    On a CPU nothing is queued and the split is exact either way (`exact`)."""
 
-    def __init__(self, device: torch.device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    def __init__(self, device: torch.device, profile: bool = False):
+        on_gpu = device.type == "cuda"
+        self.sync = (lambda: torch.cuda.synchronize(device)) if profile and on_gpu else None
+        self.exact = bool(profile) or not on_gpu
 
     def __call__(self) -> float:
-        self.sync()
+        if self.sync is not None:
+            self.sync()
         return time.perf_counter()
 
 
@@ -47,11 +54,15 @@ def check_depth(tree, max_depth: int, strategy) -> None:
 def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: SamplingParams,
            stop: StopRules, generator: torch.Generator, stats: Stats,
            noise: GumbelNoise | None = None,
-           processing: LogitsProcessing | None = None) -> Iterator[tuple[list[int], str | None]]:
+           processing: LogitsProcessing | None = None,
+           profile: bool = False) -> Iterator[tuple[list[int], str | None]]:
     """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes.
     With `noise` (the coupled sampler) the target's token at each position is its Gumbel-max
-    sample there, and acceptance is the greedy walk over those tokens."""
-    clock = _Clock(verifier.device)
+    sample there, and acceptance is the greedy walk over those tokens. The engine reads the
+    device back once per step (greedy, coupled) or twice (rejection sampling); `profile` adds a
+    synchronisation around drafting and verifying on a GPU for an exact time split (_Clock)."""
+    clock = _Clock(verifier.device, profile)
+    stats.profiled = clock.exact
     layers = feature_layers(strategy)
     if processing is None:          # the checkpoint's generation_config processing (api builds it up front)
         processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
@@ -73,17 +84,15 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
         out = verifier.forward(state.token_ids[-1], tree, layers)
         t2 = clock()
         target_logits = processing.tree_rows(out.logits, state.token_ids, tree)   # the generation_config's law
-        tree_tokens = tree.tokens.tolist()
         if sampling.greedy:
-            verdict = accept_greedy(tree, target_logits.argmax(dim=-1).tolist(), tree_tokens)
+            verdict = accept_greedy(tree, target_logits.argmax(dim=-1))
         elif noise is not None:       # coupled sampler: the greedy walk over the noisy argmaxes
-            target_tokens = coupled_target_tokens(target_logits, tree, len(state.token_ids), noise)
-            verdict = accept_greedy(tree, target_tokens, tree_tokens)
+            verdict = accept_greedy(tree, coupled_target_tokens(target_logits, tree, len(state.token_ids), noise))
         else:
-            verdict = accept_sampling(tree, logits_to_probs(target_logits, sampling), rng, tree_tokens)
+            verdict = accept_sampling(tree, logits_to_probs(target_logits, sampling), rng)
         verifier.commit([0] + [node + 1 for node in verdict.accepted])
 
-        run = [tree_tokens[node] for node in verdict.accepted] + [verdict.next_token]
+        run = verdict.path_tokens(tree) + [verdict.next_token]
         generated = state.token_ids[state.prompt_len:]
         keep, reason = stop.cut(generated, run)
         run = run[:keep]

@@ -52,16 +52,25 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 class TorchRandom:
     """The one random source of a call: every random draw of drafting and acceptance (Bernoulli
-    trials, categorical draws, draws without replacement) goes through it, from an explicit
+    trials and their uniforms, categorical draws, draws without replacement) goes through it, from an explicit
     torch.Generator. The loop makes one per call (DecodeState.rng); tests substitute a source that
     enumerates every outcome (tests/law.py), so the whole generation's law can be computed."""
 
     def __init__(self, generator: torch.Generator):
         self.generator = generator
 
-    def bernoulli(self, prob: torch.Tensor | float) -> bool:
-        u = torch.rand((), generator=self.generator, device=self.generator.device)
-        return bool(u < prob)
+    def uniforms(self, n: int) -> torch.Tensor:
+        """[n] uniforms in [0, 1) for up to n coming Bernoulli trials, drawn in one call on the
+        generator's device: the caller brings them to the host with its own values (one read for
+        the whole step) and hands them back one by one, bernoulli(prob, uniform)."""
+        return torch.rand(n, generator=self.generator, device=self.generator.device)
+
+    def bernoulli(self, prob: torch.Tensor | float, uniform: float | None = None) -> bool:
+        """True with probability prob. `uniform`: a value from uniforms(), already on the host;
+        None draws one here (a host read when prob or the draw is a device tensor)."""
+        if uniform is None:
+            uniform = torch.rand((), generator=self.generator, device=self.generator.device)
+        return bool(uniform < prob)
 
     def categorical(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -29,7 +29,7 @@ class DecodeState:
     #   greedy). Drafters then propose specdec.coupled.coupled_proposals(draft logits, positions,
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
     rng: object = None                    # the random source every draw goes through (TorchRandom
-    #   interface: bernoulli, categorical, sample_without_replacement); the loop makes one per
+    #   interface: uniforms, bernoulli, categorical, sample_without_replacement); the loop makes one per
     #   call; None here means a TorchRandom on `generator`
 
     def __post_init__(self):
@@ -68,6 +68,8 @@ class Stats:
     draft_time_s: float = 0.0         # strategy.propose + strategy.observe
     verify_time_s: float = 0.0        # target forward over the tree
     total_time_s: float = 0.0         # whole call, prefill included
+    profiled: bool = False            # the draft / verify split is exact: on a CPU always, on a GPU
+    #   with `profile` on (else it says when GPU work was queued, not when it ran; the total is exact)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -100,6 +102,7 @@ class Stats:
             "prefill_time_s": self.prefill_time_s, "draft_time_s": self.draft_time_s,
             "verify_time_s": self.verify_time_s, "other_time_s": self.other_time_s,
             "total_time_s": self.total_time_s, "tokens_per_second": self.tokens_per_second,
+            "profiled": self.profiled,
         }
 
 

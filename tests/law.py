@@ -1,7 +1,7 @@
 """Exact output laws by enumeration, for the lossless tests.
 
 `enumerate_law(fn)` runs `fn(rng)` once per possible sequence of random outcomes, where `rng` has
-the interface of specdec.sampling.TorchRandom (bernoulli(p), categorical(probs)), and returns the
+the interface of specdec.sampling.TorchRandom (uniforms(n), bernoulli(p), categorical(probs)), and returns the
 exact probability of each value `fn` returns. Target "models" here are conditional tables:
 `target_dist(context: tuple[int, ...]) -> probs [V]`.
 """
@@ -40,7 +40,11 @@ class _Replay:
             return value
         raise _Branch(options)
 
-    def bernoulli(self, prob) -> bool:
+    def uniforms(self, n: int) -> None:
+        """TorchRandom draws a step's uniforms up front; here every trial is enumerated instead."""
+        return None
+
+    def bernoulli(self, prob, uniform=None) -> bool:
         prob = float(prob)
         if prob != prob:
             raise LawError("bernoulli(NaN): an acceptance probability is NaN")

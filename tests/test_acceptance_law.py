@@ -196,3 +196,157 @@ def test_monte_carlo_total_variation():
 def test_monte_carlo_negative_control():
     tv_first, tv_second = _monte_carlo(always_accept)
     assert max(tv_first, tv_second) > 0.15, (tv_first, tv_second)
+
+
+# ----------------------------------------------------------------------------- the old walks
+# The walks as they were before acceptance read the device once (greedy) or twice (sampling, with
+# batched tables), kept as references: the verdicts (greedy) and the exact joint laws of (accepted
+# path, next token) (sampling) must be the same.
+def reference_greedy(tree, target_tokens: list[int]):
+    tokens = tree.tokens.tolist()
+    accepted, node = [], -1
+    while True:
+        want = target_tokens[node + 1]
+        for child in tree.children(node):
+            if tokens[child] == want:
+                accepted.append(child)
+                node = child
+                break
+        else:
+            return tuple(accepted), want
+
+
+def reference_sampling(tree, target_probs, rng):
+    tokens = tree.tokens.tolist()
+    without_replacement = tree.siblings == WITHOUT_REPLACEMENT
+    accepted, node = [], -1
+    while True:
+        kids = tree.children(node)
+        residual = target_probs[node + 1]
+        if not kids:
+            return tuple(accepted), rng.categorical(residual)
+        tried = []
+        for child in kids:
+            token = tokens[child]
+            if tree.draft_probs is None:
+                accept_prob = residual[token]
+            else:
+                draft = tree.draft_probs[child]
+                if without_replacement and tried:
+                    draft = draft.clone()
+                    draft[tried] = 0
+                    draft = draft / draft.sum()
+                accept_prob = torch.clamp(residual[token] / draft[token], max=1.0)
+            if rng.bernoulli(accept_prob):
+                accepted.append(child)
+                node = child
+                break
+            if tree.draft_probs is None:
+                rejected = residual.clone()
+                rejected[token] = 0
+            else:
+                rejected = torch.clamp(residual - draft, min=0)
+            if rejected.sum() > 0:
+                residual = rejected / rejected.sum()
+            tried.append(token)
+        else:
+            return tuple(accepted), rng.categorical(residual)
+
+
+def random_tree(gen, num_nodes: int, vocab: int, shape: str, draft: str = "none", siblings: str = INDEPENDENT):
+    """shape: chain | tree (random parents); draft: none (point masses, duplicate siblings
+    possible) or probs (random draft rows with some zeros, tokens drawn from them: independently,
+    or siblings from one shared row without replacement)."""
+    parents = [i - 1 if shape == "chain" else int(torch.randint(-1, i, (), generator=gen)) for i in range(num_nodes)]
+    rows = torch.softmax(2 * torch.randn(num_nodes, vocab, generator=gen), -1)
+    rows[torch.rand(num_nodes, vocab, generator=gen) < 0.2] = 0            # zeros: exercise the guards
+    rows[:, 0] += 1e-3
+    rows = rows / rows.sum(-1, keepdim=True)                               # [N, V]
+    tokens, first_sibling, drawn = [], {}, {}
+    for i, p in enumerate(parents):
+        if siblings == WITHOUT_REPLACEMENT:
+            rows[i] = rows[first_sibling.setdefault(p, i)]
+        left = rows[i].clone()
+        if siblings == WITHOUT_REPLACEMENT:
+            left[drawn.get(p, [])] = 0
+            if left.sum() == 0:                                            # no token left for this sibling
+                return random_tree(gen, num_nodes, vocab, shape, draft, siblings)
+        tokens.append(int(torch.multinomial(left, 1, generator=gen)))
+        drawn.setdefault(p, []).append(tokens[-1])
+    return CandidateTree(torch.tensor(tokens, dtype=torch.long), tuple(parents),
+                         rows.float() if draft == "probs" else None, siblings)
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_greedy_verdict_equals_the_walk(shape):
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        num_nodes = int(torch.randint(0, 12, (), generator=gen))
+        tree = random_tree(gen, num_nodes, vocab=3, shape=shape)                   # tiny vocab: many matches
+        target_tokens = torch.randint(0, 3, (1 + num_nodes,), generator=gen)
+        expected = reference_greedy(tree, target_tokens.tolist())
+        verdict = accept_greedy(tree, target_tokens)
+        assert (verdict.accepted, verdict.next_token) == expected, (tree.parents, tree.tokens.tolist(), target_tokens)
+        assert verdict.accepted_tokens == tuple(tree.tokens[list(verdict.accepted)].tolist())
+
+
+def test_greedy_keeps_the_first_matching_sibling():
+    tree = CandidateTree(torch.tensor([4, 7, 7, 5, 6]), (-1, -1, -1, 1, 2))   # two siblings with token 7
+    verdict = accept_greedy(tree, [7, 0, 0, 9, 9, 0])
+    assert verdict.accepted == (1,) and verdict.next_token == 0              # the first 7, not its twin
+    verdict = accept_greedy(tree, [7, 0, 5, 6, 0, 0])
+    assert verdict.accepted == (1, 3) and verdict.next_token == 0 and verdict.accepted_tokens == (7, 5)
+    assert accept_greedy(CandidateTree.empty(), [3]) == Verdict((), 3, ())
+
+
+@pytest.mark.parametrize("draft,siblings", [("none", INDEPENDENT), ("probs", INDEPENDENT),
+                                            ("probs", WITHOUT_REPLACEMENT)])
+def test_batched_rejection_sampling_has_the_walks_law(draft, siblings):
+    """Same joint law of (accepted path, next token) as the host walk, on random trees with
+    duplicate siblings (independent), zero-probability tokens and zero residuals."""
+    gen = torch.Generator().manual_seed(1)
+    vocab = 4
+    for trial in range(25):
+        num_nodes = int(torch.randint(0, 7, (), generator=gen))
+        tree = random_tree(gen, num_nodes, vocab, "tree" if trial % 3 else "chain", draft, siblings)
+        target_probs = torch.softmax(2 * torch.randn(1 + num_nodes, vocab, generator=gen), -1)
+        target_probs[torch.rand(1 + num_nodes, vocab, generator=gen) < 0.2] = 0
+        target_probs[:, 1] += 1e-3
+        target_probs = target_probs / target_probs.sum(-1, keepdim=True)
+
+        def new(rng):
+            verdict = accept_sampling(tree, target_probs, rng)
+            return verdict.accepted, verdict.next_token
+        expected = enumerate_law(lambda rng: reference_sampling(tree, target_probs, rng))
+        law = enumerate_law(new)
+        assert total_variation(law, expected) < 1e-6, (tree.parents, tree.tokens.tolist())
+    if draft == "probs":
+        tree = CandidateTree.chain([0], torch.tensor([[0.5, 0.5, 0.0, 0.0]]))
+        assert total_variation(enumerate_law(lambda rng: (accept_sampling(tree, tree.draft_probs.repeat(2, 1), rng).next_token,)),
+                               {(0,): 0.5, (1,): 0.5}) < 1e-6
+
+
+def test_torch_random_uniforms_decide_like_a_fresh_draw():
+    """A TorchRandom step draws its uniforms in one call; the verdict is reproducible for a seed."""
+    gen = torch.Generator().manual_seed(2)
+    tree = random_tree(gen, 8, 6, "tree", "probs", WITHOUT_REPLACEMENT)
+    target_probs = torch.softmax(torch.randn(9, 6, generator=gen), -1)
+    verdicts = [accept_sampling(tree, target_probs, TorchRandom(torch.Generator().manual_seed(seed)))
+                for seed in (5, 5, 6)]
+    assert verdicts[0] == verdicts[1]
+    assert all(v.accepted_tokens == tuple(tree.tokens[list(v.accepted)].tolist()) for v in verdicts)
+
+
+@pytest.mark.parametrize("draft", ["none", "probs"])
+def test_zero_residual_mid_siblings_matches_the_walk(draft):
+    """The first child's rejection (probability 0) leaves an all-zero residual while siblings are
+    still to be tried: the host finishes that node; every outcome, weight-0 ones included, agrees
+    with the walk."""
+    one_hot = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    rows = torch.stack([one_hot, torch.tensor([0.0, 0.5, 0.5, 0.0]), torch.full((4,), 0.25)])
+    tree = CandidateTree(torch.tensor([1, 2, 3]), (-1, -1, 0), rows if draft == "probs" else None)
+    target_probs = torch.stack([one_hot, torch.full((4,), 0.25), torch.full((4,), 0.25), torch.full((4,), 0.25)])
+    law = enumerate_law(lambda rng: (lambda v: (v.accepted, v.next_token))(accept_sampling(tree, target_probs, rng)),
+                        explore_zero=True)
+    expected = enumerate_law(lambda rng: reference_sampling(tree, target_probs, rng), explore_zero=True)
+    assert set(law) == set(expected) and total_variation(law, expected) < 1e-9
