@@ -81,6 +81,22 @@ class TorchRandom:
         k = min(k, int((probs > 0).sum()))
         return torch.multinomial(probs, k, replacement=False, generator=self.generator).tolist()
 
+    def draw_without_replacement(self, probs: torch.Tensor, count: int) -> torch.Tensor:
+        """[count] distinct tokens of probs [V], the draw sample_without_replacement makes, left on
+        the device (no read back). The caller guarantees count <= the tokens of probability > 0."""
+        return exponential_race(probs, count, self.generator)
+
+
+def exponential_race(probs: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """The top `count` of probs / E, E ~ Exp(1) per token: `count` successive draws without
+    replacement (the Gumbel-top-k trick in exponential form). It is the algorithm of
+    torch.multinomial(replacement=False) step for step - same generator use, same tokens - minus
+    its argument checks, which read values back to the host (a device sync on a GPU)."""
+    race = probs / torch.empty_like(probs).exponential_(1, generator=generator)      # [V]
+    if count == 1:
+        return race.argmax(dim=-1, keepdim=True)
+    return race.topk(count).indices
+
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
     generator = torch.Generator(device=device)

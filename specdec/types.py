@@ -29,7 +29,8 @@ class DecodeState:
     #   greedy). Drafters then propose specdec.coupled.coupled_proposals(draft logits, positions,
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
     rng: object = None                    # the random source every draw goes through (TorchRandom
-    #   interface: uniforms, bernoulli, categorical, sample_without_replacement); the loop makes one per
+    #   interface: uniforms, bernoulli, categorical, sample_without_replacement,
+    #   draw_without_replacement); the loop makes one per
     #   call; None here means a TorchRandom on `generator`
 
     def __post_init__(self):

@@ -1,10 +1,10 @@
 """Drafting at temperature > 0 with the drafter's real distributions, shared by the neural drafters.
 
 `draw_children` draws sibling tokens without replacement from a draft distribution through the
-call's one random source (DecodeState.rng), on the device: with the loop's TorchRandom it makes
-exactly the draw TorchRandom.sample_without_replacement makes (torch.multinomial's own algorithm),
-minus the reads back to the host (tests check the two agree token for token); any other source (tests/law.py's enumerating one)
-is asked through the protocol method.
+call's one random source (DecodeState.rng, its draw_without_replacement), on the device: the loop's
+TorchRandom makes exactly the draw of its sample_without_replacement (torch.multinomial's own
+algorithm) minus the reads back to the host (tests check the two agree token for token); the law
+tests' enumerating source answers the same method.
 
 `sampled_tree` is the EAGLE-2-style sampled tree (eagle and medusa): per depth the `width` best
 slots are filled, a slot (parent, i) scored by the parent's cumulative log-probability plus the log
@@ -20,28 +20,14 @@ from typing import Callable
 
 import torch
 
-from specdec.sampling import TorchRandom
 from specdec.tree import WITHOUT_REPLACEMENT, CandidateTree
 
 
 def draw_children(rng, probs: torch.Tensor, count: int) -> torch.Tensor:
     """[count] distinct tokens drawn in order from probs [V] (each from what the earlier ones left,
-    renormalized). The caller guarantees count <= the tokens of probability > 0."""
-    if type(rng) is TorchRandom:        # the loop's source: its draw, left on the device
-        return exponential_race(probs, count, rng.generator)
-    drawn = rng.sample_without_replacement(probs, count)
-    return torch.tensor(drawn, dtype=torch.long, device=probs.device)
-
-
-def exponential_race(probs: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
-    """The top `count` of probs / E, E ~ Exp(1) per token: `count` successive draws without
-    replacement (the Gumbel-top-k trick in exponential form). It is the algorithm of
-    torch.multinomial(replacement=False) step for step - same generator use, same tokens - minus
-    its argument checks, which read values back to the host (a device sync on a GPU)."""
-    race = probs / torch.empty_like(probs).exponential_(1, generator=generator)      # [V]
-    if count == 1:
-        return race.argmax(dim=-1, keepdim=True)
-    return race.topk(count).indices
+    renormalized), on the device, through the call's random source (its draw_without_replacement).
+    The caller guarantees count <= the tokens of probability > 0."""
+    return rng.draw_without_replacement(probs, count)
 
 
 # next_probs(depth, nodes, tokens, parents) -> [n, V] the distributions of the children of the new

@@ -70,6 +70,10 @@ class _Replay:
             probs[token] = 0
         return drawn
 
+    def draw_without_replacement(self, probs: torch.Tensor, count: int) -> torch.Tensor:
+        """sample_without_replacement's draws as a tensor on probs' device (the drafters' form)."""
+        return torch.tensor(self.sample_without_replacement(probs, count), dtype=torch.long, device=probs.device)
+
 
 def enumerate_law(fn: Callable, explore_zero: bool = False) -> dict:
     """{outcome: exact probability} of fn(rng) over every sequence of random outcomes.
