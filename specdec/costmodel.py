@@ -59,8 +59,8 @@ def _now(device: torch.device) -> float:
 
 def measure_verify_costs(target, sizes: Sequence[int] = DEFAULT_SIZES, context_len: int = 128,
                          repeats: int = 3) -> CostProfile:
-    """Median seconds of one verify forward of each tree size in `sizes`, on top of a cache of
-    context_len tokens, with the real Verifier."""
+    """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
+    cache of context_len tokens, with the real Verifier; made non-decreasing in the size."""
     from .tree import CandidateTree
     from .verifier import Verifier
     verifier = Verifier(target)
@@ -72,16 +72,18 @@ def measure_verify_costs(target, sizes: Sequence[int] = DEFAULT_SIZES, context_l
     trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
     verifier.forward(prompt[-1], trees[max(sizes)])          # warm-up
     verifier.commit([])
-    seconds = []
-    for n in sizes:
-        times = []
-        for _ in range(repeats):
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):                                 # rounds over all sizes: drift hits every size alike
+        for n in sizes:
             start = _now(verifier.device)
             verifier.forward(prompt[-1], trees[n])
-            times.append(_now(verifier.device) - start)
+            times[n].append(_now(verifier.device) - start)
             verifier.commit([])                              # roll the cache back to the prefix
             assert verifier.prefix_len == prefix
-        seconds.append(statistics.median(times))
+    seconds = [statistics.median(times[n]) for n in sizes]
+    # a bigger tree never costs less: noise is upward spikes, so take the cheapest size at or above
+    for i in range(len(seconds) - 2, -1, -1):
+        seconds[i] = min(seconds[i], seconds[i + 1])
     return CostProfile(tuple(sizes), tuple(seconds), context_len)
 
 

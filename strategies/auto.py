@@ -37,7 +37,8 @@ class Auto:
 
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
                  max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
-                 profile: bool = True, profile_context: int = 128, profile_repeats: int = 3):
+                 profile: bool = True, profile_context: int = 128, profile_repeats: int = 3,
+                 draft_cost_s: float | None = None, adapt_costs: bool = True):
         self.lookup = lookup if lookup is not None else PromptLookup(max_nodes=max_nodes)
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
@@ -49,10 +50,12 @@ class Auto:
         self.profile = profile
         self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
-        self.draft_cost_s: float | None = None   # seconds per neural propose + observe, measured as it runs
+        self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
+        self.draft_cost_s = draft_cost_s      # seconds per neural propose + observe, measured as it runs
         self.rate_with: float | None = None      # planned tokens/s of recent steps with the drafter
         self.rate_without: float | None = None   # ... with lookup alone
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
+        self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
         self.device = "cpu"
 
@@ -76,6 +79,7 @@ class Auto:
         if self.drafter is not None:
             self.drafter.reset(state)
         self.tree_sizes = []
+        self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}
         self.step = 0
         self.pending = None                   # what propose decided, for observe
 
@@ -122,9 +126,11 @@ class Auto:
         merged, source, keep, neural_tree, proposed_at = self.pending
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
         predicted = self.costs.verify_cost(len(keep))
-        if predicted > 0:
+        if predicted > 0 and self.adapt_costs:
             self.cost_scale = min(max(_ema(self.cost_scale, elapsed / predicted, 0.1), 0.2), 5.0)
         accepted = [keep[node] for node in result.accepted]  # indices in the merged tree
+        for node in accepted:
+            self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, source, keep, accepted, state)
         self.lookup.observe(state, result)
         if self.drafter is not None:
@@ -132,7 +138,7 @@ class Auto:
             own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
             self.drafter.observe(state, StepResult(neural_tree, own, result.next_token, result.committed_before,
                                                    result.hidden))
-            if self.last_draft_s is not None:
+            if self.last_draft_s is not None and self.adapt_costs:
                 self.draft_cost_s = _ema(self.draft_cost_s, self.last_draft_s + time.perf_counter() - start)
 
     # ------------------------------------------------------------------ policy
