@@ -11,9 +11,10 @@ Acceptance tries siblings in index order; the neural siblings were drawn exactly
 says (independently, or without replacement among themselves), and a lookup child tried after
 them is a deterministic function of what came before, one-hot on a token that no earlier
 sibling holds (it would have merged), so with siblings = without_replacement the rule's
-renormalisation leaves its one-hot row unchanged. (The other order - a lookup token first and a
-sampled sibling after it - needs the sibling drawn with the lookup token removed;
-tests/test_mixed_law.py shows that skipping that removal breaks the law.)
+renormalisation leaves its one-hot row unchanged. (The other order - a lookup token first and
+sampled siblings after it - needs them drawn without replacement with the lookup token removed, or
+from the whole q with a draw of it dropped, the same law; tests/test_mixed_law.py enumerates both,
+and a negative control.)
 """
 from __future__ import annotations
 
