@@ -79,6 +79,8 @@ class AutoConfig:
     # sized by the planner from the verify costs measured on this machine (specdec/costmodel.py).
     max_nodes: int = 32                 # the planner's ceiling on tree nodes per step
     drafter: Optional[str] = None       # null = the first of eagle / medusa / draft_model with a path; "none" = lookup only
+    lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
+    #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     profile: bool = True                # measure (or read the cached) verify costs at load; False = a linear guess
     profile_context: int = 128          # context length of the measurement
     profile_repeats: int = 3

@@ -39,7 +39,7 @@ class Auto:
                  max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
                  profile: bool = True, profile_context: int = 128, profile_repeats: int = 3,
                  draft_cost_s: float | None = None, adapt_costs: bool = True):
-        self.lookup = lookup if lookup is not None else PromptLookup(max_nodes=max_nodes)
+        self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
         self.feature_layers = getattr(drafter, "feature_layers", None)
@@ -62,7 +62,8 @@ class Auto:
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
         self.device = target.device
-        self.lookup.bind(target, tokenizer)
+        if self.lookup is not None:
+            self.lookup.bind(target, tokenizer)
         if self.drafter is not None:
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
@@ -75,7 +76,8 @@ class Auto:
                 self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
 
     def reset(self, state: DecodeState) -> None:
-        self.lookup.reset(state)
+        if self.lookup is not None:
+            self.lookup.reset(state)
         if self.drafter is not None:
             self.drafter.reset(state)
         self.tree_sizes = []
@@ -88,12 +90,13 @@ class Auto:
 
     def propose(self, state: DecodeState) -> CandidateTree:
         self.step += 1
-        depth = min(self.lookup.num_tokens, state.max_depth)
-        paths = []
-        if depth > 0:
+        paths, lookup_nodes = [], 0
+        if self.lookup is not None and min(self.lookup.num_tokens, state.max_depth) > 0:
             self.lookup.index.extend(state.token_ids)
+            depth = min(self.lookup.num_tokens, state.max_depth)
             paths = self.lookup.continuations(state.token_ids, depth, state.eos_token_ids)
-        lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, self.lookup.max_nodes)
+            lookup_nodes = self.lookup.max_nodes
+        lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
         self.rate_without = _ema(self.rate_without, lookup_rate)
@@ -109,7 +112,7 @@ class Auto:
         if not neural_tree.num_nodes:
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
-            merged, source = merge_paths(neural_tree, paths, self.lookup.max_nodes + neural_tree.num_nodes)
+            merged, source = merge_paths(neural_tree, paths, lookup_nodes + neural_tree.num_nodes)
             accept = self._estimates(merged, source, state)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
             forced = range(neural_tree.num_nodes) if sampled else ()
@@ -132,7 +135,8 @@ class Auto:
         for node in accepted:
             self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, source, keep, accepted, state)
-        self.lookup.observe(state, result)
+        if self.lookup is not None:
+            self.lookup.observe(state, result)
         if self.drafter is not None:
             start = time.perf_counter()
             own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
@@ -199,6 +203,7 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     if name is not None and target is not None:
         drafter = importlib.import_module(f"specdec.strategies.{name}").from_config(cfg, target, tokenizer, device, dtype)
     a = cfg.auto
-    return Auto(lookup_from_config(cfg, target, tokenizer, device, dtype), drafter, max_nodes=a.max_nodes,
+    lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
+    return Auto(lookup, drafter, max_nodes=a.max_nodes,
                 explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
                 profile_context=a.profile_context, profile_repeats=a.profile_repeats)
