@@ -26,6 +26,7 @@ from .planner import Calibrator, plan
 from .prompt_lookup import PromptLookup
 
 PRIOR_ACCEPT = {LOOKUP: 0.5, NEURAL: 0.7}     # raw estimate of a node with no draft probability
+MAX_EXPLORE_GAP = 64
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
@@ -57,6 +58,8 @@ class Auto:
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
+        self.explore_gap = self.explore_every    # steps between looks at a drafter that has not paid
+        self.steps_since_call = 0
         self.device = "cpu"
 
     # ------------------------------------------------------------------ protocol
@@ -107,6 +110,7 @@ class Auto:
             neural_tree = self.drafter.propose(state)
             self.last_draft_s = time.perf_counter() - start
             self.neural_calls += 1
+            self.steps_since_call = 0
         else:
             self.last_draft_s = None
         if not neural_tree.num_nodes:
@@ -147,11 +151,21 @@ class Auto:
 
     # ------------------------------------------------------------------ policy
     def _call_drafter(self, state: DecodeState) -> bool:
+        """Call the drafter when its recent planned rate beats lookup alone; otherwise look again
+        after `explore_gap` steps, a gap that doubles (up to MAX_EXPLORE_GAP) each look that does not
+        pay, so a useless drafter costs next to nothing on text it cannot predict."""
         if self.drafter is None or state.max_depth <= 0:
             return False
-        if self.rate_with is None or self.step % self.explore_every == 0:
-            return True                                      # first step, or a look now and then
-        return self.rate_with >= (self.rate_without or 0.0)
+        if self.explore_every <= 1:                          # every step
+            return True
+        self.steps_since_call += 1
+        if self.rate_with is None or self.rate_with >= (self.rate_without or 0.0):
+            self.explore_gap = self.explore_every
+            return True
+        if self.steps_since_call >= self.explore_gap:
+            self.explore_gap = min(2 * self.explore_gap, MAX_EXPLORE_GAP)
+            return True
+        return False
 
     def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState):
         """(calibration key, draft confidence or None) of every node."""

@@ -111,3 +111,21 @@ def test_load_auto_with_a_draft(tmp_path, monkeypatch):
     assert len(out.token_ids) == 8 and len(sd.strategy.tree_sizes) == out.stats.target_forwards
     lookup_only = Speculator(target, tok, "auto")                      # by name: lookup alone
     assert lookup_only.strategy.drafter is None
+    alone = specdec.load("auto", **{"target.path": str(tmp_path / "target"), "draft.path": str(tmp_path / "draft"),
+                                    "auto.lookup": False, "auto.profile": False})
+    assert alone.strategy.lookup is None
+    assert alone.generate("abcabcab", max_new_tokens=8).token_ids == out.token_ids   # greedy: the same text
+
+
+def test_profile_command(tmp_path, monkeypatch, capsys):
+    from specdec.cli import main
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    tiny_model("gpt2", seed=0).save_pretrained(tmp_path / "target")
+    from conftest import char_tokenizer
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    code = main(["profile", "auto", f"target.path={tmp_path / 'target'}", "auto.max_nodes=4", "auto.profile_context=8",
+                 "--max-new-tokens", "6", "--prompt", "abab"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "nodes  seconds" in printed and "tree sizes chosen per step" in printed
+    assert len(list((tmp_path / "home" / "profiles").iterdir())) == 1
