@@ -64,11 +64,14 @@ class Calibrator:
     """Observed acceptance per (drafter, temperature, confidence bucket): a node's calibrated
     estimate is the kept fraction of the nodes in its bucket whose parent was kept, smoothed
     towards the raw confidence by `prior` pseudo-observations. Nodes without a draft probability
-    (prompt lookup; greedy drafters that hand over tokens only) are bucketed by depth instead."""
+    (prompt lookup; greedy drafters that hand over tokens only) are bucketed by depth instead.
+    Older observations fade (`decay` per new one in the same bucket: a memory of about
+    1 / (1 - decay) of them), so the estimates follow the text: lookup pays on one prompt, not the next."""
 
-    def __init__(self, buckets: int = 10, prior: float = 4.0, max_depth_key: int = 8):
+    def __init__(self, buckets: int = 10, prior: float = 4.0, max_depth_key: int = 8, decay: float = 0.98):
         self.buckets = buckets
         self.prior = prior
+        self.decay = decay
         self.max_depth_key = max_depth_key
         self.kept: dict[tuple, float] = defaultdict(float)
         self.tried: dict[tuple, float] = defaultdict(float)
@@ -84,5 +87,5 @@ class Calibrator:
         return (self.kept[key] + self.prior * raw) / (self.tried[key] + self.prior)
 
     def record(self, key: tuple, kept: bool) -> None:
-        self.tried[key] += 1.0
-        self.kept[key] += 1.0 if kept else 0.0
+        self.tried[key] = self.decay * self.tried[key] + 1.0
+        self.kept[key] = self.decay * self.kept[key] + (1.0 if kept else 0.0)
