@@ -60,6 +60,7 @@ class Auto:
         self.neural_calls = 0
         self.explore_gap = self.explore_every    # steps between looks at a drafter that has not paid
         self.steps_since_call = 0
+        self.steady_call = False
         self.device = "cpu"
 
     # ------------------------------------------------------------------ protocol
@@ -86,6 +87,7 @@ class Auto:
         self.tree_sizes = []
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}
         self.step = 0
+        self.steps_since_call = 2             # the drafter has not seen this prompt: its first call catches up
         self.pending = None                   # what propose decided, for observe
 
     def verify_cost(self, num_nodes: int) -> float:
@@ -110,6 +112,9 @@ class Auto:
             neural_tree = self.drafter.propose(state)
             self.last_draft_s = time.perf_counter() - start
             self.neural_calls += 1
+            # a call after a gap (or the first of a generation) also catches the drafter up on the
+            # tokens it missed: not what a call costs while it keeps drafting
+            self.steady_call = self.steps_since_call <= 1
             self.steps_since_call = 0
         else:
             self.last_draft_s = None
@@ -146,7 +151,7 @@ class Auto:
             own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
             self.drafter.observe(state, StepResult(neural_tree, own, result.next_token, result.committed_before,
                                                    result.hidden))
-            if self.last_draft_s is not None and self.adapt_costs:
+            if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or self.draft_cost_s is None):
                 self.draft_cost_s = _ema(self.draft_cost_s, self.last_draft_s + time.perf_counter() - start)
 
     # ------------------------------------------------------------------ policy
