@@ -25,7 +25,9 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, plan
 from .prompt_lookup import PromptLookup
 
-PRIOR_ACCEPT = {LOOKUP: 0.5, NEURAL: 0.7}     # raw estimate of a node with no draft probability
+# raw estimate of a node with no draft probability, (first level, deeper), before calibration: a copied
+# continuation that starts right tends to go on right
+PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
 
 
@@ -189,7 +191,9 @@ class Auto:
 
     def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[float]:
         keys, source = self._node_keys(tree, source, state)
-        return [self.calibrator.estimate(key, conf, PRIOR_ACCEPT[src]) for (key, conf), src in zip(keys, source)]
+        depths = tree.depths()
+        return [self.calibrator.estimate(key, conf, PRIOR_ACCEPT[src][min(depth, 1)])
+                for (key, conf), src, depth in zip(keys, source, depths)]
 
     def _calibrate(self, merged: CandidateTree, source: list[str], keep: list[int], accepted: list[int],
                    state: DecodeState) -> None:
