@@ -11,7 +11,7 @@ from omegaconf import MISSING, OmegaConf
 from specdec.config import build_config
 from specdec.errors import ConfigError
 
-PROMPT_SETS = ("code", "grounded", "jsonl")
+PROMPT_SETS = ("code", "grounded", "noise", "jsonl")
 PEER_KINDS = ("plain", "assistant", "prompt_lookup")
 NEEDS = ("draft", "heads", "eagle")
 
@@ -52,7 +52,7 @@ class PeerEntry:
 class PromptsConfig:
     sets: List[str] = field(default_factory=lambda: ["code", "grounded"])
     num: int = 8                        # prompts per set
-    tokens: int = 384                   # prompt length in target tokens (code, grounded)
+    tokens: int = 384                   # prompt length in target tokens (code, grounded, noise)
     seed: int = 0
     split: Optional[str] = None         # JSON with a "heldout" list of files (relative to source_dir)
     source_dir: Optional[str] = None    # folder of .py files; None = this Python's standard library

@@ -3,6 +3,8 @@
 * code     — prompts of N tokens cut at seeded random places from held-out Python files;
 * grounded — the continuation largely repeats the prompt: a snippet, then the start of the same
              snippet again (or of the snippet with one identifier renamed): prompt lookup's case;
+* noise    — a code window with its tokens shuffled (seeded): text that nothing can predict, where
+             a strategy should cost nothing over plain decoding;
 * jsonl    — a user's file of {"prompt": "..."} lines.
 """
 from __future__ import annotations
@@ -96,6 +98,18 @@ def code_prompts(files, reader, cfg) -> list[Prompt]:
             for k, (name, start, ids) in enumerate(_windows(files, reader, cfg.tokens, cfg.num, rng))]
 
 
+def noise_prompts(files, reader, cfg) -> list[Prompt]:
+    """Held-out code windows with their tokens in a seeded random order: the same tokens as code
+    prompts, none of the structure (no n-gram to look up, nothing a drafter can follow)."""
+    rng = random.Random(f"noise-{cfg.seed}")
+    prompts = []
+    for k, (name, start, ids) in enumerate(_windows(files, reader, cfg.tokens, cfg.num, rng)):
+        ids = list(ids)
+        rng.shuffle(ids)
+        prompts.append(Prompt("noise", k, ids, {"file": name, "start_token": start, "kind": "shuffled"}))
+    return prompts
+
+
 def _rename_target(text: str) -> str | None:
     """The most frequent identifier of 4+ characters that is not a keyword-ish word."""
     words = Counter(w for w in re.findall(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b", text)
@@ -161,20 +175,22 @@ def jsonl_prompts(path: str, tokenizer, cfg, max_prompt_tokens: int) -> list[Pro
 
 def build_prompt_sets(cfg, tokenizer, max_prompt_tokens: int) -> dict[str, list[Prompt]]:
     """{set name: prompts} for every set in cfg.sets (cfg: PromptsConfig)."""
-    if cfg.tokens > max_prompt_tokens and set(cfg.sets) & {"code", "grounded"}:
+    if cfg.tokens > max_prompt_tokens and set(cfg.sets) & {"code", "grounded", "noise"}:
         raise ConfigError(f"prompts.tokens={cfg.tokens} + max_new_tokens exceeds the target's context: "
                           f"use prompts.tokens <= {max_prompt_tokens}")
     source_dir = cfg.source_dir or stdlib_dir()
     sets: dict[str, list[Prompt]] = {}
     files, reader = None, None
     for name in cfg.sets:
-        if name in ("code", "grounded") and files is None:
+        if name in ("code", "grounded", "noise") and files is None:
             files = heldout_files(source_dir, cfg.split, cfg.heldout_fraction, cfg.seed)
             reader = _TokenizedFiles(source_dir, tokenizer)
         if name == "code":
             sets[name] = code_prompts(files, reader, cfg)
         elif name == "grounded":
             sets[name] = grounded_prompts(files, reader, tokenizer, cfg)
+        elif name == "noise":
+            sets[name] = noise_prompts(files, reader, cfg)
         else:
             sets[name] = jsonl_prompts(cfg.jsonl, tokenizer, cfg, max_prompt_tokens)
     return sets

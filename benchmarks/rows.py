@@ -41,7 +41,9 @@ class SpecdecRow:
     def modules(self) -> list[torch.nn.Module]:
         """The strategy's own models (draft model, heads): their forwards count as drafting."""
         strategy = self.speculator.strategy
-        return [m for m in vars(strategy).values()
+        drafter = getattr(strategy, "drafter", None)                       # auto's drafter is nested
+        owners = [strategy] + ([drafter] if drafter is not None else [])
+        return [m for owner in owners for m in vars(owner).values()
                 if isinstance(m, torch.nn.Module) and m is not self.speculator.target]
 
 

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STRATEGIES = ("autoregressive", "draft_model", "medusa", "prompt_lookup")
+STRATEGIES = ("autoregressive", "draft_model", "medusa", "prompt_lookup", "auto")
 DEFAULT_ORIGIN = "default family"
 
 # Ends mid-line: a prompt ending in a bare newline splits a whitespace token the tokenizer
@@ -168,6 +168,9 @@ def load_overrides(strategy: str, models: DemoModels, device: str) -> dict:
         overrides["draft.path"] = models.draft
     if strategy == "medusa":
         overrides["heads.path"] = models.heads
+    if strategy == "auto":            # prompt lookup plus the heads (else the draft) that are here
+        overrides.update({key: path for key, path in (("draft.path", models.draft), ("heads.path", models.heads))
+                          if path is not None})
     return overrides
 
 

@@ -1,4 +1,4 @@
-"""One entry point: specdec generate | train-heads | bench | check (also `python -m specdec ...`).
+"""One entry point: specdec generate | train-heads | bench | check | profile (also `python -m specdec ...`).
 key=value overrides are parsed as YAML values by config.parse_overrides in every subcommand."""
 from __future__ import annotations
 
@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("train-heads", help="train Medusa-style heads (or, with train_eagle, an EAGLE drafter) for a target model", add_help=False)
     sub.add_parser("bench", help="benchmark strategies against Hugging Face generate()", add_help=False)
     sub.add_parser("check", help="check losslessness and speed-up on your model", add_help=False)
+    sub.add_parser("profile", help="measure the verify cost of n tree nodes on this machine (what `auto` plans with)",
+                   add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train-heads", "bench", "check"):
+    if argv and argv[0] in ("train-heads", "bench", "check", "profile"):
         try:
             if argv[0] == "train-heads":
                 from .heads.eagle_train import is_eagle_config
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                     from .heads.train import main as sub_main
             elif argv[0] == "check":
                 from .check import main as sub_main
+            elif argv[0] == "profile":
+                from .profile import main as sub_main
             else:
                 from .benchmarks.run import main as sub_main
             return sub_main(argv[1:])

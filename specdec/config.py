@@ -73,6 +73,23 @@ class HeadsConfig:
 
 
 @dataclass
+class AutoConfig:
+    # `auto` (strategies/auto.py): prompt lookup plus the neural drafter whose path is given
+    # (eagle.path, heads.path or draft.path, in that order of preference), one merged tree per step,
+    # sized by the planner from the verify costs measured on this machine (specdec/costmodel.py).
+    max_nodes: int = 32                 # the planner's ceiling on tree nodes per step
+    drafter: Optional[str] = None       # null = the first of eagle / medusa / draft_model with a path; "none" = lookup only
+    lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
+    #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
+    profile: bool = True                # measure (or read the cached) verify costs at load; False = a linear guess
+    profile_context: int = 128          # context length of the measurement
+    profile_repeats: int = 3
+    explore_every: int = 8              # look at a drafter that has not paid lately after this many steps (the gap
+    #                                     doubles while it keeps not paying, up to 64); 1 = call it every step
+    calibration_prior: float = 4.0      # pseudo-observations pulling a calibration bucket towards its raw confidence
+
+
+@dataclass
 class GenerationDefaults:
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -95,6 +112,7 @@ class SpecConfig:
     medusa: MedusaConfig = field(default_factory=MedusaConfig)
     heads: HeadsConfig = field(default_factory=HeadsConfig)
     eagle: EagleConfig = field(default_factory=EagleConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around
     #                                     each; off: no synchronisation in the loop, see README "Host reads")
@@ -323,6 +341,11 @@ def validate_spec_config(cfg: SpecConfig) -> None:
     for key in ("max_nodes", "top_k", "depth", "expand"):
         if getattr(cfg.eagle, key) is not None and getattr(cfg.eagle, key) < 1:
             raise ConfigError(f"eagle.{key} must be >= 1, got {getattr(cfg.eagle, key)}")
+    if cfg.auto.max_nodes < 0:
+        raise ConfigError(f"auto.max_nodes must be >= 0, got {cfg.auto.max_nodes}")
+    if cfg.auto.drafter not in (None, "none", "draft_model", "medusa", "eagle"):
+        raise ConfigError(f"auto.drafter={cfg.auto.drafter!r} is not valid; use null (the first drafter with a path), "
+                          f"none, draft_model, medusa or eagle")
     generation = {name: cfg.generation[name] for name in cfg.generation}
     check_generation_args(generation, prefix="generation.", error=ConfigError)
 

@@ -12,6 +12,7 @@ REGISTRY = {
     "prompt_lookup": "specdec.strategies.prompt_lookup",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
+    "auto": "specdec.strategies.auto",
 }
 
 

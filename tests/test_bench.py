@@ -35,10 +35,16 @@ def quick_run(tiny_family, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     readme = out / "README.md"
     readme.write_text("# Benchmarks\n\nhand-written text stays\n")
-    code = main(["quick", f"models.target={tiny_family / 'target'}", f"models.draft={tiny_family / 'draft'}",
-                 f"output_dir={out}", "progress=false", "threads=1", "write_readme=true", f"readme={readme}"])
+    with pytest.MonkeyPatch.context() as mp:     # the auto row's cost profile lands in a temp folder
+        mp.setenv("SPECDEC_HOME", str(out / "home"))
+        code = _quick_main(tiny_family, out, readme)
     with open(out / "results.json") as fh:
         return code, json.load(fh), out
+
+
+def _quick_main(tiny_family, out, readme):
+    return main(["quick", f"models.target={tiny_family / 'target'}", f"models.draft={tiny_family / 'draft'}",
+                 f"output_dir={out}", "progress=false", "threads=1", "write_readme=true", f"readme={readme}"])
 
 
 def test_quick_preset_writes_every_output(quick_run):
@@ -125,3 +131,14 @@ def test_shipped_presets_load_and_name_known_strategy_configs(preset):
     assert cfg.name == preset and cfg.strategies
     for entry in cfg.strategies:            # every row's config and overrides are valid
         load_spec_config(entry.config, list(entry.overrides))
+
+
+def test_noise_prompts_are_shuffled_code_windows():
+    cfg = load_bench_config("quick", ["prompts.num=2", "prompts.tokens=90", "prompts.sets=[code,noise]"])
+    sets = build_prompt_sets(cfg.prompts, char_tokenizer(), 400)
+    for code, noise in zip(sets["code"], sets["noise"]):
+        assert len(noise.token_ids) == 90 and noise.source["kind"] == "shuffled"
+    noise = sets["noise"][0]
+    assert sorted(noise.token_ids) != noise.token_ids                 # not sorted, not the identity order
+    again = build_prompt_sets(cfg.prompts, char_tokenizer(), 400)["noise"][0]
+    assert again.token_ids == noise.token_ids                          # seeded

@@ -1,0 +1,232 @@
+"""auto: prompt lookup plus one neural drafter, merged into one tree, sized for this machine.
+
+Every step: the lookup continuations (a trie) and, when it has been paying lately, the neural
+drafter's tree (draft_model, medusa or eagle: whichever path was given) are merged into ONE
+CandidateTree (strategies/mixed.py). Each node gets an acceptance estimate calibrated online
+(strategies/planner.Calibrator) and the planner keeps the prefix-closed part with the most expected
+new tokens per second of verify (the cost profile measured at load, specdec/costmodel.py, scaled
+by the step times observed since) plus drafting; nothing when nothing pays.
+
+What may be pruned, losslessly: point masses (prompt lookup; every node when greedy or with the
+coupled sampler) are functions of the context, so any of them may be dropped. A tree the drafter
+*sampled* (draft_probs given, rejection sampling) is verified whole or not drafted at all: keeping
+a sampled node because of the token it drew would change the law that node was drawn from. The
+drafter is called (or not) before it drafts, from the rates observed on earlier steps.
+"""
+from __future__ import annotations
+
+import time
+
+from specdec.costmodel import CostProfile, load_or_measure
+from specdec.tree import CandidateTree
+from specdec.types import DecodeState, StepResult
+
+from .mixed import LOOKUP, NEURAL, merge_paths
+from .planner import Calibrator, plan
+from .prompt_lookup import PromptLookup
+
+# raw estimate of a node with no draft probability, (first level, deeper), before calibration: a copied
+# continuation that starts right tends to go on right
+PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
+MAX_EXPLORE_GAP = 64
+
+
+def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+class Auto:
+    name = "auto"
+
+    def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
+                 max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
+                 profile: bool = True, profile_context: int = 128, profile_repeats: int = 3,
+                 draft_cost_s: float | None = None, adapt_costs: bool = True):
+        self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
+        self.drafter = drafter
+        self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
+        self.feature_layers = getattr(drafter, "feature_layers", None)
+        self.costs = costs
+        self.max_nodes = int(max_nodes)
+        self.explore_every = max(int(explore_every), 1)
+        self.calibrator = Calibrator(prior=calibration_prior)
+        self.profile = profile
+        self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)
+        self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
+        self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
+        self.draft_cost_s = draft_cost_s      # seconds per neural propose + observe, measured as it runs
+        self.rate_with: float | None = None      # planned tokens/s of recent steps with the drafter
+        self.rate_without: float | None = None   # ... with lookup alone
+        self.tree_sizes: list[int] = []          # nodes verified per step of the current call
+        self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
+        self.neural_calls = 0
+        self.explore_gap = self.explore_every    # steps between looks at a drafter that has not paid
+        self.steps_since_call = 0
+        self.steady_call = False
+        self.device = "cpu"
+
+    # ------------------------------------------------------------------ protocol
+    def bind(self, target, tokenizer) -> None:
+        self.device = target.device
+        if self.lookup is not None:
+            self.lookup.bind(target, tokenizer)
+        if self.drafter is not None:
+            self.drafter.bind(target, tokenizer)
+        if self.costs is None:
+            if self.profile:
+                limit = getattr(target.config, "max_position_embeddings", None) or 4096
+                context = max(1, min(self.profile_context, limit - self.max_nodes - 2))
+                sizes = tuple(n for n in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max(self.max_nodes, 1))
+                self.costs = load_or_measure(target, sizes, context, self.profile_repeats)
+            else:                             # a guess: a node costs a tenth of a plain step
+                self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+
+    def reset(self, state: DecodeState) -> None:
+        if self.lookup is not None:
+            self.lookup.reset(state)
+        if self.drafter is not None:
+            self.drafter.reset(state)
+        self.tree_sizes = []
+        self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}
+        self.step = 0
+        self.steps_since_call = 2             # the drafter has not seen this prompt: its first call catches up
+        self.pending = None                   # what propose decided, for observe
+
+    def verify_cost(self, num_nodes: int) -> float:
+        return self.cost_scale * self.costs.verify_cost(num_nodes)
+
+    def propose(self, state: DecodeState) -> CandidateTree:
+        self.step += 1
+        paths, lookup_nodes = [], 0
+        if self.lookup is not None and min(self.lookup.num_tokens, state.max_depth) > 0:
+            self.lookup.index.extend(state.token_ids)
+            depth = min(self.lookup.num_tokens, state.max_depth)
+            paths = self.lookup.continuations(state.token_ids, depth, state.eos_token_ids)
+            lookup_nodes = self.lookup.max_nodes
+        lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
+        accept = self._estimates(lookup_tree, lookup_source, state)
+        lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
+        self.rate_without = _ema(self.rate_without, lookup_rate)
+
+        neural_tree = CandidateTree.empty(self.device)
+        if self._call_drafter(state):
+            start = time.perf_counter()
+            neural_tree = self.drafter.propose(state)
+            self.last_draft_s = time.perf_counter() - start
+            self.neural_calls += 1
+            # a call after a gap (or the first of a generation) also catches the drafter up on the
+            # tokens it missed: not what a call costs while it keeps drafting
+            self.steady_call = self.steps_since_call <= 1
+            self.steps_since_call = 0
+        else:
+            self.last_draft_s = None
+        if not neural_tree.num_nodes:
+            keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
+        else:
+            merged, source = merge_paths(neural_tree, paths, lookup_nodes + neural_tree.num_nodes)
+            accept = self._estimates(merged, source, state)
+            sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
+            forced = range(neural_tree.num_nodes) if sampled else ()
+            keep, rate = plan(merged.parents, accept, self.verify_cost, self.draft_cost_s or 0.0,
+                              self.max_nodes, forced=forced)
+            self.rate_with = _ema(self.rate_with, rate)
+            tree = merged.select(keep)
+            lookup_source = source
+        self.pending = (merged, lookup_source, keep, neural_tree, time.perf_counter())
+        self.tree_sizes.append(tree.num_nodes)
+        return tree
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        merged, source, keep, neural_tree, proposed_at = self.pending
+        elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
+        predicted = self.costs.verify_cost(len(keep))
+        if predicted > 0 and self.adapt_costs:
+            self.cost_scale = min(max(_ema(self.cost_scale, elapsed / predicted, 0.1), 0.2), 5.0)
+        accepted = [keep[node] for node in result.accepted]  # indices in the merged tree
+        for node in accepted:
+            self.accepted_nodes[source[node]] += 1
+        self._calibrate(merged, source, keep, accepted, state)
+        if self.lookup is not None:
+            self.lookup.observe(state, result)
+        if self.drafter is not None:
+            start = time.perf_counter()
+            own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
+            self.drafter.observe(state, StepResult(neural_tree, own, result.next_token, result.committed_before,
+                                                   result.hidden))
+            if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or self.draft_cost_s is None):
+                self.draft_cost_s = _ema(self.draft_cost_s, self.last_draft_s + time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ policy
+    def _call_drafter(self, state: DecodeState) -> bool:
+        """Call the drafter when its recent planned rate beats lookup alone; otherwise look again
+        after `explore_gap` steps, a gap that doubles (up to MAX_EXPLORE_GAP) each look that does not
+        pay, so a useless drafter costs next to nothing on text it cannot predict."""
+        if self.drafter is None or state.max_depth <= 0:
+            return False
+        if self.explore_every <= 1:                          # every step
+            return True
+        self.steps_since_call += 1
+        if self.rate_with is None or self.rate_with >= (self.rate_without or 0.0):
+            self.explore_gap = self.explore_every
+            return True
+        if self.steps_since_call >= self.explore_gap:
+            self.explore_gap = min(2 * self.explore_gap, MAX_EXPLORE_GAP)
+            return True
+        return False
+
+    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState):
+        """(calibration key, draft confidence or None) of every node."""
+        depths = tree.depths()
+        confidence: list[float | None] = [None] * tree.num_nodes
+        if tree.draft_probs is not None and tree.num_nodes:
+            rows = tree.draft_probs.gather(1, tree.tokens.to(tree.draft_probs.device)[:, None])[:, 0]   # [N]
+            confidence = [c if s == NEURAL else None for c, s in zip(rows.tolist(), source)]
+        rank = [0] * tree.num_nodes
+        for group in (tree.children(p) for p in range(-1, tree.num_nodes)):
+            for r, node in enumerate(group):
+                rank[node] = r
+        temperature = state.sampling.temperature
+        return [(self.calibrator.key(f"{source[i]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
+                 confidence[i]) for i in range(tree.num_nodes)], source
+
+    def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[float]:
+        keys, source = self._node_keys(tree, source, state)
+        depths = tree.depths()
+        return [self.calibrator.estimate(key, conf, PRIOR_ACCEPT[src][min(depth, 1)])
+                for (key, conf), src, depth in zip(keys, source, depths)]
+
+    def _calibrate(self, merged: CandidateTree, source: list[str], keep: list[int], accepted: list[int],
+                   state: DecodeState) -> None:
+        """Every verified node whose parent was kept was tried: record whether it was kept."""
+        keys, _ = self._node_keys(merged, source, state)
+        verified, kept = set(keep), set(accepted)
+        for node in keep:
+            parent = merged.parents[node]
+            if parent == -1 or parent in kept:
+                self.calibrator.record(keys[node][0], node in kept)
+            assert parent == -1 or parent in verified
+
+
+def pick_drafter(cfg) -> str | None:
+    """Which neural drafter auto runs: auto.drafter, else the first of eagle / medusa / draft_model
+    whose path is given; None for lookup alone."""
+    if cfg.auto.drafter is not None:
+        return None if cfg.auto.drafter == "none" else cfg.auto.drafter
+    for name, path in (("eagle", cfg.eagle.path), ("medusa", cfg.heads.path), ("draft_model", cfg.draft.path)):
+        if path:
+            return name
+    return None
+
+
+def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
+    import importlib
+    from .prompt_lookup import from_config as lookup_from_config
+    name = pick_drafter(cfg)
+    drafter = None
+    if name is not None and target is not None:
+        drafter = importlib.import_module(f"specdec.strategies.{name}").from_config(cfg, target, tokenizer, device, dtype)
+    a = cfg.auto
+    lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
+    return Auto(lookup, drafter, max_nodes=a.max_nodes,
+                explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
+                profile_context=a.profile_context, profile_repeats=a.profile_repeats)

@@ -1,0 +1,134 @@
+"""The `auto` strategy: greedy identity on every test architecture with all / none / part of the
+drafted nodes accepted, trees sized by the cost model, the chosen sizes reported, and loading."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import hf_greedy, noisy_copy, tiny_model
+from test_greedy_identity import contrarian_copy, target_of
+from specdec import Speculator
+from specdec.costmodel import CostProfile
+from specdec.strategies.auto import Auto
+from specdec.strategies.draft_model import DraftModel
+from specdec.strategies.mixed import LOOKUP, NEURAL
+from specdec.strategies.prompt_lookup import PromptLookup
+
+N = 24
+PROMPT = [5, 17, 33, 9, 41, 60, 70, 5, 17, 33]     # ends with a repeated 3-gram: lookup finds it
+FREE = CostProfile((0, 64), (1.0, 1.0), 0, "free")  # nodes cost nothing: every node that may be kept is
+
+
+def auto(drafter=None, costs=FREE, **kwargs) -> Auto:
+    return Auto(PromptLookup(min_ngram=1, max_ngram=3), drafter, costs=costs, adapt_costs=False,
+                draft_cost_s=0.0, **kwargs)
+
+
+def run(arch: str, strategy: Auto, n: int = N):
+    target = target_of(arch)
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=n, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, n, eos_token_id=None)
+    assert len(strategy.tree_sizes) == out.stats.target_forwards
+    assert sum(strategy.tree_sizes) == out.stats.proposed_nodes
+    # observe() runs after every step but the last (the loop stops there)
+    assert sum(strategy.accepted_nodes.values()) == sum(out.stats.accepted_lengths[:-1])
+    return out
+
+
+def test_all_accepted(arch):
+    strategy = auto(DraftModel(target_of(arch), num_tokens=4))
+    out = run(arch, strategy)
+    assert strategy.accepted_nodes[NEURAL] > 0
+    assert out.stats.tokens_per_forward > 4                        # every drafted chain kept whole
+
+
+def test_none_accepted(arch):
+    strategy = auto(DraftModel(contrarian_copy(target_of(arch)), num_tokens=4), explore_every=1)
+    run(arch, strategy)
+    assert strategy.neural_calls > 0 and strategy.accepted_nodes[NEURAL] == 0
+
+
+def test_partially_accepted(arch):
+    strategy = auto(DraftModel(noisy_copy(target_of(arch)), num_tokens=4))
+    out = run(arch, strategy)
+    assert 0 < sum(out.stats.accepted_lengths) < sum(strategy.tree_sizes)
+
+
+def test_lookup_alone_and_the_eos_budget():
+    strategy = auto()
+    run("llama", strategy, n=5)
+    assert strategy.tree_sizes[0] > 0                               # the repeated 3-gram was looked up
+    assert all(size <= 4 for size in strategy.tree_sizes)            # never deeper than the budget left
+
+
+def test_nothing_pays_plain_decoding():
+    """Nodes that cost as much as a whole plain step never pay: auto proposes nothing."""
+    costly = CostProfile((0, 1), (1.0, 2.0), 0, "costly")
+    strategy = auto(DraftModel(target_of("llama"), num_tokens=4), costs=costly)
+    out = run("llama", strategy)
+    assert strategy.tree_sizes == [0] * N and out.stats.tokens_per_forward == 1.0
+
+
+def test_measured_profile_at_bind(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    target = target_of("llama")
+    strategy = Auto(PromptLookup(), DraftModel(target, num_tokens=4), profile_context=16, max_nodes=8)
+    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=8, ignore_eos=True)
+    assert strategy.costs.key and strategy.costs.sizes == (0, 1, 2, 3, 4, 6, 8)
+    assert strategy.draft_cost_s is not None and strategy.draft_cost_s > 0     # measured as it ran
+    assert len(list((tmp_path / "profiles").iterdir())) == 1
+
+
+def test_calibration_sizes_the_tree():
+    """A node costs a tenth of a plain step: a perfect drafter's chains are kept, a contrarian's
+    are dropped once calibration has seen them fail (it carries across calls), and a drafter that
+    costs time is then rarely even called."""
+    tenth = CostProfile((0, 1), (1.0, 1.1), 0, "linear")
+    target = target_of("llama")
+    good = auto(DraftModel(target, num_tokens=4), costs=tenth)
+    Speculator(target, None, good).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert good.tree_sizes[1:-2].count(4) >= len(good.tree_sizes) - 4
+    bad = auto(DraftModel(contrarian_copy(target), num_tokens=4), costs=tenth)
+    bad.draft_cost_s = 0.3                                           # drafting costs 0.3 plain steps a call
+    sd = Speculator(target, None, bad)
+    first = sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    calls = bad.neural_calls
+    later = sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert bad.accepted_nodes[NEURAL] == 0
+    assert first.stats.proposed_nodes > later.stats.proposed_nodes
+    assert bad.neural_calls - calls < later.stats.target_forwards // 2   # the drafter is rarely even called
+
+
+def test_load_auto_with_a_draft(tmp_path, monkeypatch):
+    import specdec
+    from conftest import char_tokenizer
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    tok = char_tokenizer()
+    for model, name in ((target, "target"), (draft, "draft")):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    sd = specdec.load("auto", **{"target.path": str(tmp_path / "target"), "draft.path": str(tmp_path / "draft"),
+                                 "auto.profile_context": 16, "auto.max_nodes": 8})
+    assert isinstance(sd.strategy, Auto) and isinstance(sd.strategy.drafter, DraftModel)
+    out = sd.generate("abcabcab", max_new_tokens=8)
+    assert len(out.token_ids) == 8 and len(sd.strategy.tree_sizes) == out.stats.target_forwards
+    lookup_only = Speculator(target, tok, "auto")                      # by name: lookup alone
+    assert lookup_only.strategy.drafter is None
+    alone = specdec.load("auto", **{"target.path": str(tmp_path / "target"), "draft.path": str(tmp_path / "draft"),
+                                    "auto.lookup": False, "auto.profile": False})
+    assert alone.strategy.lookup is None
+    assert alone.generate("abcabcab", max_new_tokens=8).token_ids == out.token_ids   # greedy: the same text
+
+
+def test_profile_command(tmp_path, monkeypatch, capsys):
+    from specdec.cli import main
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    tiny_model("gpt2", seed=0).save_pretrained(tmp_path / "target")
+    from conftest import char_tokenizer
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    code = main(["profile", "auto", f"target.path={tmp_path / 'target'}", "auto.max_nodes=4", "auto.profile_context=8",
+                 "--max-new-tokens", "6", "--prompt", "abab"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "nodes  seconds" in printed and "tree sizes chosen per step" in printed
+    assert len(list((tmp_path / "home" / "profiles").iterdir())) == 1

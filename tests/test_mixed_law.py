@@ -1,0 +1,127 @@
+"""Exact output law of mixed trees (prompt-lookup point masses and a draft model's sampled siblings
+in one sibling group), through the real loop and acceptance: tests/law.py enumerates every draw.
+
+* `auto` merges a draft tree (siblings sampled without replacement) with lookup paths: neural
+  siblings first, lookup point masses after them (strategies/mixed.py).
+* The other order, a lookup token first and sampled siblings after it: exact when those siblings
+  are drawn without replacement with the lookup token removed, or drawn from the full q with a
+  draw of the lookup token dropped (the same law). The negative control draws them correctly but
+  claims independent siblings, so acceptance leaves the earlier tokens in q: the law must differ.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from law import generation_law, laws_close, model_dist, sequence_law, token_law, total_variation
+from specdec import Speculator
+from specdec.costmodel import CostProfile
+from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.strategies.auto import Auto
+from specdec.strategies.draft_model import DraftModel
+from specdec.strategies.mixed import LOOKUP, NEURAL
+from specdec.strategies.prompt_lookup import PromptLookup
+from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree
+
+V = 5
+PROMPT = [3, 4, 1, 0, 3, 4]            # the suffix [3, 4] occurred before, followed by [1, 0]
+TOP3 = SamplingParams(1.0, top_k=3)
+TARGET = tiny_model("llama", seed=0, vocab=V, hidden=16, layers=1, sharpen=20.0)
+DRAFT = tiny_model("llama", seed=1, vocab=V, hidden=16, layers=1, sharpen=20.0)
+FREE = CostProfile((0, 64), (1.0, 1.0), 0, "free")
+TENTH = CostProfile((0, 1), (1.0, 1.1), 0, "linear")
+
+
+def target_law(params, length):
+    return sequence_law(model_dist(TARGET, PROMPT, params), length)
+
+
+def assert_lossless(law, params, length):
+    tokens, expected = token_law(law), target_law(params, length)
+    assert abs(sum(tokens.values()) - 1) < 1e-6
+    assert laws_close(tokens, expected), f"TV to the target's law {total_variation(tokens, expected):.2e}"
+
+
+class Recording(Auto):
+    """Auto that remembers the sources of every verified sibling group (to check the premise)."""
+    mixed_groups = 0
+
+    def propose(self, state):
+        tree = super().propose(state)
+        merged, source, keep, _, _ = self.pending
+        for parent in [-1] + keep:
+            kinds = {source[c] for c in merged.children(parent) if c in keep}
+            if kinds == {NEURAL, LOOKUP} and merged.draft_probs is not None:
+                Recording.mixed_groups += 1
+        return tree
+
+
+@pytest.mark.parametrize("costs", ["free", "tenth"])
+@pytest.mark.parametrize("branching", [[2], pytest.param([1, 2], marks=pytest.mark.slow)])
+def test_auto_mixed_tree_law_is_the_targets(branching, costs):
+    """Draft siblings (without replacement from 3 tokens) and the lookup path [1, 0] merged at the
+    root: the lookup token is either one of the sampled siblings (merged) or a third sibling.
+    Frozen calibration (a huge prior) and fixed costs keep the plan a function of the draws."""
+    Recording.mixed_groups = 0
+    strategy = Recording(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=2),
+                         DraftModel(DRAFT, branching=branching), costs=FREE if costs == "free" else TENTH,
+                         adapt_costs=False, draft_cost_s=0.0, explore_every=1, calibration_prior=1e12)
+    law = generation_law(Speculator(TARGET, None, strategy), PROMPT, 3, TOP3)
+    assert Recording.mixed_groups > 0, "precondition: some sibling group mixed sampled and lookup nodes"
+    assert_lossless(law, TOP3, 3)
+
+
+class LookupFirst:
+    """A hand-built mixed root group: the lookup token first (a point mass), then up to two siblings
+    sampled without replacement from the draft's distribution q; draft_probs = [one-hot, q, q].
+    mode "removed": drawn from q with the lookup token removed; "dropped": drawn from q itself and a
+    draw of the lookup token dropped (the same law: the order of the other tokens in a draw
+    without replacement is a draw without replacement from them); "claimed_independent": drawn as
+    in "removed" but the tree claims independent siblings, so acceptance does not take the earlier
+    siblings' tokens (the lookup token's included) out of q: a wrong claim."""
+    name = "lookup_first"
+    needs_hidden_states = False
+
+    def __init__(self, lookup_token: int, mode: str):
+        self.lookup_token, self.mode = lookup_token, mode
+
+    def bind(self, target, tokenizer): pass
+    def reset(self, state): pass
+    def observe(self, state, result): pass
+
+    @torch.inference_mode()
+    def propose(self, state):
+        if state.num_generated or state.max_depth <= 0:
+            return CandidateTree.empty()
+        draft_probs = logits_to_probs(DRAFT(torch.tensor([state.token_ids])).logits[0, -1], state.sampling)  # [V]
+        sample_from = draft_probs.clone()
+        if self.mode != "dropped":
+            sample_from[self.lookup_token] = 0
+        drawn = [t for t in state.rng.sample_without_replacement(sample_from / sample_from.sum(), 2)
+                 if t != self.lookup_token]
+        tokens = [self.lookup_token] + drawn
+        one_hot = torch.nn.functional.one_hot(torch.tensor(self.lookup_token), V).float()
+        rows = torch.stack([one_hot] + [draft_probs] * len(drawn))          # [N, V]
+        siblings = INDEPENDENT if self.mode == "claimed_independent" else WITHOUT_REPLACEMENT
+        return CandidateTree(torch.tensor(tokens), (-1,) * len(tokens), rows, siblings)
+
+
+def draft_favourite() -> int:
+    return int(logits_to_probs(DRAFT(torch.tensor([PROMPT])).logits[0, -1], ALL).argmax())
+
+
+ALL = SamplingParams(1.0)              # every token of the 5 possible: siblings have 4 to choose from
+
+
+@pytest.mark.parametrize("mode", ["removed", "dropped"])
+def test_lookup_first_then_siblings_without_the_lookup_token_is_exact(mode):
+    law = generation_law(Speculator(TARGET, None, LookupFirst(draft_favourite(), mode)), PROMPT, 2, ALL)
+    assert_lossless(law, ALL, 2)
+
+
+def test_negative_control_siblings_claimed_independent():
+    law = generation_law(Speculator(TARGET, None, LookupFirst(draft_favourite(), "claimed_independent")),
+                         PROMPT, 2, ALL)
+    tokens, expected = token_law(law), target_law(ALL, 2)
+    assert total_variation(tokens, expected) > 1e-3, "a wrong sibling law must show in the output law"
