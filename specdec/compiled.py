@@ -1,0 +1,133 @@
+"""`compile: true`: the verify forward with static shapes, compiled once per bucket size.
+
+gpt-fast's recipe on a stock Hugging Face model: the KV cache is one fixed-size buffer per layer
+(`SlotLayer`), the forward's rows [pending token] + tree are padded to the next bucket size, and
+the attention reads the whole buffer, the mask hiding empty slots, stale rejected rows and the
+padding rows (whose KV lands after the real rows and is never committed). Every forward of a bucket
+then has the same shapes, so `torch.compile` traces it once ("reduce-overhead" = CUDA graphs on a
+GPU, inductor's default mode on CPU); masks and positions are built on the device each step."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .cache import new_static_cache
+from .models import AttentionLayout
+from .tree import tree_position_ids
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)        # rows of a compiled forward (pending token + tree nodes, padded)
+CAPACITY_STEP = 256                       # static caches are sized in multiples of this (fewer recompiles)
+
+
+def bucket_rows(rows: int, buckets: Sequence[int] = BUCKETS) -> int | None:
+    """The smallest bucket that holds `rows` rows (None: larger than every bucket)."""
+    return next((size for size in buckets if size >= rows), None)
+
+
+def padded_parents(parents: Sequence[int], rows: int) -> tuple[int, ...]:
+    """Parents of a forward padded to `rows`: each padding row hangs off row 0 (the pending token),
+    so it sees the prefix, row 0 and itself (a valid softmax), and no real row sees it."""
+    return tuple(parents) + (0,) * (rows - len(parents))
+
+
+def static_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device):
+    """Additive mask(s) [1, 1, R, capacity] of a forward of R rows written at slots prefix_len ..
+    prefix_len + R - 1: row i sees the prefix, its ancestors among the rows and itself (within
+    its layer type's window); every other slot, filled or not, is hidden. One mask, or {layer type:
+    mask} when the layers attend differently."""
+    rows = len(parents)
+    depths = tree_position_ids(parents, 0, device)[0]                                  # [R]
+    ancestors = _ancestor_rows(parents, device)                                        # [R, R] bool
+    slots = torch.arange(capacity, device=device)                                      # [C]
+    sees = slots[None, :] < prefix_len                                                 # [1, C] the prefix
+    sees = sees.expand(rows, capacity).clone()                                         # [R, C]
+    sees[:, prefix_len: prefix_len + rows] = ancestors
+    key_positions = slots.clone()                                                      # [C] committed: its slot
+    key_positions[prefix_len: prefix_len + rows] = prefix_len + depths                 # rows: prefix_len + depth
+    query_positions = prefix_len + depths                                              # [R]
+    by_window = {}
+    for window in set(layout.windows.values()):
+        visible = sees
+        if window is not None:       # Hugging Face's rule: a query at q sees keys at k > q - window
+            visible = sees & (key_positions[None, :] > query_positions[:, None] - window)
+        mask = torch.zeros(rows, capacity, dtype=dtype, device=device)                 # [R, C]
+        by_window[window] = mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+    if not layout.by_type:
+        return next(iter(by_window.values()))
+    return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
+
+
+def _ancestor_rows(parents: Sequence[int], device: torch.device) -> torch.Tensor:
+    from .tree import ancestor_matrix
+    return ancestor_matrix(parents).to(device, non_blocking=True)
+
+
+class StaticForward:
+    """The target's forward over a fixed-size cache: `prefill` (eager, any length) and `forward`
+    (compiled per bucket). The cache is kept between calls while it is large enough, so compiled
+    graphs (and CUDA graphs) stay valid."""
+
+    def __init__(self, model, layout: AttentionLayout, mode: str | None = None,
+                 buckets: Sequence[int] = BUCKETS):
+        self.model = model
+        self.layout = layout
+        self.buckets = tuple(sorted(buckets))
+        self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
+        self.cache = None
+        self.compiled = torch.compile(self._model_forward, mode=self.mode, dynamic=False)
+        self.compiled_rows: set[int] = set()       # buckets traced so far (for reports and tests)
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.layers[0].max_cache_len if self.cache is not None else 0
+
+    def _model_forward(self, input_ids, position_ids, mask, output_hidden_states: bool):
+        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                          past_key_values=self.cache, use_cache=True, output_hidden_states=output_hidden_states)
+
+    def start(self, needed: int) -> None:
+        """A new sequence of up to `needed` cache slots (prompt + new tokens + the largest forward).
+        The cache is reused when it is large enough (its stale entries are masked out)."""
+        needed = max(needed, self.buckets[-1])
+        if self.cache is None or self.capacity < needed:
+            capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+            self.cache = new_static_cache(self.model, capacity)
+
+    def _grow(self, needed: int, prefix_len: int) -> None:
+        """The fallback when a sequence outgrows the cache: a larger one, the prefix copied over
+        (compiled graphs are traced again for the new size)."""
+        old = self.cache
+        self.cache = None
+        self.start(needed)
+        if old.layers[0].is_initialized:
+            for layer, old_layer in zip(self.cache.layers, old.layers):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(old_layer.keys[:, :, :1], old_layer.values[:, :, :1])
+                layer.kv_buffer[:, :, :, :prefix_len] = old_layer.kv_buffer[:, :, :, :prefix_len]
+
+    def run(self, input_ids: torch.Tensor, parents: Sequence[int], prefix_len: int,
+            output_hidden_states: bool):
+        """One forward of the rows `input_ids` [1, R] (tree `parents`, written after prefix_len
+        committed entries): compiled when R fits a bucket, padded to it; eager otherwise.
+        Returns the model output; its rows beyond R are padding."""
+        rows = input_ids.shape[1]
+        bucket = bucket_rows(rows, self.buckets)
+        size = bucket or rows
+        if prefix_len + size > self.capacity:
+            self._grow(prefix_len + size + CAPACITY_STEP, prefix_len)
+        if bucket is not None and bucket > rows:
+            input_ids = F.pad(input_ids, (0, bucket - rows), value=0)          # [1, bucket]: padding rows
+            parents = padded_parents(parents, bucket)
+        device = input_ids.device
+        mask = static_masks(self.layout, parents, prefix_len, self.capacity, self.model.dtype, device)
+        positions = tree_position_ids(parents, prefix_len, device)                        # [1, R]
+        self.cache.write_start.fill_(prefix_len)
+        if bucket is None:
+            return self._model_forward(input_ids, positions, mask, output_hidden_states)
+        self.compiled_rows.add(bucket)
+        if self.mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(input_ids, positions, mask, output_hidden_states)
