@@ -19,6 +19,11 @@ from .tree import tree_position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)        # rows of a compiled forward (pending token + tree nodes, padded)
 CAPACITY_STEP = 256                       # static caches are sized in multiples of this (fewer recompiles)
+# Dynamo keeps one cache of compiled graphs per function (shared by every StaticForward): one entry per
+# bucket, output_hidden_states and cache size. Past its limit (8 by default) it would silently run
+# the rest eagerly, so the compiled call raises the limit for itself.
+RECOMPILE_LIMIT = 64
+_LIMIT_KEY = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
 
 def bucket_rows(rows: int, buckets: Sequence[int] = BUCKETS) -> int | None:
@@ -91,7 +96,7 @@ class StaticForward:
     def start(self, needed: int) -> None:
         """A new sequence of up to `needed` cache slots (prompt + new tokens + the largest forward).
         The cache is reused when it is large enough (its stale entries are masked out)."""
-        needed = max(needed, self.buckets[-1])
+        needed = max([needed, *self.buckets[-1:]])
         if self.cache is None or self.capacity < needed:
             capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
             self.cache = new_static_cache(self.model, capacity)
@@ -125,9 +130,29 @@ class StaticForward:
         mask = static_masks(self.layout, parents, prefix_len, self.capacity, self.model.dtype, device)
         positions = tree_position_ids(parents, prefix_len, device)                        # [1, R]
         self.cache.write_start.fill_(prefix_len)
-        if bucket is None:
+        if bucket is None or not self.cache.layers[0].is_initialized:   # the first write allocates: eager
             return self._model_forward(input_ids, positions, mask, output_hidden_states)
         self.compiled_rows.add(bucket)
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        return self.compiled(input_ids, positions, mask, output_hidden_states)
+        with torch._dynamo.config.patch(**{_LIMIT_KEY: max(RECOMPILE_LIMIT, getattr(torch._dynamo.config, _LIMIT_KEY))}):
+            return self.compiled(input_ids, positions, mask, output_hidden_states)
+
+
+_BACKEND_PROBLEMS: dict[str, str | None] = {}     # device -> why torch.compile fails there (None: it works)
+
+
+def compile_problem(device: torch.device | str = "cpu") -> str | None:
+    """Why torch.compile cannot run on `device` here (inductor needs a working C++ compiler and
+    Python headers on CPU, Triton on a GPU), as a sentence; None when a tiny function compiles
+    and runs. Checked once per device."""
+    key = str(device)
+    if key not in _BACKEND_PROBLEMS:
+        try:
+            x = torch.ones(4, device=device)
+            torch.compile(lambda t: (t * 2).sum(), dynamic=False)(x).item()
+            _BACKEND_PROBLEMS[key] = None
+        except Exception as exc:  # noqa: BLE001 - reported as the reason
+            first_line = next(iter(str(exc).strip().splitlines()), "")
+            _BACKEND_PROBLEMS[key] = f"torch.compile (inductor) fails on {key}: {type(exc).__name__}: {first_line}"
+    return _BACKEND_PROBLEMS[key]
