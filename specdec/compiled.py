@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .cache import new_static_cache
 from .models import AttentionLayout
-from .tree import tree_position_ids
+from .tree import ancestor_matrix, is_chain, tree_position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)        # rows of a compiled forward (pending token + tree nodes, padded)
 CAPACITY_STEP = 256                       # static caches are sized in multiples of this (fewer recompiles)
@@ -45,7 +45,10 @@ def static_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: in
     mask} when the layers attend differently."""
     rows = len(parents)
     depths = tree_position_ids(parents, 0, device)[0]                                  # [R]
-    ancestors = _ancestor_rows(parents, device)                                        # [R, R] bool
+    if is_chain(parents):       # a prefill or a chain: causal, built on the device
+        ancestors = torch.ones(rows, rows, dtype=torch.bool, device=device).tril_()    # [R, R]
+    else:
+        ancestors = ancestor_matrix(parents).to(device, non_blocking=True)             # [R, R] bool
     slots = torch.arange(capacity, device=device)                                      # [C]
     sees = slots[None, :] < prefix_len                                                 # [1, C] the prefix
     sees = sees.expand(rows, capacity).clone()                                         # [R, C]
@@ -65,15 +68,11 @@ def static_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: in
     return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
 
 
-def _ancestor_rows(parents: Sequence[int], device: torch.device) -> torch.Tensor:
-    from .tree import ancestor_matrix
-    return ancestor_matrix(parents).to(device, non_blocking=True)
-
-
 class StaticForward:
-    """The target's forward over a fixed-size cache: `prefill` (eager, any length) and `forward`
-    (compiled per bucket). The cache is kept between calls while it is large enough, so compiled
-    graphs (and CUDA graphs) stay valid."""
+    """The target's forward over a fixed-size cache (`run`): compiled per bucket, eager for more
+    rows than the largest bucket (a long prefill) and for the first write (which allocates). The
+    cache is kept between calls while it is large enough, so compiled graphs (and CUDA graphs)
+    stay valid. `compiled_rows`: the buckets this instance has run compiled."""
 
     def __init__(self, model, layout: AttentionLayout, mode: str | None = None,
                  buckets: Sequence[int] = BUCKETS):
@@ -83,7 +82,7 @@ class StaticForward:
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
         self.cache = None
         self.compiled = torch.compile(self._model_forward, mode=self.mode, dynamic=False)
-        self.compiled_rows: set[int] = set()       # buckets traced so far (for reports and tests)
+        self.compiled_rows: set[int] = set()
 
     @property
     def capacity(self) -> int:
