@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .cache import new_static_cache
+from .errors import IncompatibleModelsError
 from .models import AttentionLayout
 from .tree import ancestor_matrix, is_chain, tree_position_ids
 
@@ -22,6 +23,7 @@ CAPACITY_STEP = 256                       # static caches are sized in multiples
 # Dynamo keeps one cache of compiled graphs per function (shared by every StaticForward): one entry per
 # bucket, output_hidden_states and cache size. Past its limit (8 by default) it would silently run
 # the rest eagerly, so the compiled call raises the limit for itself.
+COMPILED_ATTENTION = ("sdpa", "eager")    # attention implementations the static forward runs with
 RECOMPILE_LIMIT = 64
 _LIMIT_KEY = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
@@ -76,6 +78,13 @@ class StaticForward:
 
     def __init__(self, model, layout: AttentionLayout, mode: str | None = None,
                  buckets: Sequence[int] = BUCKETS):
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        if impl not in COMPILED_ATTENTION:
+            raise IncompatibleModelsError(
+                f"compile: true runs the target with additive masks over a fixed-size cache, which "
+                f"attn_implementation={impl!r} does not take (and inductor's CPU flex-attention kernel fails at "
+                f"run time with torch {torch.__version__}): load the target with attn_implementation=\"sdpa\" "
+                f"(or \"eager\"), or set compile=false")
         self.model = model
         self.layout = layout
         self.buckets = tuple(sorted(buckets))

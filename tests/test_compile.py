@@ -96,3 +96,14 @@ def test_compiled_forward_outgrows_its_cache():
     tokens = [token for run, _ in steps for token in run]
     assert tokens == hf_greedy(target, prompt, 16, eos_token_id=None)
     assert sd.verifier.static.capacity > small
+
+
+def test_compile_refuses_flex_attention():
+    import transformers as T
+    from specdec.errors import IncompatibleModelsError
+    config = T.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    target = T.AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention").eval()
+    with pytest.raises(IncompatibleModelsError, match="attn_implementation=\"sdpa\""):
+        Speculator(target, None, Autoregressive(), compile=True)
+    Speculator(target, None, Autoregressive())          # without compile, flex verifies trees as before
