@@ -98,8 +98,25 @@ class StaticForward:
         return self.cache.layers[0].max_cache_len if self.cache is not None else 0
 
     def _model_forward(self, input_ids, position_ids, mask, output_hidden_states: bool):
-        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                          past_key_values=self.cache, use_cache=True, output_hidden_states=output_hidden_states)
+        """The model's own forward, without its module hooks (what is compiled)."""
+        return type(self.model).forward(self.model, input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                        past_key_values=self.cache, use_cache=True,
+                                        output_hidden_states=output_hidden_states)
+
+    def _call(self, forward, input_ids, position_ids, mask, output_hidden_states: bool):
+        """model(...) through its __call__ with `forward` doing the work: the module's hooks (a
+        benchmark's forward meter, say) run as usual, eagerly, outside the compiled graph."""
+        saved = self.model.__dict__.get("forward")
+        self.model.forward = lambda **kw: forward(kw["input_ids"], kw["position_ids"], kw["attention_mask"],
+                                                  kw["output_hidden_states"])
+        try:
+            return self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                              output_hidden_states=output_hidden_states)
+        finally:
+            if saved is None:
+                del self.model.forward
+            else:
+                self.model.forward = saved
 
     def start(self, needed: int) -> None:
         """A new sequence of up to `needed` cache slots (prompt + new tokens + the largest forward).
@@ -139,12 +156,12 @@ class StaticForward:
         positions = tree_position_ids(parents, prefix_len, device)                        # [1, R]
         self.cache.write_start.fill_(prefix_len)
         if bucket is None or not self.cache.layers[0].is_initialized:   # the first write allocates: eager
-            return self._model_forward(input_ids, positions, mask, output_hidden_states)
+            return self._call(self._model_forward, input_ids, positions, mask, output_hidden_states)
         self.compiled_rows.add(bucket)
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         with torch._dynamo.config.patch(**{_LIMIT_KEY: max(RECOMPILE_LIMIT, getattr(torch._dynamo.config, _LIMIT_KEY))}):
-            return self.compiled(input_ids, positions, mask, output_hidden_states)
+            return self._call(self.compiled, input_ids, positions, mask, output_hidden_states)
 
 
 _BACKEND_PROBLEMS: dict[str, str | None] = {}     # device -> why torch.compile fails there (None: it works)

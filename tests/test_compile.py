@@ -107,3 +107,20 @@ def test_compile_refuses_flex_attention():
     with pytest.raises(IncompatibleModelsError, match="attn_implementation=\"sdpa\""):
         Speculator(target, None, Autoregressive(), compile=True)
     Speculator(target, None, Autoregressive())          # without compile, flex verifies trees as before
+
+
+def test_module_hooks_run_outside_the_compiled_graph():
+    """A forward hook on the target (a benchmark's forward meter, say) fires once per verify
+    forward, eagerly: its Python side effects are neither traced nor a cause of recompiles."""
+    needs_compile()
+    target = target_of("llama")
+    calls = []
+    handle = target.register_forward_hook(lambda module, args, output: calls.append(output.logits.shape[1]))
+    try:
+        sd = Speculator(target, None, Autoregressive(), compile=True)
+        out = sd.generate([5, 17], max_new_tokens=8, ignore_eos=True)
+    finally:
+        handle.remove()
+    assert out.token_ids == list(reference("llama", (5, 17), 8))
+    assert len(calls) == 1 + out.stats.target_forwards          # the prefill, then one per step
+    assert sd.verifier.static.compiled_rows == {1}
