@@ -116,12 +116,19 @@ class Stream:
         self.close()
 
 
+def tree_rows_bound(strategy) -> int:
+    """Rows of the largest verify forward to plan the KV cache for: the pending token + the
+    strategy's node budget when it states one (else 64 nodes; a larger tree still works, the
+    cache then grows)."""
+    return 1 + max(64, int(getattr(strategy, "max_nodes", 0) or 0))
+
+
 class Speculator:
     """Speculative generation with `strategy` on `target`. Output law = the target's own.
     One call at a time: a new generate()/stream() supersedes an unfinished stream (use two
     Speculators to generate concurrently)."""
 
-    def __init__(self, target, tokenizer, strategy, *, config: SpecConfig | None = None):
+    def __init__(self, target, tokenizer, strategy, *, config: SpecConfig | None = None, compile: bool | None = None):
         from .strategies import Strategy
         if isinstance(strategy, str):
             strategy = _strategy_by_name(strategy, config)
@@ -133,7 +140,9 @@ class Speculator:
         self.strategy = strategy
         self.config = config
         self.profile = bool(config.profile) if config is not None else False   # exact time split on a GPU
-        self.verifier = Verifier(self.target)
+        if compile is None:     # `compile: true` in the config: the verify forward compiled, static shapes
+            compile = bool(getattr(config, "compile", False))
+        self.verifier = Verifier(self.target, compile=compile)
         self.context = context_length(self.target, tokenizer)
         self._current: Stream | None = None    # the call that owns the KV cache and the strategy state
         strategy.bind(self.target, tokenizer)
@@ -224,6 +233,8 @@ class Speculator:
         processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
         if self._current is not None:
             self._current._supersede()
+        # the target's KV cache, sized once: prompt + new tokens + the largest forward (pending + tree)
+        self.verifier.reserve(len(prompt_ids) + args["max_new_tokens"] + tree_rows_bound(self.strategy))
         stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise,
                                      processing, self.profile),
                         stats)

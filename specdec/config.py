@@ -106,6 +106,7 @@ class SpecConfig:
     strategy: str = "autoregressive"
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     dtype: str = "auto"                 # auto | float32 | float16 | bfloat16
+    compile: bool = False               # verify forward compiled with static shapes (README: compile)
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)

@@ -1,5 +1,7 @@
 """The verifier: one forward of the unmodified target over [pending token] + tree, on top of its
-KV cache, then the commit of the accepted path. It never knows which strategy proposed the tree."""
+KV cache, then the commit of the accepted path. It never knows which strategy proposed the tree.
+With compile=True the forward runs over a fixed-size cache with static shapes, compiled per bucket
+size (specdec.compiled)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +10,7 @@ from typing import Sequence
 import torch
 
 from .cache import commit_rows, new_cache
+from .compiled import StaticForward
 from .models import AttentionLayout, attention_layout
 from .tree import CandidateTree, tree_attention_mask, tree_position_ids, with_pending_root
 
@@ -38,11 +41,18 @@ def tree_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: int,
 
 
 class Verifier:
-    def __init__(self, model):
+    def __init__(self, model, compile: bool = False):
         self.model = model
         self.layout = attention_layout(model)     # refuses attention it cannot verify trees on
         self.cache = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
+        self.capacity: int | None = None     # cache entries to allocate at the next prefill (None: grow)
+        self.static = StaticForward(model, self.layout) if compile else None
+
+    def reserve(self, entries: int | None) -> None:
+        """Size the next sequence's cache once for `entries` (prompt + max_new_tokens + the largest
+        forward); a sequence that outgrows it still works (the buffers grow)."""
+        self.capacity = entries
 
     @property
     def device(self) -> torch.device:
@@ -52,15 +62,24 @@ class Verifier:
     def prefill(self, token_ids: Sequence[int], feature_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """Start a new sequence: put the KV entries of `token_ids` (all committed tokens but the
         pending one) in a fresh cache. With feature_layers, return their features [len, F]."""
-        self.cache = new_cache(self.model, "target")
         self.prefix_len = 0
+        if self.static is not None:
+            self.static.start(self.capacity or len(token_ids) + 1)
+            self.cache = self.static.cache
+        else:
+            self.cache = new_cache(self.model, "target", self.capacity)
         if not len(token_ids):
             return None
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
-                         output_hidden_states=feature_layers is not None)
+        if self.static is not None:
+            out = self.static.run(ids, tuple(range(-1, len(token_ids) - 1)), 0, feature_layers is not None)
+        else:
+            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                             output_hidden_states=feature_layers is not None)
         self.prefix_len = len(token_ids)
-        return features(out.hidden_states, feature_layers) if feature_layers is not None else None
+        if feature_layers is None:
+            return None
+        return features(out.hidden_states, feature_layers)[: len(token_ids)]
 
     @torch.inference_mode()
     def forward(self, pending_token: int, tree: CandidateTree,
@@ -69,6 +88,8 @@ class Verifier:
         features, with feature_layers)."""
         pending = torch.tensor([pending_token], dtype=torch.long, device=self.device)
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
+        if self.static is not None:
+            return self._static_forward(input_ids, tree, feature_layers)
         if tree.is_chain:   # a chain is causal: the model builds its own mask(s), windows included
             mask, positions = None, None
         else:
@@ -80,6 +101,16 @@ class Verifier:
                          output_hidden_states=feature_layers is not None)
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden)
+
+    def _static_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
+                        feature_layers: Sequence[int] | None) -> TreeOutput:
+        rows = input_ids.shape[1]
+        out = self.static.run(input_ids, with_pending_root(tree.parents), self.prefix_len, feature_layers is not None)
+        logits = out.logits[0, :rows]                                              # [1 + N, V], padding dropped
+        hidden = features(out.hidden_states, feature_layers)[:rows] if feature_layers is not None else None
+        if self.static.mode == "reduce-overhead":     # CUDA graph outputs are overwritten by the next replay
+            logits, hidden = logits.clone(), None if hidden is None else hidden.clone()
+        return TreeOutput(logits, hidden)
 
     def commit(self, kept_rows: Sequence[int]) -> None:
         """Keep the rows `kept_rows` of the last forward (0 = pending token, then the accepted

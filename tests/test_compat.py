@@ -89,10 +89,14 @@ def strategy_of(name: str, target):
     return DraftModel(noisy_copy(target, noise=0.15), branching=[3, 2, 2, 1])          # DRAFT_DEPTH levels
 
 
-def check_identity(target, strategy_name: str, prompt: list[int], n: int = N):
+def check_identity(target, strategy_name: str, prompt: list[int], n: int = N, cache: str = "grown"):
+    """cache: "grown" (the default cache), "static" (compile: true's fixed-size cache and masks,
+    run eagerly) or "compiled" (compile: true)."""
     expected = hf_greedy(target, prompt, n, eos_token_id=None)
-    out = Speculator(target, None, strategy_of(strategy_name, target)).generate(prompt, max_new_tokens=n,
-                                                                                ignore_eos=True)
+    sd = Speculator(target, None, strategy_of(strategy_name, target), compile=cache != "grown")
+    if cache == "static":
+        sd.verifier.static.buckets = ()          # every forward takes the eager path over the static cache
+    out = sd.generate(prompt, max_new_tokens=n, ignore_eos=True)
     assert out.token_ids == expected
     if strategy_name != "autoregressive":
         assert out.stats.proposed_nodes > 0, "precondition: the strategy proposed candidates"
@@ -121,6 +125,22 @@ def test_window_is_exercised(kind):
 def test_sliding_window_greedy_identity(kind, strategy_name):
     target = sliding_model(kind)
     check_identity(target, strategy_name, long_prompt())
+
+
+@pytest.mark.parametrize("strategy_name", ["autoregressive", "tree"])
+@pytest.mark.parametrize("kind", SLIDING_KINDS)
+def test_sliding_window_static_cache_greedy_identity(kind, strategy_name):
+    """compile: true's fixed-size cache: the windows are carried by its masks over the whole buffer."""
+    check_identity(sliding_model(kind), strategy_name, long_prompt(), cache="static")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_sliding_window_compiled_greedy_identity(kind):
+    from specdec.compiled import compile_problem
+    if compile_problem("cpu"):
+        pytest.skip(compile_problem("cpu"))
+    check_identity(sliding_model(kind), "tree", long_prompt(), cache="compiled")
 
 
 @pytest.mark.parametrize("kind", SLIDING_KINDS)

@@ -217,17 +217,20 @@ def capacity(layer) -> int | None:
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_long_context_grows_the_cache_buffers(shape, monkeypatch):
-    """A 300-token prompt and 264 new tokens: the KV buffers (BufferedLayer, 256 spare slots after
-    the prefill) must grow by reallocating mid-call, for the target's cache and the draft's, and
-    the output must still equal HF greedy."""
+def test_long_context_sizes_the_target_cache_once_and_grows_the_drafts(shape, monkeypatch):
+    """A 300-token prompt and 264 new tokens. The target's KV buffers are sized once for prompt +
+    max_new_tokens + the largest forward (the Speculator tells the verifier): no reallocation
+    mid-call. The draft's cache is told no capacity (BufferedLayer's fallback: 256 spare slots
+    after the prefill), so it must grow by reallocating mid-call. Output equals HF greedy."""
     from specdec.cache import BufferedLayer
     grown: set[int] = set()          # id() of layers whose existing buffer was reallocated larger
+    updated: set[int] = set()
     update = BufferedLayer.update
 
     def recording_update(self, *args, **kwargs):
         before = capacity(self)
         out = update(self, *args, **kwargs)
+        updated.add(id(self))
         if before is not None and capacity(self) > before:
             grown.add(id(self))
         return out
@@ -241,5 +244,9 @@ def test_long_context_grows_the_cache_buffers(shape, monkeypatch):
     assert 0 < sum(out.stats.accepted_lengths) < LONG_NEW, "precondition: partial acceptance"
     target_layers = {id(layer) for layer in sd.verifier.cache.layers}
     draft_layers = {id(layer) for layer in strategy.cache.layers}
-    assert target_layers & grown, "the target's cache buffer never grew"
-    assert draft_layers & grown, "the draft's cache buffer never grew"
+    assert target_layers <= updated, "precondition: the target's layers were written"
+    assert not target_layers & grown, "the target's cache was reallocated although its capacity was given"
+    assert all(layer.reallocations == 0 for layer in sd.verifier.cache.layers)
+    assert all(capacity(layer) >= len(LONG_PROMPT) + LONG_NEW for layer in sd.verifier.cache.layers)
+    assert draft_layers & grown, "the draft's cache buffer never grew (the fallback without a capacity)"
+    assert any(layer.reallocations > 0 for layer in strategy.cache.layers)

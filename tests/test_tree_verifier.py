@@ -47,10 +47,26 @@ def full_forward(model, ids: list[int]):
     return out.logits[0, -1], out.hidden_states[-1][0, -1]
 
 
-def prefilled(model, prompt=PROMPT) -> Verifier:
-    verifier = Verifier(model)
+# How the target's KV cache is held: grown as needed (no capacity given), sized once (the
+# Speculator's way), or the fixed-size SlotLayer cache of `compile: true` run eagerly (no bucket:
+# its masks over the whole buffer and its commit, without the compiler's time).
+CACHES = ["grown", "sized", "static"]
+
+
+def prefilled(model, prompt=PROMPT, cache: str = "grown") -> Verifier:
+    verifier = Verifier(model, compile=cache == "static")
+    if cache == "static":
+        verifier.static.buckets = ()          # every forward takes the eager path over the static cache
+    if cache == "sized":
+        verifier.reserve(len(prompt) + 32)
     verifier.prefill(prompt[:-1])
     return verifier
+
+
+def cache_length(verifier: Verifier) -> int:
+    """Committed entries the cache holds (a static cache holds stale slots too: its length is the
+    verifier's prefix_len by construction)."""
+    return verifier.prefix_len if verifier.static is not None else verifier.cache.get_seq_length()
 
 
 # ---------------------------------------------------------------------- tree forward
@@ -97,17 +113,18 @@ COMMITS = {
 }
 
 
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("kind", sorted(COMMITS))
-def test_commit_then_continue_equals_fresh_forward(arch, kind):
+def test_commit_then_continue_equals_fresh_forward(arch, kind, cache):
     model = model_of(arch)
     tree = CandidateTree(torch.tensor(TOKENS), PARENTS)
     accepted = COMMITS[kind]
-    verifier = prefilled(model)
+    verifier = prefilled(model, cache=cache)
     verifier.forward(PROMPT[-1], tree)
     verifier.commit([0] + [node + 1 for node in accepted])
     committed = PROMPT + [TOKENS[node] for node in accepted]
     assert verifier.prefix_len == len(committed)
-    assert verifier.cache.get_seq_length() == len(committed)
+    assert cache_length(verifier) == len(committed)
     # continued decoding: one more (pending) token, then a second tree on top
     next_token = 42
     out = verifier.forward(next_token, CandidateTree.empty())
@@ -122,11 +139,12 @@ def test_commit_then_continue_equals_fresh_forward(arch, kind):
         torch.testing.assert_close(out.logits[node + 1], expected, atol=ATOL, rtol=0)
 
 
-def test_many_steps_of_random_trees_and_commits(arch):
+@pytest.mark.parametrize("cache", CACHES)
+def test_many_steps_of_random_trees_and_commits(arch, cache):
     """A run of random trees and random accepted paths keeps the cache equal to a fresh forward."""
     model = model_of(arch)
     gen = torch.Generator().manual_seed(0)
-    verifier = prefilled(model)
+    verifier = prefilled(model, cache=cache)
     committed = list(PROMPT[:-1])
     pending = PROMPT[-1]
     for _ in range(6):
@@ -145,7 +163,7 @@ def test_many_steps_of_random_trees_and_commits(arch):
         verifier.commit([0] + [node + 1 for node in path])
         committed = context + [int(tree.tokens[node]) for node in path]
         pending = int(torch.randint(3, 96, (), generator=gen))
-        assert verifier.prefix_len == len(committed) == verifier.cache.get_seq_length()
+        assert verifier.prefix_len == len(committed) == cache_length(verifier)
 
 
 # ---------------------------------------------------------------------- pure functions
