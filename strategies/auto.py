@@ -197,14 +197,14 @@ class Auto:
 
     def _calibrate(self, merged: CandidateTree, source: list[str], keep: list[int], accepted: list[int],
                    state: DecodeState) -> None:
-        """Every verified node whose parent was kept was tried: record whether it was kept."""
+        """Every verified node whose parent was kept was tried: record whether it was kept. (`keep`
+        is closed under parents: the planner's choice.)"""
         keys, _ = self._node_keys(merged, source, state)
-        verified, kept = set(keep), set(accepted)
+        kept = set(accepted)
         for node in keep:
             parent = merged.parents[node]
             if parent == -1 or parent in kept:
                 self.calibrator.record(keys[node][0], node in kept)
-            assert parent == -1 or parent in verified
 
 
 def pick_drafter(cfg) -> str | None:
