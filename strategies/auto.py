@@ -22,7 +22,7 @@ from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
 from .mixed import LOOKUP, NEURAL, merge_paths
-from .planner import Calibrator, plan
+from .planner import Calibrator, path_reach, plan
 from .prompt_lookup import PromptLookup
 
 # raw estimate of a node with no draft probability, (first level, deeper), before calibration: a copied
@@ -55,12 +55,15 @@ class Auto:
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
         self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
         self.draft_cost_s = draft_cost_s      # seconds per neural propose + observe, measured as it runs
-        self.rate_with: float | None = None      # planned tokens/s of recent steps with the drafter
-        self.rate_without: float | None = None   # ... with lookup alone
+        # planned tokens/s of recent steps with the drafter / with lookup alone, per lookup context
+        # (what lookup offers this step: nothing, a short guess, a long one; see _lookup_context)
+        self.rate_with: dict[int, float] = {}
+        self.rate_without: dict[int, float] = {}
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
-        self.explore_gap = self.explore_every    # steps between looks at a drafter that has not paid
+        self.explore_gap: dict[int, int] = {}    # per context: steps between looks at a drafter that has not paid
+        self.since_look: dict[int, int] = {}     # per context: steps without a call
         self.steps_since_call = 0
         self.steady_call = False
         self.device = "cpu"
@@ -106,10 +109,12 @@ class Auto:
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
-        self.rate_without = _ema(self.rate_without, lookup_rate)
+        context = _lookup_context(lookup_tree.parents, accept, lookup_keep)
+        self.rate_without[context] = _ema(self.rate_without.get(context), lookup_rate)
 
         neural_tree = CandidateTree.empty(self.device)
-        if self._call_drafter(state):
+        self.steps_since_call += 1
+        if self._call_drafter(state, context):
             start = time.perf_counter()
             neural_tree = self.drafter.propose(state)
             self.last_draft_s = time.perf_counter() - start
@@ -129,7 +134,7 @@ class Auto:
             forced = range(neural_tree.num_nodes) if sampled else ()
             keep, rate = plan(merged.parents, accept, self.verify_cost, self.draft_cost_s or 0.0,
                               self.max_nodes, forced=forced)
-            self.rate_with = _ema(self.rate_with, rate)
+            self.rate_with[context] = _ema(self.rate_with.get(context), rate)
             tree = merged.select(keep)
             lookup_source = source
         self.pending = (merged, lookup_source, keep, neural_tree, time.perf_counter())
@@ -157,22 +162,25 @@ class Auto:
                 self.draft_cost_s = _ema(self.draft_cost_s, self.last_draft_s + time.perf_counter() - start)
 
     # ------------------------------------------------------------------ policy
-    def _call_drafter(self, state: DecodeState) -> bool:
-        """Call the drafter when its recent planned rate beats lookup alone; otherwise look again
-        after `explore_gap` steps, a gap that doubles (up to MAX_EXPLORE_GAP) each look that does not
-        pay, so a useless drafter costs next to nothing on text it cannot predict."""
+    def _call_drafter(self, state: DecodeState, context: int) -> bool:
+        """Call the drafter when its recent planned rate beats lookup alone in the same lookup
+        context (a drafter that pays where lookup has nothing may not pay beside a long lookup
+        match); otherwise look again after a gap that doubles (up to MAX_EXPLORE_GAP) each look
+        that does not pay, so a useless drafter costs next to nothing on text it cannot predict."""
         if self.drafter is None or state.max_depth <= 0:
             return False
         if self.explore_every <= 1:                          # every step
             return True
-        self.steps_since_call += 1
-        if self.rate_with is None or self.rate_with >= (self.rate_without or 0.0):
-            self.explore_gap = self.explore_every
-            return True
-        if self.steps_since_call >= self.explore_gap:
-            self.explore_gap = min(2 * self.explore_gap, MAX_EXPLORE_GAP)
-            return True
-        return False
+        self.since_look[context] = self.since_look.get(context, 0) + 1
+        rate_with = self.rate_with.get(context)
+        if rate_with is None or rate_with >= self.rate_without.get(context, 0.0):
+            self.explore_gap[context] = self.explore_every
+        elif self.since_look[context] >= self.explore_gap.get(context, self.explore_every):
+            self.explore_gap[context] = min(2 * self.explore_gap.get(context, self.explore_every), MAX_EXPLORE_GAP)
+        else:
+            return False
+        self.since_look[context] = 0
+        return True
 
     def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState):
         """(calibration key, draft confidence or None) of every node."""
@@ -205,6 +213,15 @@ class Auto:
             parent = merged.parents[node]
             if parent == -1 or parent in kept:
                 self.calibrator.record(keys[node][0], node in kept)
+
+
+def _lookup_context(parents, accept, keep) -> int:
+    """What lookup offers this step, as a context for the drafter's decision: 0 nothing, 1 an
+    expected gain under one token, 2 more (expected accepted lookup tokens = sum of path reach)."""
+    if not keep:
+        return 0
+    reach = path_reach(parents, accept)
+    return 1 if sum(reach[i] for i in keep) < 1.0 else 2
 
 
 def pick_drafter(cfg) -> str | None:

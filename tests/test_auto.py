@@ -132,3 +132,22 @@ def test_profile_command(tmp_path, monkeypatch, capsys):
     assert code == 0
     assert "nodes  seconds" in printed and "tree sizes chosen per step" in printed
     assert len(list((tmp_path / "home" / "profiles").iterdir())) == 1
+
+
+def test_the_drafter_is_called_by_lookup_context():
+    """A drafter that pays where lookup offers nothing but not beside a long lookup match is
+    called in the first context every step and only to re-explore in the second."""
+    from specdec.strategies.auto import _lookup_context
+    target = target_of("llama")
+    strategy = auto(DraftModel(target, num_tokens=4))
+    state = type("State", (), {"max_depth": 8})()
+    strategy.rate_with = {0: 2.0, 2: 1.0}             # planned tokens/s with the drafter, per context
+    strategy.rate_without = {0: 1.0, 2: 3.0}          # ... and with lookup alone
+    calls = {context: sum(strategy._call_drafter(state, context) for _ in range(40)) for context in (0, 2)}
+    assert calls[0] == 40
+    assert 1 <= calls[2] <= 40 // strategy.explore_every        # gaps that double: a few looks only
+    # contexts: nothing kept / expected lookup gain under one token / more
+    parents, accept = (-1, 0, 1), [0.9, 0.9, 0.9]
+    assert _lookup_context(parents, accept, []) == 0
+    assert _lookup_context(parents, [0.5, 0.2, 0.1], [0]) == 1
+    assert _lookup_context(parents, accept, [0, 1, 2]) == 2
