@@ -141,7 +141,7 @@ class Speculator:
         self.config = config
         self.profile = bool(config.profile) if config is not None else False   # exact time split on a GPU
         if compile is None:     # `compile: true` in the config: the verify forward compiled, static shapes
-            compile = bool(getattr(config, "compile", False))
+            compile = bool(config.compile) if config is not None else False
         self.verifier = Verifier(self.target, compile=compile)
         self.context = context_length(self.target, tokenizer)
         self._current: Stream | None = None    # the call that owns the KV cache and the strategy state
