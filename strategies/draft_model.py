@@ -5,7 +5,7 @@ sampled without replacement when sampling). The draft keeps its own KV cache: af
 it keeps the entries of the accepted drafted tokens it already computed and catches up on the
 rest (the bonus token) at the start of the next proposal. Optional adaptive gamma picks the chain
 length that maximises expected tokens per unit of time from the acceptance history.
-Drafted tokens stay on the device (sampled there too, strategies/sampled_tree.draw_children): a
+Drafted tokens stay on the device (sampled there too, by the random source's draw_without_replacement): a
 chain reads nothing back per token (one read per token only with min_confidence > 0), a tree at
 most one read per depth.
 """
@@ -22,7 +22,6 @@ from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
-from specdec.strategies.sampled_tree import draw_children
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import tree_masks
@@ -147,7 +146,7 @@ class DraftModel:
         if width > 1:            # draws without replacement need that many tokens of probability > 0
             available = (draft_probs > 0).sum(dim=-1).tolist()                       # the call's one read
             widths = [min(w, a) for w, a in zip(widths, available)]
-        drawn = [draw_children(state.rng, draft_probs[r], w) for r, w in enumerate(widths) if w]
+        drawn = [state.rng.draw_without_replacement(draft_probs[r], w) for r, w in enumerate(widths) if w]
         return torch.cat(drawn), widths, draft_probs
 
     @staticmethod

@@ -96,13 +96,19 @@ class ConditionedExpander:
         ids = torch.as_tensor(parent_tokens, dtype=torch.long, device=self.hidden.device).view(-1)   # [n]
         return self.heads(self.hidden.expand(len(ids), -1), ids, head=depth + 1).float()
 
+    def scores(self, depth: int, parent_tokens) -> torch.Tensor:
+        """[n, V] what children are ranked by: the logits, plus under the coupled sampler the noise
+        of the position depth + 1's head guesses."""
+        logits = self.logits(depth, parent_tokens)                                   # [n, V]
+        if self.noise is None:
+            return logits
+        return coupled_scores(logits, [self.first + depth] * logits.shape[0], self.noise)
+
     def children(self, depth: int, parent_tokens) -> tuple[list[list[float]], torch.Tensor]:
         """parent_tokens [n] -> (log-probs [n][k] on the host, tokens [n, k] on the device) of each
         parent's best children (-inf: a filtered-out token). One host read."""
-        logits = self.logits(depth, parent_tokens)                                   # [n, V]
-        if self.noise is not None:
-            logits = coupled_scores(logits, [self.first + depth] * logits.shape[0], self.noise)
-        top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)
+        scores = self.scores(depth, parent_tokens)                                   # [n, V]
+        top = scores.log_softmax(dim=-1).topk(min(self.top_k, scores.shape[-1]), dim=-1)
         return top.values.tolist(), top.indices
 
 
@@ -162,10 +168,8 @@ def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequen
         parent_tokens = (torch.tensor([pending], device=device) if depth == 0
                          else torch.stack([tokens[node_of[key]] for key in parent_keys]))
         width = max(p[-1] for p in level) + 1
-        children = expander.logits(depth, parent_tokens)                            # [n, V]
-        if expander.noise is not None:
-            children = coupled_scores(children, [expander.first + depth] * len(parent_keys), expander.noise)
-        children = children.topk(min(width, children.shape[-1]), dim=-1).indices   # [n, width]
+        scores = expander.scores(depth, parent_tokens)                              # [n, V]
+        children = scores.topk(min(width, scores.shape[-1]), dim=-1).indices       # [n, width]
         row_of = {key: row for row, key in enumerate(parent_keys)}
         for path in level:
             node_of[path] = len(tokens)

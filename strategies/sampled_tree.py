@@ -1,7 +1,7 @@
 """Drafting at temperature > 0 with the drafter's real distributions, shared by the neural drafters.
 
-`draw_children` draws sibling tokens without replacement from a draft distribution through the
-call's one random source (DecodeState.rng, its draw_without_replacement), on the device: the loop's
+Sibling tokens are drawn without replacement from a draft distribution through the call's one
+random source (DecodeState.rng.draw_without_replacement), on the device: the loop's
 TorchRandom makes exactly the draw of its sample_without_replacement (torch.multinomial's own
 algorithm) minus the reads back to the host (tests check the two agree token for token); the law
 tests' enumerating source answers the same method.
@@ -21,13 +21,6 @@ from typing import Callable
 import torch
 
 from specdec.tree import WITHOUT_REPLACEMENT, CandidateTree
-
-
-def draw_children(rng, probs: torch.Tensor, count: int) -> torch.Tensor:
-    """[count] distinct tokens drawn in order from probs [V] (each from what the earlier ones left,
-    renormalized), on the device, through the call's random source (its draw_without_replacement).
-    The caller guarantees count <= the tokens of probability > 0."""
-    return rng.draw_without_replacement(probs, count)
 
 
 # next_probs(depth, nodes, tokens, parents) -> [n, V] the distributions of the children of the new
@@ -62,7 +55,7 @@ def sampled_tree(root_probs: torch.Tensor, next_probs: NextProbs, depth_limit: i
             if not count:
                 continue
             q = frontier_probs[f]                                                           # [V]
-            drawn = draw_children(rng, q, count)                                            # [c]
+            drawn = rng.draw_without_replacement(q, count)                                  # [c]
             level_nodes += range(len(parents), len(parents) + count)
             parents += [frontier_nodes[f]] * count
             tokens.append(drawn)

@@ -17,7 +17,6 @@ from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
-from specdec.strategies.sampled_tree import draw_children
 
 TARGET = tiny_model("llama", seed=1, sharpen=4.0)
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
@@ -68,11 +67,11 @@ def test_draft_chain_reads_nothing_per_drafted_token():
 
 
 def test_device_draw_is_the_random_sources_own_draw():
-    """draw_children with the loop's TorchRandom makes exactly TorchRandom.sample_without_replacement's
+    """TorchRandom.draw_without_replacement (the drafters' draw) makes exactly its sample_without_replacement's
     draw (same generator state in, same tokens out), only without the read back to the host."""
     probs = torch.softmax(torch.randn(40, generator=torch.Generator().manual_seed(3)) * 2, dim=-1)
     for count in (1, 2, 3, 7, 40):
-        ours = draw_children(TorchRandom(torch.Generator().manual_seed(count)), probs, count)
+        ours = TorchRandom(torch.Generator().manual_seed(count)).draw_without_replacement(probs, count)
         theirs = TorchRandom(torch.Generator().manual_seed(count)).sample_without_replacement(probs, count)
         assert ours.tolist() == theirs and len(set(theirs)) == count
 
@@ -80,5 +79,5 @@ def test_device_draw_is_the_random_sources_own_draw():
 def test_device_draw_reads_nothing_back():
     probs = torch.softmax(torch.randn(40, generator=torch.Generator().manual_seed(4)), dim=-1)
     with HostReads() as reads:
-        draw_children(TorchRandom(torch.Generator().manual_seed(0)), probs, 3)
+        TorchRandom(torch.Generator().manual_seed(0)).draw_without_replacement(probs, 3)
     assert reads.total() == 0, reads.report()
