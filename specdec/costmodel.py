@@ -19,7 +19,13 @@ from typing import Sequence
 
 import torch
 
-DEFAULT_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+MEASURED_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)    # tree sizes a profile may time
+DEFAULT_SIZES = tuple(n for n in MEASURED_SIZES if n <= 32)
+
+
+def profile_sizes(max_nodes: int) -> tuple[int, ...]:
+    """The tree sizes to time for a planner that verifies at most max_nodes nodes."""
+    return tuple(n for n in MEASURED_SIZES if n <= max(max_nodes, 1))
 
 
 @dataclass(frozen=True)

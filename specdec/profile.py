@@ -20,8 +20,10 @@ def main(argv: list[str]) -> int:
     overrides.setdefault("auto.profile", False)          # measured below, once, fresh
     sd = load(args.config, **overrides)
     auto = sd.config.auto
-    sizes = tuple(n for n in DEFAULT_SIZES if n <= max(auto.max_nodes, 1)) if sd.config.strategy == "auto" else DEFAULT_SIZES
-    context = auto.profile_context
+    if sd.config.strategy == "auto":         # the very profile auto reads
+        sizes, context = sd.strategy.profile_setup(sd.target)
+    else:
+        sizes, context = DEFAULT_SIZES, auto.profile_context
     profile = load_or_measure(sd.target, sizes, context, auto.profile_repeats, refresh=True)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}), context {profile.context_len} tokens, "
           f"profile {profile.key}:")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from specdec.costmodel import CostProfile, load_or_measure
+from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
@@ -77,12 +77,15 @@ class Auto:
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
             if self.profile:
-                limit = getattr(target.config, "max_position_embeddings", None) or 4096
-                context = max(1, min(self.profile_context, limit - self.max_nodes - 2))
-                sizes = tuple(n for n in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n <= max(self.max_nodes, 1))
-                self.costs = load_or_measure(target, sizes, context, self.profile_repeats)
+                self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats)
             else:                             # a guess: a node costs a tenth of a plain step
                 self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+
+    def profile_setup(self, target) -> tuple[tuple[int, ...], int]:
+        """(tree sizes, context length) of the cost profile this strategy reads for `target`
+        (`specdec profile` measures the same one again)."""
+        limit = getattr(target.config, "max_position_embeddings", None) or 4096
+        return profile_sizes(self.max_nodes), max(1, min(self.profile_context, limit - self.max_nodes - 2))
 
     def reset(self, state: DecodeState) -> None:
         if self.lookup is not None:
@@ -107,7 +110,7 @@ class Auto:
             paths = self.lookup.continuations(state.token_ids, depth, state.eos_token_ids)
             lookup_nodes = self.lookup.max_nodes
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
-        accept = self._estimates(lookup_tree, lookup_source, state)
+        accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
         context = _lookup_context(lookup_tree.parents, accept, lookup_keep)
         self.rate_without[context] = _ema(self.rate_without.get(context), lookup_rate)
@@ -129,7 +132,7 @@ class Auto:
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
             merged, source = merge_paths(neural_tree, paths, lookup_nodes + neural_tree.num_nodes)
-            accept = self._estimates(merged, source, state)
+            accept, keys = self._estimates(merged, source, state)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
             forced = range(neural_tree.num_nodes) if sampled else ()
             keep, rate = plan(merged.parents, accept, self.verify_cost, self.draft_cost_s or 0.0,
@@ -137,12 +140,12 @@ class Auto:
             self.rate_with[context] = _ema(self.rate_with.get(context), rate)
             tree = merged.select(keep)
             lookup_source = source
-        self.pending = (merged, lookup_source, keep, neural_tree, time.perf_counter())
+        self.pending = (merged, lookup_source, keys, keep, neural_tree, time.perf_counter())
         self.tree_sizes.append(tree.num_nodes)
         return tree
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        merged, source, keep, neural_tree, proposed_at = self.pending
+        merged, source, keys, keep, neural_tree, proposed_at = self.pending
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
         predicted = self.costs.verify_cost(len(keep))
         if predicted > 0 and self.adapt_costs:
@@ -150,7 +153,7 @@ class Auto:
         accepted = [keep[node] for node in result.accepted]  # indices in the merged tree
         for node in accepted:
             self.accepted_nodes[source[node]] += 1
-        self._calibrate(merged, source, keep, accepted, state)
+        self._calibrate(merged, keys, keep, accepted)
         if self.lookup is not None:
             self.lookup.observe(state, result)
         if self.drafter is not None:
@@ -182,7 +185,7 @@ class Auto:
         self.since_look[context] = 0
         return True
 
-    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState):
+    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[tuple]:
         """(calibration key, draft confidence or None) of every node."""
         depths = tree.depths()
         confidence: list[float | None] = [None] * tree.num_nodes
@@ -195,19 +198,18 @@ class Auto:
                 rank[node] = r
         temperature = state.sampling.temperature
         return [(self.calibrator.key(f"{source[i]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
-                 confidence[i]) for i in range(tree.num_nodes)], source
+                 confidence[i]) for i in range(tree.num_nodes)]
 
-    def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[float]:
-        keys, source = self._node_keys(tree, source, state)
+    def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState) -> tuple[list[float], list]:
+        """(acceptance estimate of every node, its (key, confidence): what observe calibrates with)."""
+        keys = self._node_keys(tree, source, state)
         depths = tree.depths()
         return [self.calibrator.estimate(key, conf, PRIOR_ACCEPT[src][min(depth, 1)])
-                for (key, conf), src, depth in zip(keys, source, depths)]
+                for (key, conf), src, depth in zip(keys, source, depths)], keys
 
-    def _calibrate(self, merged: CandidateTree, source: list[str], keep: list[int], accepted: list[int],
-                   state: DecodeState) -> None:
+    def _calibrate(self, merged: CandidateTree, keys: list, keep: list[int], accepted: list[int]) -> None:
         """Every verified node whose parent was kept was tried: record whether it was kept. (`keep`
-        is closed under parents: the planner's choice.)"""
-        keys, _ = self._node_keys(merged, source, state)
+        is closed under parents: the planner's choice; keys: the nodes' from propose.)"""
         kept = set(accepted)
         for node in keep:
             parent = merged.parents[node]
