@@ -1,8 +1,12 @@
-"""Build (once) and find the default model family: tokenizer, target, draft, Medusa heads."""
+"""Build (once) and find the default model family: tokenizer, target, draft, Medusa heads, EAGLE
+drafter. A part that another family in the cache built from the same config sections
+(config.part_hash) is copied from there instead of trained again."""
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -12,10 +16,11 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from . import store
-from .config import FamilyConfig, config_hash
+from .config import FamilyConfig, config_digest, config_hash, part_hash
 from .corpus import CorpusSplit, split_corpus
 
-PARTS = ("tokenizer", "target", "draft", "heads")
+PARTS = ("tokenizer", "target", "draft", "heads", "eagle")
+OPTIONAL_PARTS = ("heads", "eagle")     # built when cfg.<part>.enabled
 console = Console(stderr=True)
 
 
@@ -26,13 +31,14 @@ class FamilyPaths:
     target: str
     draft: str
     heads: Optional[str]      # None when the config builds no heads
+    eagle: Optional[str] = None   # None when the config builds no EAGLE drafter
 
 
 def family_paths(cfg: FamilyConfig) -> FamilyPaths:
     folder = store.family_folder(config_hash(cfg))
+    optional = {part: os.path.join(folder, part) if cfg[part].enabled else None for part in OPTIONAL_PARTS}
     return FamilyPaths(folder=folder, tokenizer=os.path.join(folder, "tokenizer"),
-                       target=os.path.join(folder, "target"), draft=os.path.join(folder, "draft"),
-                       heads=os.path.join(folder, "heads") if cfg.heads.enabled else None)
+                       target=os.path.join(folder, "target"), draft=os.path.join(folder, "draft"), **optional)
 
 
 def family_is_built(cfg: FamilyConfig) -> bool:
@@ -125,15 +131,47 @@ class _Builder:
             return self.build_tokenizer
         if part == "heads":
             return self.build_heads
+        if part == "eagle":
+            return self.build_eagle
         return lambda out: self.build_lm(part, out)
 
     def build_heads(self, out: str) -> None:
         from .heads import train_default_heads
         train_default_heads(self.paths.target, self.split, self.cfg, out)
 
+    def build_eagle(self, out: str) -> None:
+        from .heads import train_default_eagle
+        train_default_eagle(self.paths.target, self.split, self.cfg, out)
+
+
+def built_elsewhere(cfg: FamilyConfig, part: str, folder: str) -> Optional[str]:
+    """`part` of another complete family in the cache built from the same config sections, or None.
+    A family is trusted only when its family.yaml hashes to its COMPLETE marker (same config text,
+    builder version and Python) and the part carries that marker too."""
+    wanted = part_hash(cfg, part)
+    for other in sorted(glob.glob(os.path.join(os.path.dirname(folder), "default-*"))):
+        if os.path.abspath(other) == os.path.abspath(folder):
+            continue
+        try:
+            built_from = OmegaConf.load(os.path.join(other, "family.yaml"))
+            digest = config_digest(built_from)
+            if not (store.is_complete(other, digest) and store.part_is_complete(other, part, digest)):
+                continue
+            if part_hash(built_from, part) == wanted:
+                return os.path.join(other, part)
+        except Exception:                      # an unreadable or foreign folder is simply not a donor
+            continue
+    return None
+
+
+def _copy_part(source: str):
+    def build(out: str) -> None:
+        shutil.copytree(source, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(store.PART_COMPLETE))
+    return build
+
 
 def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
-    wanted = [p for p in PARTS if p != "heads" or cfg.heads.enabled]
+    wanted = [p for p in PARTS if p not in OPTIONAL_PARTS or cfg[p].enabled]
     store.remove_stale(paths.folder, keep={p for p in wanted if store.part_is_complete(paths.folder, p, digest)})
     todo = [p for p in wanted if not store.part_is_complete(paths.folder, p, digest)]
     console.print(f"[bold]specdec[/bold]: building the default model family ({', '.join(todo)}) in "
@@ -145,8 +183,9 @@ def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
         torch.set_num_threads(cfg.threads)
     try:
         for part in todo:
-            console.print(f"[bold]{part}[/bold] ...")
-            store.build_part(paths.folder, part, digest, builder.step(part))
+            donor = built_elsewhere(cfg, part, paths.folder)
+            console.print(f"[bold]{part}[/bold] ..." + (f" (the same as {donor}: copied)" if donor else ""))
+            store.build_part(paths.folder, part, digest, _copy_part(donor) if donor else builder.step(part))
     finally:
         torch.set_num_threads(threads_before)
     store.write_atomically(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from specdec.config import build_config
 from specdec.errors import ConfigError
 from specdec.heads.config import TrainHeadsConfig
+from specdec.heads.eagle_train import TrainEagleConfig
 
 # Bump when the builder's output changes for the same config (invalidates every cache).
 BUILDER_VERSION = 1
@@ -66,6 +67,13 @@ class HeadsBuildConfig:
 
 
 @dataclass
+class EagleBuildConfig:
+    enabled: bool = True                # False: no EAGLE drafter (the demo skips the eagle row)
+    # the `specdec train-heads train_eagle` config; target, output_dir and the corpus split are filled in
+    train: TrainEagleConfig = field(default_factory=TrainEagleConfig)
+
+
+@dataclass
 class FamilyConfig:
     seed: int = 0
     threads: int = 1                    # torch threads while building; a fixed number keeps the result
@@ -76,6 +84,7 @@ class FamilyConfig:
     draft: LMConfig = field(default_factory=lambda: LMConfig(hidden_size=96, num_layers=1, num_heads=2,
                                                              intermediate_size=256))
     heads: HeadsBuildConfig = field(default_factory=HeadsBuildConfig)
+    eagle: EagleBuildConfig = field(default_factory=EagleBuildConfig)
 
 
 DEFAULT_FAMILY_CONFIG = "default_family"
@@ -111,9 +120,26 @@ def _validate(cfg: FamilyConfig) -> None:
             raise ConfigError(f"{role}.train.steps and {role}.train.batch_size must be >= 1")
 
 
+def config_digest(data) -> str:
+    text = OmegaConf.to_yaml(data, sort_keys=True)
+    text += f"\nbuilder={BUILDER_VERSION}\npython={sys.version_info.major}.{sys.version_info.minor}\n"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def config_hash(cfg: FamilyConfig) -> str:
     """12 hex digits naming this exact family: config, builder version and Python version
     (the corpus is that Python's standard library)."""
-    text = OmegaConf.to_yaml(cfg, sort_keys=True)
-    text += f"\nbuilder={BUILDER_VERSION}\npython={sys.version_info.major}.{sys.version_info.minor}\n"
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return config_digest(cfg)
+
+
+# The config sections each part's files depend on (besides seed, threads, corpus and tokenizer):
+# the draft is distilled from the target, the heads and the EAGLE drafter are trained on it.
+PART_SECTIONS = {"tokenizer": (), "target": ("target",), "draft": ("target", "draft"),
+                 "heads": ("target", "heads"), "eagle": ("target", "eagle")}
+
+
+def part_hash(cfg: FamilyConfig, part: str) -> str:
+    """12 hex digits naming what one part is built from: two families whose configs differ only
+    elsewhere build this part identically, so one can take it from the other."""
+    sections = ("seed", "threads", "corpus", "tokenizer") + PART_SECTIONS[part]
+    return config_digest(OmegaConf.create({name: OmegaConf.to_container(cfg)[name] for name in sections}))

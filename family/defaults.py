@@ -25,7 +25,7 @@ def default_family() -> FamilyPaths:
 
 
 def apply_default_paths(cfg) -> None:
-    """Fill cfg.target.path (and cfg.draft.path / cfg.heads.path when unset) with the default family,
+    """Fill cfg.target.path (and cfg.draft.path / cfg.heads.path / cfg.eagle.path when unset) with the default family,
     saying so (on stderr) when it has to be built first."""
     family_cfg = load_family_config(default_family_config_name())
     if not family_is_built(family_cfg):
@@ -38,3 +38,5 @@ def apply_default_paths(cfg) -> None:
         cfg.draft.path = family.draft
     if cfg.heads.path is None and family.heads is not None:
         cfg.heads.path = family.heads
+    if cfg.eagle.path is None and family.eagle is not None:
+        cfg.eagle.path = family.eagle

@@ -4,9 +4,9 @@ Builds the embedded default model family first when it is missing (a few minutes
 uses the models you point it at:
 
     python -m specdec.family.demo                                   # the default family (cached)
-    python -m specdec.family.demo --models ../shared/models/pycode  # DIR/target, DIR/draft (DIR/heads)
-    python -m specdec.family.demo --target T --draft D --heads H    # any Hugging Face checkpoints
-    SPECDEC_DEMO_MODELS=DIR SPECDEC_DEMO_HEADS=H make demo   # the same, from the environment
+    python -m specdec.family.demo --models ../shared/models/pycode  # DIR/target, DIR/draft (DIR/heads, DIR/eagle)
+    python -m specdec.family.demo --target T --draft D --heads H --eagle E   # any Hugging Face checkpoints
+    SPECDEC_DEMO_MODELS=DIR SPECDEC_DEMO_HEADS=H SPECDEC_DEMO_EAGLE=E make demo   # the same, from the environment
 
 Prints the completion once and a table: tokens/s, tokens per target forward, speed-up over
 `autoregressive` and whether the tokens are identical to the target's own greedy
@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STRATEGIES = ("autoregressive", "draft_model", "medusa", "prompt_lookup", "auto")
+STRATEGIES = ("autoregressive", "draft_model", "medusa", "eagle", "prompt_lookup", "auto")
 DEFAULT_ORIGIN = "default family"
 
 # Ends mid-line: a prompt ending in a bare newline splits a whitespace token the tokenizer
@@ -62,6 +62,7 @@ class DemoModels:
     draft: str | None
     heads: str | None
     origin: str                       # where they came from, for the header line
+    eagle: str | None = None          # an EAGLE drafter folder for the target
 
 
 @dataclass
@@ -101,10 +102,11 @@ class DemoResult:
 # ---------------------------------------------------------------------- which models
 def choose_models(target: str | None = None, draft: str | None = None, heads: str | None = None,
                   models_dir: str | None = None, family_config: str | None = None,
-                  family_overrides: list[str] | None = None) -> DemoModels:
-    """Explicit paths > a family folder (DIR/target, DIR/draft, DIR/heads) > the default family."""
+                  family_overrides: list[str] | None = None, eagle: str | None = None) -> DemoModels:
+    """Explicit paths > a family folder (DIR/target, DIR/draft, DIR/heads, DIR/eagle) > the default family."""
     models_dir = models_dir or os.environ.get("SPECDEC_DEMO_MODELS") or None
     heads = heads or os.environ.get("SPECDEC_DEMO_HEADS") or None
+    eagle = eagle or os.environ.get("SPECDEC_DEMO_EAGLE") or None
     if target is None and models_dir is not None:
         if not os.path.isdir(os.path.join(models_dir, "target")):
             from specdec.errors import ModelLoadError
@@ -113,14 +115,15 @@ def choose_models(target: str | None = None, draft: str | None = None, heads: st
         target = os.path.join(models_dir, "target")
         draft = draft or _existing(os.path.join(models_dir, "draft"))
         heads = heads or _existing(os.path.join(models_dir, "heads"))
-        return DemoModels(target, draft, heads, origin=models_dir)
+        eagle = eagle or _existing(os.path.join(models_dir, "eagle"))
+        return DemoModels(target, draft, heads, origin=models_dir, eagle=eagle)
     if target is not None:
-        return DemoModels(target, draft, heads, origin="given paths")
+        return DemoModels(target, draft, heads, origin="given paths", eagle=eagle)
     from . import ensure_family, load_family_config
     from .defaults import default_family_config_name
     family = ensure_family(load_family_config(family_config or default_family_config_name(), family_overrides))
     return DemoModels(family.target, draft or family.draft, heads or family.heads,
-                      origin=f"{DEFAULT_ORIGIN} {family.folder}")
+                      origin=f"{DEFAULT_ORIGIN} {family.folder}", eagle=eagle or family.eagle)
 
 
 def _existing(path: str) -> str | None:
@@ -142,6 +145,9 @@ def unavailable_reason(strategy: str, models: DemoModels) -> str | None:
         return "no draft model: pass --draft PATH"
     if strategy == "medusa" and models.heads is None:
         return "no Medusa heads for this target: train them with `specdec train-heads`, then pass --heads PATH"
+    if strategy == "eagle" and models.eagle is None:
+        return ("no EAGLE drafter for this target: train one with `specdec train-heads train_eagle`, "
+                "then pass --eagle PATH")
     return None
 
 
@@ -168,6 +174,8 @@ def load_overrides(strategy: str, models: DemoModels, device: str) -> dict:
         overrides["draft.path"] = models.draft
     if strategy == "medusa":
         overrides["heads.path"] = models.heads
+    if strategy == "eagle":
+        overrides["eagle.path"] = models.eagle
     if strategy == "auto":            # prompt lookup plus the heads (else the draft) that are here
         overrides.update({key: path for key, path in (("draft.path", models.draft), ("heads.path", models.heads))
                           if path is not None})
@@ -264,6 +272,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--target", help="target checkpoint folder (replaces the default target)")
     parser.add_argument("--draft", help="draft checkpoint folder (same tokenizer as the target)")
     parser.add_argument("--heads", help="Medusa heads folder for the target; env SPECDEC_DEMO_HEADS")
+    parser.add_argument("--eagle", help="EAGLE drafter folder for the target; env SPECDEC_DEMO_EAGLE")
     parser.add_argument("--prompt", help="the prompt (default: a small Python function to finish)")
     parser.add_argument("--prompt-file", help="read the prompt from this file")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         models = choose_models(args.target, args.draft, args.heads, args.models, args.family_config,
-                               args.family_set)
+                               args.family_set, args.eagle)
         threads = args.threads if args.threads is not None else (1 if models.origin.startswith(DEFAULT_ORIGIN) else 0)
         if threads:
             torch.set_num_threads(threads)

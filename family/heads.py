@@ -1,5 +1,6 @@
-"""Medusa heads for the default target, trained by the library's own `specdec train-heads`
-code on the same training files the language models read (and evaluated on the held-out ones)."""
+"""Medusa heads and the EAGLE drafter for the default target, trained by the library's own
+`specdec train-heads` code on the same training files the language models read (and evaluated on
+the held-out ones)."""
 from __future__ import annotations
 
 import json
@@ -21,15 +22,24 @@ def _files_within(split: CorpusSplit, which: str, max_chars: int) -> list[str]:
     return files
 
 
-def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
+def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str):
+    """The training config of a drafter part: its family section, pointed at the target, the output
+    folder and the language models' own train / held-out files (written beside the drafter)."""
     from omegaconf import OmegaConf
-
-    from specdec.heads.train import train_heads
 
     split_file = os.path.join(out, SPLIT_FILE)
     with open(split_file, "w", encoding="utf-8") as f:
         json.dump({"train": _files_within(split, "train", cfg.corpus.train_chars),
                    "heldout": _files_within(split, "heldout", cfg.corpus.train_chars // 10)}, f, indent=1)
-    train_cfg = OmegaConf.merge(cfg.heads.train, {"target": target_path, "tokenizer": None, "output_dir": out,
-                                                  "split_file": split_file, "corpus_root": split.root})
-    return train_heads(train_cfg)
+    return OmegaConf.merge(section, {"target": target_path, "tokenizer": None, "output_dir": out,
+                                     "split_file": split_file, "corpus_root": split.root})
+
+
+def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
+    from specdec.heads.train import train_heads
+    return train_heads(_train_config(cfg.heads.train, target_path, split, cfg, out))
+
+
+def train_default_eagle(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
+    from specdec.heads.eagle_train import train_eagle
+    return train_eagle(_train_config(cfg.eagle.train, target_path, split, cfg, out))

@@ -70,14 +70,16 @@ def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
     return (low, max(num_layers // 2, 1), max(high, low))
 
 
-def layout_for_target(target, feature_layers=(-1,)) -> EagleLayout:
-    """The drafter layout shaped like one layer of `target`."""
+def layout_for_target(target, feature_layers=(-1,), intermediate_size: int | None = None) -> EagleLayout:
+    """The drafter layout shaped like one layer of `target` (intermediate_size: a narrower (or wider)
+    SwiGLU than the target's, None = the target's own)."""
     config = target.config
     hidden = int(config.hidden_size)
     heads = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or max(1, hidden // 64))
     if hidden % heads:
         heads = 1
-    inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    inner = (intermediate_size or getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+             or 4 * hidden)
     rope = getattr(config, "rope_parameters", None) or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(config, "rope_theta", None) or 10000.0
     head = target.get_output_embeddings()

@@ -64,6 +64,8 @@ class TrainEagleConfig:
     # drafter
     layout: str = "eagle3"              # eagle1 (last hidden state) | eagle3 (low, middle, high layer fused)
     feature_layers: Optional[List[int]] = None   # override the layers read (hidden_states indices)
+    intermediate_size: Optional[int] = None   # the drafter's SwiGLU width (None = the target's); narrower
+    #   drafts faster where one target layer is a large share of the model (small targets, CPUs)
     # objective
     ttt_steps: int = 3                  # unrolled steps on the drafter's own predictions (training-time test)
     step_loss_decay: float = 0.8        # step j's loss weight = decay ** (j - 1)
@@ -108,6 +110,8 @@ def validate(cfg) -> None:
     if cfg.eval_new_tokens + 1 >= cfg.seq_len or cfg.eval_new_tokens <= cfg.eval_depth:
         raise ConfigError(f"need eval_depth ({cfg.eval_depth}) < eval_new_tokens ({cfg.eval_new_tokens}) < "
                           f"seq_len - 1 ({cfg.seq_len - 1})")
+    if cfg.intermediate_size is not None and cfg.intermediate_size < 1:
+        raise ConfigError(f"intermediate_size must be >= 1 (or null: the target's), got {cfg.intermediate_size}")
     if not cfg.lr > 0:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
     if cfg.max_minutes is not None and not cfg.max_minutes > 0:
@@ -265,7 +269,7 @@ def build_drafter(cfg, target) -> EagleDrafter:
     layers = feature_layers_for(cfg, target)
     if cfg.layout == "eagle1" and len(layers) != 1:
         raise ConfigError(f"layout eagle1 reads one layer, got feature_layers={list(layers)}: use layout=eagle3")
-    drafter = EagleDrafter(layout_for_target(target, layers)).to(target.device)
+    drafter = EagleDrafter(layout_for_target(target, layers, cfg.intermediate_size)).to(target.device)
     drafter.attach_lm_head(copy.deepcopy(target.get_output_embeddings()).float().requires_grad_(False))
     drafter.attach_embedding(copy.deepcopy(target.get_input_embeddings()).float().requires_grad_(False))
     return drafter

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -31,6 +32,9 @@ MINIMAL_FAMILY = {
     "heads.train": {"num_heads": 2, "num_layers": 1, "seq_len": 32, "batch_size": 2, "steps": 2,
                     "warmup_steps": 1, "eval_interval": 1000, "eval_windows": 2,
                     "checkpoint_interval": 1, "progress": False},
+    "eagle.train": {"layout": "eagle1", "ttt_steps": 1, "seq_len": 32, "batch_size": 2, "steps": 2,
+                    "max_minutes": None, "warmup_steps": 1, "eval_interval": 1000, "eval_windows": 2,
+                    "eval_new_tokens": 8, "eval_depth": 2, "checkpoint_interval": 1, "progress": False},
 }
 
 
@@ -83,6 +87,9 @@ def test_minimal_build_gives_loadable_checkpoints(built):
         assert log["distilled_from_target"] == (folder == paths.draft and cfg.draft.distill)
     assert os.path.isfile(os.path.join(paths.heads, "heads.json"))
     assert os.path.isfile(os.path.join(paths.heads, "heads.safetensors"))
+    from specdec.heads.eagle_io import load_eagle
+    drafter = load_eagle(paths.eagle, target)             # trained for exactly this target
+    assert drafter.layout.hidden_size == 32
 
 
 def test_minimal_family_generates_through_the_public_api(built):
@@ -103,7 +110,7 @@ def test_load_without_target_path_uses_the_default_family(built, tmp_path, monke
     monkeypatch.setattr(family_module, "_build", _must_not_build)
     sd = specdec.load("draft_model", device="cpu")
     assert sd.config.target.path == paths.target and sd.config.draft.path == paths.draft
-    assert sd.config.heads.path == paths.heads
+    assert sd.config.heads.path == paths.heads and sd.config.eagle.path == paths.eagle
     # a path the user gives is kept
     sd = specdec.load("draft_model", device="cpu", **{"draft.path": paths.target})
     assert sd.config.draft.path == paths.target
@@ -127,8 +134,45 @@ def test_other_config_other_folder(home):
     assert family_paths(cfg).folder != family_paths(other).folder
 
 
+def test_a_family_that_differs_only_in_a_later_part_takes_the_earlier_parts_from_the_cache(built, monkeypatch,
+                                                                                          tmp_path):
+    """A new drafter setting builds a new family, but its tokenizer, target and draft are the cached
+    family's (copied, not trained again); a change to the target rebuilds everything after it."""
+    cfg, paths, _ = built
+    monkeypatch.setenv("SPECDEC_HOME", os.path.dirname(paths.folder))
+    trained = []
+    real_step = family_module._Builder.step
+    monkeypatch.setattr(family_module._Builder, "step",
+                        lambda self, part: (trained.append(part), real_step(self, part))[1])
+    new_eagle = minimal_config(**{"eagle.train.steps": 3})
+    other = ensure_family(new_eagle)
+    assert other.folder != paths.folder
+    assert trained == ["eagle"]
+    for part in ("target", "draft"):
+        first = load_file(os.path.join(paths.folder, part, "model.safetensors"))
+        second = load_file(os.path.join(other.folder, part, "model.safetensors"))
+        assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    for part in ("tokenizer", "target", "draft", "heads", "eagle"):
+        assert store.part_is_complete(other.folder, part, config_hash(new_eagle))
+    specdec.load("eagle", **{"target.path": other.target, "eagle.path": other.eagle, "device": "cpu"})
+    trained.clear()
+    ensure_family(minimal_config(**{"target.train.steps": 4, "heads.enabled": False, "eagle.enabled": False}))
+    assert trained == ["target", "draft"]                  # the tokenizer is shared, the rest is not
+
+
+def test_a_family_whose_config_file_does_not_match_its_marker_gives_nothing(built, tmp_path):
+    cfg, paths, _ = built
+    cached = tmp_path / "cache" / os.path.basename(paths.folder)
+    shutil.copytree(paths.folder, cached)
+    new_folder = str(tmp_path / "cache" / "default-000000000000")
+    assert family_module.built_elsewhere(cfg, "target", new_folder) == str(cached / "target")
+    text = (cached / "family.yaml").read_text(encoding="utf-8")
+    (cached / "family.yaml").write_text(text.replace("seed: 0", "seed: 1"), encoding="utf-8")
+    assert family_module.built_elsewhere(cfg, "target", new_folder) is None   # not what it was built from
+
+
 def test_same_seed_same_weights(home, tmp_path, monkeypatch):
-    cfg = minimal_config(**{"heads.enabled": False})
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
     first = ensure_family(cfg)
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "second"))
     second = ensure_family(cfg)
@@ -141,7 +185,7 @@ def test_same_seed_same_weights(home, tmp_path, monkeypatch):
 
 
 def test_part_folder_without_complete_marker_is_rebuilt(home):
-    cfg = minimal_config(**{"heads.enabled": False})
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
     paths = family_paths(cfg)
     os.makedirs(paths.target)                     # what a crash mid-copy could leave behind
     with open(os.path.join(paths.target, "config.json"), "w") as f:
@@ -154,7 +198,7 @@ def test_part_folder_without_complete_marker_is_rebuilt(home):
 
 
 def test_interrupted_build_is_not_complete_and_resumes(home, monkeypatch):
-    cfg = minimal_config(**{"heads.enabled": False})
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
     paths = family_paths(cfg)
     built_parts = []
     real_build_lm = family_module._Builder.build_lm
@@ -185,7 +229,7 @@ def test_interrupted_build_is_not_complete_and_resumes(home, monkeypatch):
 
 
 def test_stale_complete_marker_from_another_config_is_not_trusted(home):
-    cfg = minimal_config(**{"heads.enabled": False})
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
     paths = family_paths(cfg)
     os.makedirs(paths.folder)
     store.mark_complete(paths.folder, "0123456789ab")            # a marker with another hash
@@ -229,7 +273,8 @@ def test_load_without_target_says_it_builds_the_default_family(monkeypatch, caps
                         draft="/nowhere/draft", heads=None)
     monkeypatch.setattr(defaults, "family_is_built", lambda cfg: False)
     monkeypatch.setattr(defaults, "ensure_family", lambda cfg: paths)
-    cfg = OmegaConf.create({"target": {"path": None}, "draft": {"path": None}, "heads": {"path": None}})
+    cfg = OmegaConf.create({"target": {"path": None}, "draft": {"path": None}, "heads": {"path": None},
+                            "eagle": {"path": None}})
     defaults.apply_default_paths(cfg)
     assert cfg.target.path == "/nowhere/target" and cfg.draft.path == "/nowhere/draft"
     err = capsys.readouterr().err
