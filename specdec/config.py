@@ -65,6 +65,8 @@ class EagleConfig:
     top_k: int = 4                      # children considered per node (greedy), tree width per depth (sampling)
     depth: int = 6                      # tree levels at most
     expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
+    stop_below: float = 0.0             # greedy: stop expanding once the nodes to expand hold less path probability
+    #                                     in all than this (0 = always `depth` levels)
 
 
 @dataclass

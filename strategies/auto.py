@@ -16,6 +16,7 @@ drafter is called (or not) before it drafts, from the rates observed on earlier 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
 from specdec.tree import CandidateTree
@@ -29,6 +30,19 @@ from .prompt_lookup import PromptLookup
 # continuation that starts right tends to go on right
 PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
+OBSERVED_WEIGHT = 0.2        # moving-average weight of a step in the observed rates
+
+
+class _Step(NamedTuple):
+    """What propose decided, for observe."""
+    merged: CandidateTree         # lookup + drafter tree before planning
+    source: list                  # per merged node: LOOKUP or NEURAL
+    keys: list                    # per merged node: (calibration key, confidence)
+    keep: list                    # merged nodes verified (closed under parents)
+    neural_tree: CandidateTree    # the drafter's own tree (empty when not called)
+    proposed_at: float            # perf_counter when propose returned
+    started: float                # perf_counter when propose began
+    context: int                  # the lookup context (_lookup_context)
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
@@ -59,6 +73,10 @@ class Auto:
         # (what lookup offers this step: nothing, a short guess, a long one; see _lookup_context)
         self.rate_with: dict[int, float] = {}
         self.rate_without: dict[int, float] = {}
+        # observed (tokens, seconds) per step, as moving averages, with / without the drafter, per lookup
+        # context: what the steps really gave, drafting and all (their ratio decides once both are known)
+        self.observed_with: dict[int, tuple[float, float]] = {}
+        self.observed_without: dict[int, tuple[float, float]] = {}
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
@@ -102,6 +120,7 @@ class Auto:
         return self.cost_scale * self.costs.verify_cost(num_nodes)
 
     def propose(self, state: DecodeState) -> CandidateTree:
+        started = time.perf_counter()
         self.step += 1
         paths, lookup_nodes = [], 0
         if self.lookup is not None and min(self.lookup.num_tokens, state.max_depth) > 0:
@@ -140,12 +159,12 @@ class Auto:
             self.rate_with[context] = _ema(self.rate_with.get(context), rate)
             tree = merged.select(keep)
             lookup_source = source
-        self.pending = (merged, lookup_source, keys, keep, neural_tree, time.perf_counter())
+        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), started, context)
         self.tree_sizes.append(tree.num_nodes)
         return tree
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        merged, source, keys, keep, neural_tree, proposed_at = self.pending
+        merged, source, keys, keep, neural_tree, proposed_at, started, context = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
         predicted = self.costs.verify_cost(len(keep))
         if predicted > 0 and self.adapt_costs:
@@ -163,10 +182,24 @@ class Auto:
                                                    result.hidden))
             if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or self.draft_cost_s is None):
                 self.draft_cost_s = _ema(self.draft_cost_s, self.last_draft_s + time.perf_counter() - start)
+        observed = self.observed_with if self.last_draft_s is not None else self.observed_without
+        tokens, seconds = observed.get(context, (None, None))
+        observed[context] = (_ema(tokens, len(result.accepted) + 1.0, OBSERVED_WEIGHT),
+                             _ema(seconds, time.perf_counter() - started, OBSERVED_WEIGHT))
 
     # ------------------------------------------------------------------ policy
+    def rates(self, context: int) -> tuple[float | None, float | None]:
+        """(tokens/s with the drafter, tokens/s with lookup alone) in a lookup context: observed
+        (new tokens over the whole step's time, drafting included) once both have been seen, else
+        planned. Observed rates correct what the plan cannot see: at temperature > 0 a sampled
+        tree's worth rests on calibrated estimates, and the drafter's catch-up calls cost time."""
+        if context in self.observed_with and context in self.observed_without:
+            (t1, s1), (t0, s0) = self.observed_with[context], self.observed_without[context]
+            return t1 / s1, t0 / s0
+        return self.rate_with.get(context), self.rate_without.get(context, 0.0)
+
     def _call_drafter(self, state: DecodeState, context: int) -> bool:
-        """Call the drafter when its recent planned rate beats lookup alone in the same lookup
+        """Call the drafter when its recent rate (self.rates) beats lookup alone in the same lookup
         context (a drafter that pays where lookup has nothing may not pay beside a long lookup
         match); otherwise look again after a gap that doubles (up to MAX_EXPLORE_GAP) each look
         that does not pay, so a useless drafter costs next to nothing on text it cannot predict."""
@@ -175,8 +208,8 @@ class Auto:
         if self.explore_every <= 1:                          # every step
             return True
         self.since_look[context] = self.since_look.get(context, 0) + 1
-        rate_with = self.rate_with.get(context)
-        if rate_with is None or rate_with >= self.rate_without.get(context, 0.0):
+        rate_with, rate_without = self.rates(context)
+        if rate_with is None or rate_with >= rate_without:
             self.explore_gap[context] = self.explore_every
         elif self.since_look[context] >= self.explore_gap.get(context, self.explore_every):
             self.explore_gap[context] = min(2 * self.explore_gap.get(context, self.explore_every), MAX_EXPLORE_GAP)

@@ -13,7 +13,9 @@ Trees:
   * greedy (EAGLE-2): each expanded node gets its `top_k` most likely children; depth by depth the
     `expand` best nodes of the newest level (by cumulative draft probability) that are still among
     the max_nodes best candidates so far are expanded in one drafter forward; the tree is then the
-    best `max_nodes` candidates. With expand >= max_nodes this is the exact best-max_nodes tree of
+    best `max_nodes` candidates. `stop_below` ends the expansion early, before the depth limit, once
+    the nodes to expand hold less path probability in all than it (their children can add at most
+    that many expected tokens, and a drafter forward costs a share of a target forward). With expand >= max_nodes this is the exact best-max_nodes tree of
     the top_k-ary candidate tree, `depth` levels at most (candidates only get worse deeper down, so
     a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
     default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
@@ -25,6 +27,8 @@ Trees:
 Host reads: one per depth (the candidates' scores); drafted tokens stay on the device.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,10 +49,15 @@ class Eagle:
     needs_hidden_states = True
 
     def __init__(self, drafter, max_nodes: int = EagleConfig.max_nodes, top_k: int = EagleConfig.top_k,
-                 depth: int = EagleConfig.depth, expand: int | None = EagleConfig.expand):
+                 depth: int = EagleConfig.depth, expand: int | None = EagleConfig.expand,
+                 stop_below: float = EagleConfig.stop_below):
         if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
             raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
                               f"{max_nodes}, {top_k}, {depth}, {expand}")
+        if not 0.0 <= stop_below <= 1.0:
+            raise ConfigError(f"eagle.stop_below must be in [0, 1] (a path probability; 0 = always expand to "
+                              f"eagle.depth), got {stop_below}")
+        self.stop_below = float(stop_below)
         self.drafter = drafter.eval()
         self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
         self.expand = int(expand) if expand is not None else self.top_k   # nodes expanded per depth (greedy)
@@ -189,7 +198,7 @@ class Eagle:
         add_children([-1], root_logits[None], 0)
         for depth in range(depth_limit - 1):
             frontier = sorted([i for i in best() if depths[i] == depth][: self.expand])   # best() is by score
-            if not frontier:
+            if not frontier or sum(math.exp(scores[i]) for i in frontier) < self.stop_below:
                 break
             logits = self._feed(tree, frontier, torch.stack([tokens[i] for i in frontier]), depth)
             add_children(frontier, logits, depth + 1)
@@ -219,4 +228,5 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
                              f"{TRAIN_HINT}")
     drafter = load_eagle(cfg.eagle.path, target)
     e = cfg.eagle
-    return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand)
+    return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand,
+                 stop_below=e.stop_below)

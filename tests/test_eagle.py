@@ -243,3 +243,35 @@ def test_first_step_proposes_from_the_prefills_hidden_state(kind):
     strategy.propose = recording
     Speculator(model, None, strategy).generate(PROMPT, max_new_tokens=4, ignore_eos=True)
     assert sizes[0] > 0
+
+
+def test_stop_below_ends_the_expansion_where_the_frontier_holds_too_little_probability():
+    """stop_below = s gives exactly the tree of a shallower depth limit, with no drafter forward past
+    it; raising s never expands deeper; 0 always expands to `depth`; the output stays greedy's."""
+    model = tiny_model("llama", seed=3, sharpen=2.0)
+    drafter = random_drafter(model, seed=4)
+    calls = []
+    drafter.register_forward_pre_hook(lambda module, args: calls.append(1))
+
+    def propose(depth=4, stop_below=0.0):
+        strategy = Eagle(drafter, max_nodes=20, top_k=2, depth=depth, expand=20, stop_below=stop_below)
+        strategy.bind(model, None)
+        state = state_for(PROMPT, Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers))
+        strategy.reset(state)
+        calls.clear()
+        tree = strategy.propose(state)
+        return (tree.tokens.tolist(), tree.parents), len(calls)
+
+    by_depth = {depth: propose(depth=depth) for depth in range(1, 5)}
+    assert [n for _, n in by_depth.values()] == [1, 2, 3, 4]     # one drafter forward per level
+    levels_used = []
+    for stop_below in [0.0] + [10 ** (-k / 4) for k in range(24, -1, -1)]:     # 1e-6 ... 1
+        tree, n_calls = propose(stop_below=stop_below)
+        assert tree == by_depth[n_calls][0]
+        assert not levels_used or n_calls <= levels_used[-1]
+        levels_used.append(n_calls)
+    assert levels_used[0] == 4 and levels_used[-1] == 1
+    assert any(1 < n < 4 for n in levels_used)                   # a stop between the first and last level
+    with pytest.raises(ConfigError, match="stop_below"):
+        Eagle(drafter, stop_below=1.5)
+    run(model, Eagle(drafter, max_nodes=12, top_k=3, depth=4, stop_below=0.3))    # greedy identity

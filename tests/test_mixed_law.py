@@ -49,7 +49,7 @@ class Recording(Auto):
 
     def propose(self, state):
         tree = super().propose(state)
-        merged, source, _, keep, _, _ = self.pending
+        merged, source, keep = self.pending.merged, self.pending.source, self.pending.keep
         for parent in [-1] + keep:
             kinds = {source[c] for c in merged.children(parent) if c in keep}
             if kinds == {NEURAL, LOOKUP} and merged.draft_probs is not None:
