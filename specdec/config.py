@@ -61,12 +61,14 @@ class MedusaConfig:
 @dataclass
 class EagleConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
-    max_nodes: int = 16                 # tree node budget (CPU-measured; see configs/eagle.yaml)
-    top_k: int = 4                      # children considered per node (greedy), tree width per depth (sampling)
+    max_nodes: int = 8                  # tree node budget (CPU-measured; see configs/eagle.yaml)
+    top_k: int = 4                      # children considered per node (greedy and the coupled sampler)
     depth: int = 6                      # tree levels at most
     expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
-    stop_below: float = 0.0             # greedy: stop expanding once the nodes to expand hold less path probability
+    stop_below: float = 0.2             # greedy: stop expanding once the nodes to expand hold less path probability
     #                                     in all than this (0 = always `depth` levels)
+    sampled_top_k: Optional[int] = 1    # sampling (rejection): nodes per level (1 = a chain; null = top_k)
+    sampled_depth: Optional[int] = 3    # sampling (rejection): levels (null = depth); every sampled node is verified
 
 
 @dataclass

@@ -20,7 +20,8 @@ Trees:
     a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
     default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
   * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
-    distributions, built by strategies/sampled_tree.py (shared with medusa): per depth the `top_k`
+    distributions, built by strategies/sampled_tree.py (shared with medusa), `sampled_depth` levels
+    (default 3) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the
     best slots by a score blind to the token a slot receives, each parent's children drawn without
     replacement from its warped distribution q, one drafter forward per depth. Lossless
     (tests/test_eagle_law.py).
@@ -50,7 +51,9 @@ class Eagle:
 
     def __init__(self, drafter, max_nodes: int = EagleConfig.max_nodes, top_k: int = EagleConfig.top_k,
                  depth: int = EagleConfig.depth, expand: int | None = EagleConfig.expand,
-                 stop_below: float = EagleConfig.stop_below):
+                 stop_below: float = EagleConfig.stop_below,
+                 sampled_top_k: int | None = EagleConfig.sampled_top_k,
+                 sampled_depth: int | None = EagleConfig.sampled_depth):
         if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
             raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
                               f"{max_nodes}, {top_k}, {depth}, {expand}")
@@ -58,6 +61,13 @@ class Eagle:
             raise ConfigError(f"eagle.stop_below must be in [0, 1] (a path probability; 0 = always expand to "
                               f"eagle.depth), got {stop_below}")
         self.stop_below = float(stop_below)
+        # sampled trees (rejection sampling): their own width and depth (None = top_k / depth); every
+        # sampled node is verified, so on a CPU a short chain (width 1) pays best
+        self.sampled_top_k = int(sampled_top_k) if sampled_top_k is not None else int(top_k)
+        self.sampled_depth = int(sampled_depth) if sampled_depth is not None else int(depth)
+        if self.sampled_top_k < 1 or self.sampled_depth < 1:
+            raise ConfigError(f"eagle.sampled_top_k and eagle.sampled_depth must be >= 1 (or null), got "
+                              f"{sampled_top_k}, {sampled_depth}")
         self.drafter = drafter.eval()
         self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
         self.expand = int(expand) if expand is not None else self.top_k   # nodes expanded per depth (greedy)
@@ -94,7 +104,7 @@ class Eagle:
             return self._greedy_tree(*root, depth_limit)
         if state.noise is not None:                     # coupled sampler: rank by the target's noise
             return self._greedy_tree(*root, depth_limit, self._coupled_scorer(state))
-        return self._sampled_tree(*root, depth_limit, state)
+        return self._sampled_tree(*root, min(self.sampled_depth, state.max_depth), state)
 
     @staticmethod
     def _coupled_scorer(state: DecodeState):
@@ -217,7 +227,7 @@ class Eagle:
             return logits_to_probs(self._feed(tree, nodes, tokens, depth), state.sampling)       # [n, V]
 
         return sampled_tree(logits_to_probs(root_logits, state.sampling), next_probs, depth_limit,
-                            self.max_nodes, self.top_k, state.rng)
+                            self.max_nodes, self.sampled_top_k, state.rng)
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
@@ -229,4 +239,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
     drafter = load_eagle(cfg.eagle.path, target)
     e = cfg.eagle
     return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand,
-                 stop_below=e.stop_below)
+                 stop_below=e.stop_below, sampled_top_k=e.sampled_top_k, sampled_depth=e.sampled_depth)

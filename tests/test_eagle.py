@@ -105,7 +105,7 @@ def _chain_children(drafter, strategy, path, top_k):
 def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k, depth):
     model = tiny_model("llama", seed=3, sharpen=2.0)
     drafter = random_drafter(model, seed=4)
-    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes)
+    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes, stop_below=0.0)
     strategy.bind(model, None)
     hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
     state = state_for(PROMPT, hidden)
@@ -208,7 +208,7 @@ def test_expand_bounds_the_drafter_rows_per_depth():
     rows = []
     drafter.register_forward_pre_hook(lambda module, args: rows.append(args[1].shape[1]))
     for expand, bound in ((2, 2), (None, 3), (20, 12)):
-        strategy = Eagle(drafter, max_nodes=12, top_k=3, depth=4, expand=expand)
+        strategy = Eagle(drafter, max_nodes=12, top_k=3, depth=4, expand=expand, stop_below=0.0)
         strategy.bind(model, None)
         hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
         state = state_for(PROMPT, hidden)
@@ -275,3 +275,25 @@ def test_stop_below_ends_the_expansion_where_the_frontier_holds_too_little_proba
     with pytest.raises(ConfigError, match="stop_below"):
         Eagle(drafter, stop_below=1.5)
     run(model, Eagle(drafter, max_nodes=12, top_k=3, depth=4, stop_below=0.3))    # greedy identity
+
+
+@pytest.mark.parametrize("sampled,parents_shape", [
+    (dict(), (-1, 0, 1)),                                             # the default: a sampled chain of 3
+    (dict(sampled_top_k=2, sampled_depth=2), "two levels of two"),
+    (dict(sampled_top_k=None, sampled_depth=None), "top_k / depth"),
+])
+def test_sampled_trees_take_their_own_width_and_depth(sampled, parents_shape):
+    model = tiny_model("llama", seed=1, sharpen=4.0)
+    strategy = Eagle(random_drafter(model), max_nodes=8, top_k=3, depth=4, **sampled)
+    strategy.bind(model, None)
+    state = state_for(PROMPT, Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers), temperature=0.9)
+    strategy.reset(state)
+    tree = strategy.propose(state)
+    assert tree.draft_probs is not None                      # real distributions, not point masses
+    depths = tree.depths()
+    if parents_shape == "two levels of two":
+        assert tree.num_nodes == 4 and depths.count(0) == 2 and depths.count(1) == 2
+    elif parents_shape == "top_k / depth":
+        assert depths.count(0) == 3 and max(depths) >= 2 and tree.num_nodes == 8
+    else:
+        assert tree.parents == parents_shape

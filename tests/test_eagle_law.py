@@ -40,8 +40,11 @@ def target_dist(model, temperature: float):
     return dist
 
 
+WHOLE_TREE = dict(sampled_top_k=None, sampled_depth=None)    # sampled trees as wide and deep as top_k / depth
+
+
 def prepared_strategy(model, drafter, temperature, **tree):
-    strategy = Eagle(drafter, **tree)
+    strategy = Eagle(drafter, **WHOLE_TREE, **tree)
     strategy.bind(model, None)
     hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
     state = state_for(PROMPT, hidden, temperature=temperature)
@@ -113,7 +116,7 @@ def test_monte_carlo_through_the_real_loop_matches_the_target(monkeypatch):
     negative control: a verifier that always accepts the first child fails the same bound."""
     model = small_target(seed=2)
     temperature, runs, bound = 1.0, 800, 0.12
-    speculator = Speculator(model, None, Eagle(random_drafter(model, seed=3), max_nodes=4, top_k=2, depth=3))
+    speculator = Speculator(model, None, Eagle(random_drafter(model, seed=3), max_nodes=4, top_k=2, depth=3, **WHOLE_TREE))
     exact = sequence_law(target_dist(model, temperature), 2)
     # sampling noise of 800 draws over 16 outcomes: E[TV] ~ 0.4 * sum(sqrt(p)) / sqrt(800) < 0.06
     tv = total_variation(_first_tokens_law(speculator, runs, 3, 2, temperature), exact)
