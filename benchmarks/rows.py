@@ -60,7 +60,8 @@ def build_specdec_rows(entries, models, target, tokenizer, device, dtype, notes:
         missing = [need for need in entry.needs if getattr(models, need) is None]
         if not missing:
             # profile: the time split in the report is the device's own on a GPU (a sync around each part)
-            cfg = load_spec_config(entry.config, list(entry.overrides) + _path_overrides(models) + ["profile=true"])
+            # the row's own overrides last: a row may set a model path of its own (or null one out)
+            cfg = load_spec_config(entry.config, _path_overrides(models) + list(entry.overrides) + ["profile=true"])
             need = NEEDED_BY_STRATEGY.get(cfg.strategy)
             missing = [need] if need and getattr(models, need) is None else []
         if missing:

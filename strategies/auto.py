@@ -55,7 +55,7 @@ class Auto:
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
                  max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
                  profile: bool = True, profile_context: int = 128, profile_repeats: int = 3,
-                 draft_cost_s: float | None = None, adapt_costs: bool = True):
+                 draft_cost_s: float | None = None, adapt_costs: bool = True, observed_rates: bool = True):
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
@@ -77,6 +77,7 @@ class Auto:
         # context: what the steps really gave, drafting and all (their ratio decides once both are known)
         self.observed_with: dict[int, tuple[float, float]] = {}
         self.observed_without: dict[int, tuple[float, float]] = {}
+        self.observed_rates = observed_rates      # False: the planner's rates decide
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
@@ -193,7 +194,7 @@ class Auto:
         (new tokens over the whole step's time, drafting included) once both have been seen, else
         planned. Observed rates correct what the plan cannot see: at temperature > 0 a sampled
         tree's worth rests on calibrated estimates, and the drafter's catch-up calls cost time."""
-        if context in self.observed_with and context in self.observed_without:
+        if self.observed_rates and context in self.observed_with and context in self.observed_without:
             (t1, s1), (t0, s0) = self.observed_with[context], self.observed_without[context]
             return t1 / s1, t0 / s0
         return self.rate_with.get(context), self.rate_without.get(context, 0.0)
@@ -281,4 +282,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
     return Auto(lookup, drafter, max_nodes=a.max_nodes,
                 explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
-                profile_context=a.profile_context, profile_repeats=a.profile_repeats)
+                profile_context=a.profile_context, profile_repeats=a.profile_repeats, observed_rates=a.observed_rates)
