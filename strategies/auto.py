@@ -55,7 +55,7 @@ class Auto:
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
                  max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
                  profile: bool = True, profile_context: int = 128, profile_repeats: int = 3,
-                 draft_cost_s: float | None = None, adapt_costs: bool = True, observed_rates: bool = True):
+                 draft_cost_s: float | None = None, adapt_costs: bool = True, observed_rates: bool = False):
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
@@ -77,7 +77,7 @@ class Auto:
         # context: what the steps really gave, drafting and all (their ratio decides once both are known)
         self.observed_with: dict[int, tuple[float, float]] = {}
         self.observed_without: dict[int, tuple[float, float]] = {}
-        self.observed_rates = observed_rates      # False: the planner's rates decide
+        self.observed_rates = observed_rates      # False (default): the planner's rates decide
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0

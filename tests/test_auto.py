@@ -157,7 +157,7 @@ def test_observed_rates_decide_once_both_are_known():
     """The plan's rates decide until steps with and without the drafter have both been timed in a
     context; from then on the observed tokens per second do, whatever the plan said."""
     target = target_of("llama")
-    strategy = auto(DraftModel(target, num_tokens=4))
+    strategy = auto(DraftModel(target, num_tokens=4), observed_rates=True)
     state = type("State", (), {"max_depth": 8})()
     strategy.rate_with, strategy.rate_without = {0: 1.0}, {0: 3.0}       # the plan: lookup alone pays more
     assert strategy.rates(0) == (1.0, 3.0)
@@ -168,6 +168,8 @@ def test_observed_rates_decide_once_both_are_known():
     assert all(strategy._call_drafter(state, 0) for _ in range(20))
     strategy.observed_without[0] = (2.0, 0.05)                          # 40 tokens/s: now lookup alone pays
     assert sum(strategy._call_drafter(state, 0) for _ in range(40)) <= 40 // strategy.explore_every
+    strategy.observed_rates = False                                     # the default: the plan decides
+    assert strategy.rates(0) == (1.0, 3.0)
 
 
 def test_a_generation_records_observed_rates():
