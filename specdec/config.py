@@ -91,6 +91,8 @@ class AutoConfig:
     explore_every: int = 8              # look at a drafter that has not paid lately after this many steps (the gap
     #                                     doubles while it keeps not paying, up to 64); 1 = call it every step
     calibration_prior: float = 4.0      # pseudo-observations pulling a calibration bucket towards its raw confidence
+    sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false: per
+    #                                     depth (an optimistic prior the first calls correct; won 5 of 6 T=0.8 cells)
     observed_rates: bool = False        # true: call the drafter on the tokens/s observed with / without it (per
     #                                     lookup context) once both are known; false: on the planner's rates. Off:
     #                                     in an A/B (pycode, 3 sets x 2 temperatures) it won 4 of 12 cells, lost 8

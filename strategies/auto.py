@@ -55,7 +55,8 @@ class Auto:
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
                  max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
                  profile: bool = True, profile_context: int = 128, profile_repeats: int = 3,
-                 draft_cost_s: float | None = None, adapt_costs: bool = True, observed_rates: bool = False):
+                 draft_cost_s: float | None = None, adapt_costs: bool = True, observed_rates: bool = False,
+                 sampled_confidence: bool = False):
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
@@ -78,6 +79,7 @@ class Auto:
         self.observed_with: dict[int, tuple[float, float]] = {}
         self.observed_without: dict[int, tuple[float, float]] = {}
         self.observed_rates = observed_rates      # False (default): the planner's rates decide
+        self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
@@ -85,6 +87,7 @@ class Auto:
         self.since_look: dict[int, int] = {}     # per context: steps without a call
         self.steps_since_call = 0
         self.steady_call = False
+        self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
         self.device = "cpu"
 
     # ------------------------------------------------------------------ protocol
@@ -181,8 +184,12 @@ class Auto:
             own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
             self.drafter.observe(state, StepResult(neural_tree, own, result.next_token, result.committed_before,
                                                    result.hidden))
-            if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or self.draft_cost_s is None):
-                self.draft_cost_s = _ema(self.draft_cost_s, self.last_draft_s + time.perf_counter() - start)
+            if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or not self.steady_cost_known):
+                # until a steady call is timed, each call's time replaces the estimate (the first one
+                # catches up on the whole prompt: many times a steady call)
+                spent = self.last_draft_s + time.perf_counter() - start
+                self.draft_cost_s = _ema(self.draft_cost_s if self.steady_cost_known else None, spent)
+                self.steady_cost_known |= self.steady_call
         observed = self.observed_with if self.last_draft_s is not None else self.observed_without
         tokens, seconds = observed.get(context, (None, None))
         observed[context] = (_ema(tokens, len(result.accepted) + 1.0, OBSERVED_WEIGHT),
@@ -208,6 +215,8 @@ class Auto:
             return False
         if self.explore_every <= 1:                          # every step
             return True
+        if not self.steady_cost_known and self.steps_since_call == 1:
+            return True       # the last step called after a gap (a catch-up): call once more to time a steady call
         self.since_look[context] = self.since_look.get(context, 0) + 1
         rate_with, rate_without = self.rates(context)
         if rate_with is None or rate_with >= rate_without:
@@ -223,7 +232,7 @@ class Auto:
         """(calibration key, draft confidence or None) of every node."""
         depths = tree.depths()
         confidence: list[float | None] = [None] * tree.num_nodes
-        if tree.draft_probs is not None and tree.num_nodes:
+        if self.sampled_confidence and tree.draft_probs is not None and tree.num_nodes:
             rows = tree.draft_probs.gather(1, tree.tokens.to(tree.draft_probs.device)[:, None])[:, 0]   # [N]
             confidence = [c if s == NEURAL else None for c, s in zip(rows.tolist(), source)]
         rank = [0] * tree.num_nodes
@@ -282,4 +291,5 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
     return Auto(lookup, drafter, max_nodes=a.max_nodes,
                 explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
-                profile_context=a.profile_context, profile_repeats=a.profile_repeats, observed_rates=a.observed_rates)
+                profile_context=a.profile_context, profile_repeats=a.profile_repeats, observed_rates=a.observed_rates,
+                sampled_confidence=a.sampled_confidence)

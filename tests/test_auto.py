@@ -179,3 +179,27 @@ def test_a_generation_records_observed_rates():
     observed = list(strategy.observed_with.values()) + list(strategy.observed_without.values())
     assert strategy.observed_with and observed
     assert all(tokens >= 1.0 and seconds > 0 for tokens, seconds in observed)
+
+
+def test_the_drafter_cost_is_timed_on_a_steady_call():
+    """The first call of a generation catches the drafter up on the whole prompt; its time must not
+    stand for a drafting call's: the next step calls again and that time replaces it."""
+    target = target_of("llama")
+    strategy = Auto(PromptLookup(min_ngram=1, max_ngram=3), DraftModel(target, num_tokens=2), costs=FREE,
+                    explore_every=8)
+    strategy.calibrator.prior = 1e9                      # frozen estimates: the plan never pays for the drafter
+    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=12, ignore_eos=True)
+    assert strategy.steady_cost_known and strategy.neural_calls >= 2
+
+
+@pytest.mark.parametrize("sampled_confidence,kind", [(False, "depth"), (True, "conf")])
+def test_sampled_drafter_nodes_are_estimated_per_depth_unless_asked_by_confidence(sampled_confidence, kind):
+    import torch
+    from specdec.sampling import SamplingParams
+    from specdec.tree import CandidateTree
+    strategy = auto(None, sampled_confidence=sampled_confidence)
+    tree = CandidateTree(torch.tensor([3, 4]), (-1, 0), torch.full((2, 8), 1 / 8))      # a sampled chain
+    state = type("State", (), {"sampling": SamplingParams(0.8)})()
+    keys = strategy._node_keys(tree, [NEURAL, NEURAL], state)
+    assert [key[2] for key, _ in keys] == [kind, kind]
+    assert all((confidence is None) == (kind == "depth") for _, confidence in keys)
