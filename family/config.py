@@ -142,4 +142,5 @@ def part_hash(cfg: FamilyConfig, part: str) -> str:
     """12 hex digits naming what one part is built from: two families whose configs differ only
     elsewhere build this part identically, so one can take it from the other."""
     sections = ("seed", "threads", "corpus", "tokenizer") + PART_SECTIONS[part]
-    return config_digest(OmegaConf.create({name: OmegaConf.to_container(cfg)[name] for name in sections}))
+    whole = OmegaConf.to_container(cfg)
+    return config_digest(OmegaConf.create({name: whole[name] for name in sections}))

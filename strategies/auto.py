@@ -190,10 +190,11 @@ class Auto:
                 spent = self.last_draft_s + time.perf_counter() - start
                 self.draft_cost_s = _ema(self.draft_cost_s if self.steady_cost_known else None, spent)
                 self.steady_cost_known |= self.steady_call
-        observed = self.observed_with if self.last_draft_s is not None else self.observed_without
-        tokens, seconds = observed.get(context, (None, None))
-        observed[context] = (_ema(tokens, len(result.accepted) + 1.0, OBSERVED_WEIGHT),
-                             _ema(seconds, time.perf_counter() - started, OBSERVED_WEIGHT))
+        if self.observed_rates:               # only read when they decide: no bookkeeping otherwise
+            observed = self.observed_with if self.last_draft_s is not None else self.observed_without
+            tokens, seconds = observed.get(context, (None, None))
+            observed[context] = (_ema(tokens, len(result.accepted) + 1.0, OBSERVED_WEIGHT),
+                                 _ema(seconds, time.perf_counter() - started, OBSERVED_WEIGHT))
 
     # ------------------------------------------------------------------ policy
     def rates(self, context: int) -> tuple[float | None, float | None]:

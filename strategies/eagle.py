@@ -13,12 +13,13 @@ Trees:
   * greedy (EAGLE-2): each expanded node gets its `top_k` most likely children; depth by depth the
     `expand` best nodes of the newest level (by cumulative draft probability) that are still among
     the max_nodes best candidates so far are expanded in one drafter forward; the tree is then the
-    best `max_nodes` candidates. `stop_below` ends the expansion early, before the depth limit, once
-    the nodes to expand hold less path probability in all than it (their children can add at most
-    that many expected tokens, and a drafter forward costs a share of a target forward). With expand >= max_nodes this is the exact best-max_nodes tree of
+    best `max_nodes` candidates. With expand >= max_nodes this is the exact best-max_nodes tree of
     the top_k-ary candidate tree, `depth` levels at most (candidates only get worse deeper down, so
     a node outside the best set can never be chosen later); a smaller `expand` (EAGLE-2's rule,
-    default top_k) bounds the drafter's rows per depth. Point masses (draft_probs None).
+    default top_k) bounds the drafter's rows per depth. `stop_below` ends the expansion early, once
+    the nodes to expand hold less path probability in all than it (their children can add at most
+    that many expected tokens; a drafter forward costs a share of a target forward). Point masses
+    (draft_probs None).
   * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
     distributions, built by strategies/sampled_tree.py (shared with medusa), `sampled_depth` levels
     (default 3) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the

@@ -174,7 +174,7 @@ def test_observed_rates_decide_once_both_are_known():
 
 def test_a_generation_records_observed_rates():
     target = target_of("llama")
-    strategy = auto(DraftModel(target, num_tokens=4), explore_every=2)
+    strategy = auto(DraftModel(target, num_tokens=4), explore_every=2, observed_rates=True)
     Speculator(target, None, strategy).generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=24, ignore_eos=True)
     observed = list(strategy.observed_with.values()) + list(strategy.observed_without.values())
     assert strategy.observed_with and observed
