@@ -49,6 +49,10 @@ def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
+def _ema_pair(old: tuple[float, float] | None, new: tuple[float, float], weight: float = 0.3) -> tuple[float, float]:
+    return new if old is None else (_ema(old[0], new[0], weight), _ema(old[1], new[1], weight))
+
+
 class Auto:
     name = "auto"
 
@@ -70,10 +74,14 @@ class Auto:
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
         self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
         self.draft_cost_s = draft_cost_s      # seconds per neural propose + observe, measured as it runs
-        # planned tokens/s of recent steps with the drafter / with lookup alone, per lookup context
-        # (what lookup offers this step: nothing, a short guess, a long one; see _lookup_context)
-        self.rate_with: dict[int, float] = {}
-        self.rate_without: dict[int, float] = {}
+        # planned (expected new tokens, nodes verified) of recent steps with the drafter / with lookup
+        # alone, per lookup context (what lookup offers this step: nothing, a short guess, a long one;
+        # see _lookup_context), as moving averages. Their rates are priced when a decision is made, at
+        # the costs known then: a rate stored when the drafter was last called would keep that step's
+        # costs (the first call's catch-up, a verify cost the step times have since corrected) and, as
+        # the drafter is not called while it looks dear, would never be corrected.
+        self.plan_with: dict[int, tuple[float, float]] = {}
+        self.plan_without: dict[int, tuple[float, float]] = {}
         # observed (tokens, seconds) per step, as moving averages, with / without the drafter, per lookup
         # context: what the steps really gave, drafting and all (their ratio decides once both are known)
         self.observed_with: dict[int, tuple[float, float]] = {}
@@ -136,7 +144,8 @@ class Auto:
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
         context = _lookup_context(lookup_tree.parents, accept, lookup_keep)
-        self.rate_without[context] = _ema(self.rate_without.get(context), lookup_rate)
+        self.plan_without[context] = _ema_pair(self.plan_without.get(context),
+                                               (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
 
         neural_tree = CandidateTree.empty(self.device)
         self.steps_since_call += 1
@@ -158,9 +167,10 @@ class Auto:
             accept, keys = self._estimates(merged, source, state)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
             forced = range(neural_tree.num_nodes) if sampled else ()
-            keep, rate = plan(merged.parents, accept, self.verify_cost, self.draft_cost_s or 0.0,
-                              self.max_nodes, forced=forced)
-            self.rate_with[context] = _ema(self.rate_with.get(context), rate)
+            draft_cost = self.draft_cost_s or 0.0
+            keep, rate = plan(merged.parents, accept, self.verify_cost, draft_cost, self.max_nodes, forced=forced)
+            self.plan_with[context] = _ema_pair(self.plan_with.get(context),
+                                                (rate * (self.verify_cost(len(keep)) + draft_cost), len(keep)))
             tree = merged.select(keep)
             lookup_source = source
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), started, context)
@@ -205,7 +215,19 @@ class Auto:
         if self.observed_rates and context in self.observed_with and context in self.observed_without:
             (t1, s1), (t0, s0) = self.observed_with[context], self.observed_without[context]
             return t1 / s1, t0 / s0
-        return self.rate_with.get(context), self.rate_without.get(context, 0.0)
+        return self.planned_rates(context)
+
+    def planned_rates(self, context: int) -> tuple[float | None, float]:
+        """(planned tokens/s with the drafter or None before its first call, with lookup alone) in
+        a lookup context: recent plans' expected new tokens over what their trees cost now."""
+        rate_with = rate_without = None
+        if context in self.plan_with:
+            tokens, nodes = self.plan_with[context]
+            rate_with = tokens / (self.verify_cost(nodes) + (self.draft_cost_s or 0.0))
+        if context in self.plan_without:
+            tokens, nodes = self.plan_without[context]
+            rate_without = tokens / self.verify_cost(nodes)
+        return rate_with, rate_without or 0.0
 
     def _call_drafter(self, state: DecodeState, context: int) -> bool:
         """Call the drafter when its recent rate (self.rates) beats lookup alone in the same lookup

@@ -141,8 +141,10 @@ def test_the_drafter_is_called_by_lookup_context():
     target = target_of("llama")
     strategy = auto(DraftModel(target, num_tokens=4))
     state = type("State", (), {"max_depth": 8})()
-    strategy.rate_with = {0: 2.0, 2: 1.0}             # planned tokens/s with the drafter, per context
-    strategy.rate_without = {0: 1.0, 2: 3.0}          # ... and with lookup alone
+    # planned (expected tokens, nodes) with the drafter / with lookup alone, per context; every tree
+    # costs 1 (FREE), drafting nothing: planned tokens/s 2 vs 1 in context 0, 1 vs 3 in context 2
+    strategy.plan_with = {0: (2.0, 3), 2: (1.0, 3)}
+    strategy.plan_without = {0: (1.0, 0), 2: (3.0, 4)}
     calls = {context: sum(strategy._call_drafter(state, context) for _ in range(40)) for context in (0, 2)}
     assert calls[0] == 40
     assert 1 <= calls[2] <= 40 // strategy.explore_every        # gaps that double: a few looks only
@@ -153,13 +155,33 @@ def test_the_drafter_is_called_by_lookup_context():
     assert _lookup_context(parents, accept, [0, 1, 2]) == 2
 
 
+def test_planned_rates_are_priced_at_the_costs_known_when_deciding():
+    """A plan made while the drafter looked dear (its first call catches up on the whole prompt)
+    must not keep it uncalled once its cost is known to be low: the plan's expected tokens and
+    size are kept, and priced at the current costs on every decision."""
+    target = target_of("llama")
+    strategy = auto(DraftModel(target, num_tokens=4))
+    state = type("State", (), {"max_depth": 8})()
+    strategy.plan_with, strategy.plan_without = {0: (2.0, 3)}, {0: (1.0, 0)}
+    strategy.draft_cost_s = 3.0                                         # 2 tokens / (1 + 3): 0.5 < 1
+    assert strategy.planned_rates(0) == pytest.approx((0.5, 1.0))
+    assert sum(strategy._call_drafter(state, 0) for _ in range(40)) <= 40 // strategy.explore_every
+    strategy.draft_cost_s = 0.0                                         # the same plan, drafting now free
+    strategy.explore_gap[0] = strategy.since_look[0] = 0
+    assert strategy.planned_rates(0) == pytest.approx((2.0, 1.0))
+    assert all(strategy._call_drafter(state, 0) for _ in range(20))
+    slow = CostProfile((0, 64), (1.0, 65.0), 0, "slow")                 # a node costs a plain step
+    strategy.costs = slow
+    assert strategy.planned_rates(0) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
+
+
 def test_observed_rates_decide_once_both_are_known():
     """The plan's rates decide until steps with and without the drafter have both been timed in a
     context; from then on the observed tokens per second do, whatever the plan said."""
     target = target_of("llama")
     strategy = auto(DraftModel(target, num_tokens=4), observed_rates=True)
     state = type("State", (), {"max_depth": 8})()
-    strategy.rate_with, strategy.rate_without = {0: 1.0}, {0: 3.0}       # the plan: lookup alone pays more
+    strategy.plan_with, strategy.plan_without = {0: (1.0, 0)}, {0: (3.0, 0)}   # the plan: lookup alone pays more
     assert strategy.rates(0) == (1.0, 3.0)
     strategy.observed_with[0] = (3.0, 0.1)                              # observed: 30 tokens/s with the drafter
     assert strategy.rates(0) == (1.0, 3.0)                              # ... not yet compared with lookup alone
