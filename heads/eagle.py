@@ -98,6 +98,37 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
+class KVBuffer:
+    """Keys and values of a drafter's rows in preallocated storage [1, heads, capacity, d], so
+    adding n rows at inference writes n rows instead of copying every row before them (a
+    torch.cat per drafter forward costs O(context) per depth). Capacity doubles when full."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k / v [1, heads, n, d] at rows start..start+n (rows past them are dropped) and
+        return the keys / values of rows 0..start+n (views)."""
+        end = start + k.shape[2]
+        if self.k is None or end > self.k.shape[2]:
+            capacity = max(end, 2 * (0 if self.k is None else self.k.shape[2]), 256)
+            grown_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
+            grown_v = v.new_empty(grown_k.shape)
+            if self.k is not None:
+                grown_k[:, :, :start] = self.k[:, :, :start]
+                grown_v[:, :, :start] = self.v[:, :, :start]
+            self.k, self.v = grown_k, grown_v
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def rows(self, end: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(keys, values) of rows 0..end (views), None before any row."""
+        if self.k is None or end == 0:
+            return None, None
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
 class DrafterBlock(nn.Module):
     """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
 
@@ -116,16 +147,22 @@ class DrafterBlock(nn.Module):
         b, n, h = x.shape
         return x.view(b, n, self.num_heads, h // self.num_heads).transpose(1, 2)
 
-    def forward(self, x, positions, past_k=None, past_v=None, visible=None):
+    def forward(self, x, positions, past_k=None, past_v=None, visible=None, cache: KVBuffer | None = None,
+                start: int = 0):
         """x [B, n, H], positions [B, n]; past_k / past_v [B, heads, L, d] (or None);
         visible [B or 1, n, L + n] bool (None: causal over the new rows, all past visible).
+        cache (inference, B = 1): instead of past_k / past_v, the past is rows 0..start of `cache`
+        (L = start) and the new rows are written there, at start..start+n.
         Returns (x [B, n, H], k [B, heads, n, d], v [B, heads, n, d]) - the new rows' keys and values."""
         h = self.attn_norm(x)
         q = rotate(self._split(self.q_proj(h)), positions, self.theta)
         k = rotate(self._split(self.k_proj(h)), positions, self.theta)
         v = self._split(self.v_proj(h))
-        keys = k if past_k is None else torch.cat([past_k, k], dim=2)        # [B, heads, L + n, d]
-        values = v if past_v is None else torch.cat([past_v, v], dim=2)
+        if cache is not None:
+            keys, values = cache.write(start, k, v)                             # [1, heads, start + n, d]
+        else:
+            keys = k if past_k is None else torch.cat([past_k, k], dim=2)    # [B, heads, L + n, d]
+            values = v if past_v is None else torch.cat([past_v, v], dim=2)
         if visible is None:
             n, total = x.shape[1], keys.shape[2]
             visible = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)[None]
@@ -170,12 +207,13 @@ class EagleDrafter(nn.Module):
         """[..., H] drafter outputs -> [..., V] logits, through the target's own lm_head."""
         return self._shared(self._shared_lm_head, "lm_head")(out)
 
-    def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True):
+    def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True,
+                cache: KVBuffer | None = None, start: int = 0):
         """g [B, n, H] feature inputs (input_features of target features, or earlier outputs),
-        tokens [B, n] the token after each feature's position, positions [B, n]; past / visible as
-        DrafterBlock. Returns (out [B, n, H], logits [B, n, V] or None, k, v)."""
+        tokens [B, n] the token after each feature's position, positions [B, n]; past / visible /
+        cache / start as DrafterBlock. Returns (out [B, n, H], logits [B, n, V] or None, k, v)."""
         embed = self._shared(self._shared_embedding, "input embedding")(tokens).to(g.dtype)   # [B, n, H]
         x = self.fc(torch.cat([g, embed], dim=-1))
-        x, k, v = self.block(x, positions, past_k, past_v, visible)
+        x, k, v = self.block(x, positions, past_k, past_v, visible, cache, start)
         out = self.norm(x)
         return out, (self.lm_head(out) if with_logits else None), k, v

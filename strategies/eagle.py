@@ -37,6 +37,7 @@ import torch
 from specdec.config import EagleConfig
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
+from specdec.heads.eagle import KVBuffer
 from specdec.sampling import logits_to_probs
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
@@ -85,7 +86,7 @@ class Eagle:
         self.device = target.device
 
     def reset_cache(self) -> None:
-        self.past_k = self.past_v = None    # [1, heads, fed, d]: keys / values of the committed rows
+        self.kv = KVBuffer()                # rows 0..fed: the committed rows; a tree's rows after them
         self.fed = 0                        # committed rows in the cache (row u: feature u, token u + 1)
         self.unfed: list[torch.Tensor] = []   # [n, F] target features not fed yet
         self.root = None                    # (out [H], logits [V]) of the last committed row
@@ -120,6 +121,15 @@ class Eagle:
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
         self.root = None
 
+    @property
+    def past_k(self) -> torch.Tensor | None:
+        """[1, heads, fed, d]: keys of the committed rows (a view)."""
+        return self.kv.rows(self.fed)[0]
+
+    @property
+    def past_v(self) -> torch.Tensor | None:
+        return self.kv.rows(self.fed)[1]
+
     # ------------------------------------------------------------------ the committed rows
     def catch_up(self, token_ids: list[int]):
         """Feed the committed rows not in the drafter's cache yet (one forward); returns the last
@@ -134,9 +144,7 @@ class Eagle:
                 raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
                                    f"(expected one fewer feature than tokens)")
             g = self.drafter.input_features(features)
-            out, logits, k, v = self.drafter(g[None], tokens[None], rows[None], self.past_k, self.past_v)
-            self.past_k = k if self.past_k is None else torch.cat([self.past_k, k], dim=2)
-            self.past_v = v if self.past_v is None else torch.cat([self.past_v, v], dim=2)
+            out, logits, _, _ = self.drafter(g[None], tokens[None], rows[None], cache=self.kv, start=self.fed)
             self.fed += n
             self.root = (out[0, -1], logits[0, -1].float())
         return self.root
@@ -148,12 +156,12 @@ class Eagle:
     def _feed(self, tree, nodes: list[int], tokens: torch.Tensor, depth: int):
         """Run the drafter on the tree nodes `nodes` (all at `depth`, their parents already fed;
         tokens [n] their tokens, on the device) in one forward. tree: dict with the parent list,
-        out / column maps and the tree keys/values. Returns logits [n, V] (fp32) and records each
-        node's output and cache column."""
+        out / column maps and the count of tree rows in the cache (written after the committed
+        rows). Returns logits [n, V] (fp32) and records each node's output and cache column."""
         parents, outs, column = tree["parent"], tree["out"], tree["column"]
         g = torch.stack([tree["root_out"] if parents[i] < 0 else outs[parents[i]] for i in nodes])   # [n, H]
         positions = torch.full((len(nodes),), self.fed + depth, device=self.device)
-        fed_tree = tree["k"].shape[2] if tree["k"] is not None else 0
+        fed_tree = tree["rows"]                                             # tree rows in the cache
         n = len(nodes)
         visible = torch.zeros(n, self.fed + fed_tree + n, dtype=torch.bool)     # built on the host, copied once
         visible[:, : self.fed] = True                                       # every committed row
@@ -164,12 +172,9 @@ class Eagle:
                 ancestor = parents[ancestor]
             visible[row, self.fed + fed_tree + row] = True                  # itself
         visible = visible.to(self.device)
-        past_k = self.past_k if tree["k"] is None else torch.cat([self.past_k, tree["k"]], dim=2)
-        past_v = self.past_v if tree["v"] is None else torch.cat([self.past_v, tree["v"]], dim=2)
-        out, logits, k, v = self.drafter(g[None], tokens.to(self.device)[None], positions[None], past_k, past_v,
-                                         visible[None])
-        tree["k"] = k if tree["k"] is None else torch.cat([tree["k"], k], dim=2)
-        tree["v"] = v if tree["v"] is None else torch.cat([tree["v"], v], dim=2)
+        out, logits, _, _ = self.drafter(g[None], tokens.to(self.device)[None], positions[None], visible=visible[None],
+                                         cache=self.kv, start=self.fed + fed_tree)
+        tree["rows"] = fed_tree + n
         for row, node in enumerate(nodes):
             outs[node] = out[0, row]
             column[node] = fed_tree + row
@@ -177,7 +182,7 @@ class Eagle:
 
     @staticmethod
     def _new_tree(root_out) -> dict:
-        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "k": None, "v": None}
+        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "rows": 0}
 
     # ------------------------------------------------------------------ greedy: exact best tree
     def _greedy_tree(self, root_out, root_logits, depth_limit: int, scorer=None) -> CandidateTree:
