@@ -109,9 +109,10 @@ class DraftModel:
             self._adapt(result.num_accepted, result.tree.num_nodes)
 
     # ------------------------------------------------------------------ drafting
-    def _logits(self, input_ids: torch.Tensor, mask=None, positions=None) -> torch.Tensor:
+    def _logits(self, input_ids: torch.Tensor, mask=None, positions=None, last_only: bool = False) -> torch.Tensor:
+        """[L, V] draft logits of every input row ([1, V]: the last row's only)."""
         out = self.draft(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True)
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
         logits = out.logits[0].float()                                 # [L, Vd]
         if logits.shape[-1] > self.vocab:
             logits = logits[:, : self.vocab]
@@ -123,7 +124,7 @@ class DraftModel:
     def _catch_up(self, token_ids: list[int]) -> torch.Tensor:
         """Feed the committed tokens the draft has not seen (at least the pending one)."""
         new = torch.tensor([token_ids[self.cached:]], dtype=torch.long, device=self.draft.device)
-        logits = self._logits(new)[-1]
+        logits = self._logits(new, last_only=True)[-1]                 # the lm_head on the last row only
         self.cached = len(token_ids)
         return logits
 

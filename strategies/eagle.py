@@ -144,9 +144,10 @@ class Eagle:
                 raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
                                    f"(expected one fewer feature than tokens)")
             g = self.drafter.input_features(features)
-            out, logits, _, _ = self.drafter(g[None], tokens[None], rows[None], cache=self.kv, start=self.fed)
+            out, _, _, _ = self.drafter(g[None], tokens[None], rows[None], with_logits=False, cache=self.kv,
+                                        start=self.fed)
             self.fed += n
-            self.root = (out[0, -1], logits[0, -1].float())
+            self.root = (out[0, -1], self.drafter.lm_head(out[0, -1]).float())    # only the last row's logits
         return self.root
 
     def _dtype(self) -> torch.dtype:
