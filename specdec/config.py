@@ -68,7 +68,7 @@ class EagleConfig:
     stop_below: float = 0.2             # greedy: stop expanding once the nodes to expand hold less path probability
     #                                     in all than this (0 = always `depth` levels)
     sampled_top_k: Optional[int] = 1    # sampling (rejection): nodes per level (1 = a chain; null = top_k)
-    sampled_depth: Optional[int] = 3    # sampling (rejection): levels (null = depth); every sampled node is verified
+    sampled_depth: Optional[int] = 4    # sampling (rejection): levels (null = depth); every sampled node is verified
 
 
 @dataclass

@@ -22,7 +22,7 @@ Trees:
     (draft_probs None).
   * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
     distributions, built by strategies/sampled_tree.py (shared with medusa), `sampled_depth` levels
-    (default 3) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the
+    (default 4) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the
     best slots by a score blind to the token a slot receives, each parent's children drawn without
     replacement from its warped distribution q, one drafter forward per depth. Lossless
     (tests/test_eagle_law.py).

@@ -302,7 +302,7 @@ def test_stop_below_ends_the_expansion_where_the_frontier_holds_too_little_proba
 
 
 @pytest.mark.parametrize("sampled,parents_shape", [
-    (dict(), (-1, 0, 1)),                                             # the default: a sampled chain of 3
+    (dict(), (-1, 0, 1, 2)),                                          # the default: a sampled chain of 4
     (dict(sampled_top_k=2, sampled_depth=2), "two levels of two"),
     (dict(sampled_top_k=None, sampled_depth=None), "top_k / depth"),
 ])
