@@ -176,9 +176,9 @@ def load_overrides(strategy: str, models: DemoModels, device: str) -> dict:
         overrides["heads.path"] = models.heads
     if strategy == "eagle":
         overrides["eagle.path"] = models.eagle
-    if strategy == "auto":            # prompt lookup plus the heads (else the draft) that are here
-        overrides.update({key: path for key, path in (("draft.path", models.draft), ("heads.path", models.heads))
-                          if path is not None})
+    if strategy == "auto":            # prompt lookup plus the drafter specdec.load("auto") picks among these
+        overrides.update({key: path for key, path in (("draft.path", models.draft), ("heads.path", models.heads),
+                                                      ("eagle.path", models.eagle)) if path is not None})
     return overrides
 
 

@@ -73,7 +73,8 @@ class Auto:
         self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
         self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
-        self.draft_cost_s = draft_cost_s      # seconds per neural propose + observe, measured as it runs
+        self.draft_cost_s = draft_cost_s      # seconds a drafter call adds to a step (its propose and observe, merging
+        #                                       and planning its tree), measured as it runs
         # planned (expected new tokens, nodes verified) of recent steps with the drafter / with lookup
         # alone, per lookup context (what lookup offers this step: nothing, a short guess, a long one;
         # see _lookup_context), as moving averages. Their rates are priced when a decision is made, at
@@ -173,6 +174,8 @@ class Auto:
                                                 (rate * (self.verify_cost(len(keep)) + draft_cost), len(keep)))
             tree = merged.select(keep)
             lookup_source = source
+        if self.last_draft_s is not None:     # calling the drafter also costs merging and planning its tree
+            self.last_draft_s = time.perf_counter() - start
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), started, context)
         self.tree_sizes.append(tree.num_nodes)
         return tree
