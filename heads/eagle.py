@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specdec.cache import BufferedLayer
+
 
 @dataclass(frozen=True)
 class EagleLayout:
@@ -98,35 +100,14 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
-class KVBuffer:
-    """Keys and values of a drafter's rows in preallocated storage [1, heads, capacity, d], so
-    adding n rows at inference writes n rows instead of copying every row before them (a
-    torch.cat per drafter forward costs O(context) per depth). Capacity doubles when full."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k / v [1, heads, n, d] at rows start..start+n (rows past them are dropped) and
-        return the keys / values of rows 0..start+n (views)."""
-        end = start + k.shape[2]
-        if self.k is None or end > self.k.shape[2]:
-            capacity = max(end, 2 * (0 if self.k is None else self.k.shape[2]), 256)
-            grown_k = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])
-            grown_v = v.new_empty(grown_k.shape)
-            if self.k is not None:
-                grown_k[:, :, :start] = self.k[:, :, :start]
-                grown_v[:, :, :start] = self.v[:, :, :start]
-            self.k, self.v = grown_k, grown_v
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def rows(self, end: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(keys, values) of rows 0..end (views), None before any row."""
-        if self.k is None or end == 0:
-            return None, None
-        return self.k[:, :, :end], self.v[:, :, :end]
+def write_rows(cache: BufferedLayer, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store k / v [1, heads, n, d] at rows start..start+n of `cache` (start <= the rows it holds;
+    the rows after `start` are dropped first: a rolled-back tree's) and return the keys / values
+    of rows 0..start+n (views).
+    The buffer is preallocated and grows by doubling, so a tree level writes its n rows instead of
+    copying every row before them (a torch.cat per drafter forward costs O(context) per depth)."""
+    cache.keep(start, None, start)
+    return cache.update(k, v)
 
 
 class DrafterBlock(nn.Module):
@@ -147,7 +128,7 @@ class DrafterBlock(nn.Module):
         b, n, h = x.shape
         return x.view(b, n, self.num_heads, h // self.num_heads).transpose(1, 2)
 
-    def forward(self, x, positions, past_k=None, past_v=None, visible=None, cache: KVBuffer | None = None,
+    def forward(self, x, positions, past_k=None, past_v=None, visible=None, cache: BufferedLayer | None = None,
                 start: int = 0):
         """x [B, n, H], positions [B, n]; past_k / past_v [B, heads, L, d] (or None);
         visible [B or 1, n, L + n] bool (None: causal over the new rows, all past visible).
@@ -159,7 +140,7 @@ class DrafterBlock(nn.Module):
         k = rotate(self._split(self.k_proj(h)), positions, self.theta)
         v = self._split(self.v_proj(h))
         if cache is not None:
-            keys, values = cache.write(start, k, v)                             # [1, heads, start + n, d]
+            keys, values = write_rows(cache, start, k, v)                       # [1, heads, start + n, d]
         else:
             keys = k if past_k is None else torch.cat([past_k, k], dim=2)    # [B, heads, L + n, d]
             values = v if past_v is None else torch.cat([past_v, v], dim=2)
@@ -208,7 +189,7 @@ class EagleDrafter(nn.Module):
         return self._shared(self._shared_lm_head, "lm_head")(out)
 
     def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True,
-                cache: KVBuffer | None = None, start: int = 0):
+                cache: BufferedLayer | None = None, start: int = 0):
         """g [B, n, H] feature inputs (input_features of target features, or earlier outputs),
         tokens [B, n] the token after each feature's position, positions [B, n]; past / visible /
         cache / start as DrafterBlock. Returns (out [B, n, H], logits [B, n, V] or None, k, v)."""

@@ -34,10 +34,10 @@ import math
 
 import torch
 
+from specdec.cache import BufferedLayer
 from specdec.config import EagleConfig
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
-from specdec.heads.eagle import KVBuffer
 from specdec.sampling import logits_to_probs
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
@@ -86,7 +86,7 @@ class Eagle:
         self.device = target.device
 
     def reset_cache(self) -> None:
-        self.kv = KVBuffer()                # rows 0..fed: the committed rows; a tree's rows after them
+        self.kv = BufferedLayer()           # rows 0..fed: the committed rows; a tree's rows after them
         self.fed = 0                        # committed rows in the cache (row u: feature u, token u + 1)
         self.unfed: list[torch.Tensor] = []   # [n, F] target features not fed yet
         self.root = None                    # (out [H], logits [V]) of the last committed row
@@ -123,12 +123,12 @@ class Eagle:
 
     @property
     def past_k(self) -> torch.Tensor | None:
-        """[1, heads, fed, d]: keys of the committed rows (a view)."""
-        return self.kv.rows(self.fed)[0]
+        """[1, heads, fed, d]: keys of the committed rows (a view; None before any)."""
+        return self.kv.key_buffer[:, :, : self.fed] if self.fed else None
 
     @property
     def past_v(self) -> torch.Tensor | None:
-        return self.kv.rows(self.fed)[1]
+        return self.kv.value_buffer[:, :, : self.fed] if self.fed else None
 
     # ------------------------------------------------------------------ the committed rows
     def catch_up(self, token_ids: list[int]):

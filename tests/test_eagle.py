@@ -90,13 +90,16 @@ def test_drafter_after_commits_equals_a_fresh_run(layers):
 def test_kv_buffer_holds_what_concatenation_would():
     """Rows written at start..start+n, past its capacity (it grows) and over rows a rolled-back
     tree left (they are dropped), read back as torch.cat of the kept rows would give."""
-    from specdec.heads.eagle import KVBuffer
-    buffer, kept = KVBuffer(), []
+    from specdec.cache import BufferedLayer
+    from specdec.heads.eagle import write_rows
+    buffer, kept = BufferedLayer(), []
     generator = torch.Generator().manual_seed(0)
     start = 0
     for n, commit in [(200, True), (3, False), (5, False), (100, True), (7, False), (1, True)]:
         k, v = torch.randn(2, 1, 2, n, 4, generator=generator)
-        keys, values = buffer.write(start if commit else start + 3, k, v)    # a tree's rows: after 3 others
+        if not commit:                                  # a tree's rows: a level of 3 first, then these
+            write_rows(buffer, start, *torch.randn(2, 1, 2, 3, 4, generator=generator))
+        keys, values = write_rows(buffer, start if commit else start + 3, k, v)
         if commit:
             kept.append((k, v))
             start += n
@@ -105,10 +108,11 @@ def test_kv_buffer_holds_what_concatenation_would():
         else:
             assert keys.shape[2] == start + 3 + n
             torch.testing.assert_close(keys[:, :, start + 3:], k, rtol=0, atol=0)
-    past_k, past_v = buffer.rows(start)
-    assert buffer.k.shape[2] >= 306 and past_k.shape[2] == start == 301
+    past_v = buffer.value_buffer[:, :, :start]
+    assert buffer.key_buffer.shape[2] >= 306 and start == 301
     torch.testing.assert_close(past_v, torch.cat([b for _, b in kept], 2), rtol=0, atol=0)
-    assert KVBuffer().rows(0) == (None, None)
+    fresh = Eagle(random_drafter(biased_target("llama", 3.0), (-1,)))
+    assert fresh.past_k is None and fresh.past_v is None
 
 
 def _chain_children(drafter, strategy, path, top_k):
