@@ -150,17 +150,15 @@ class Auto:
 
         neural_tree = CandidateTree.empty(self.device)
         self.steps_since_call += 1
+        draft_start = None                    # perf_counter when the drafter was called this step
         if self._call_drafter(state, context):
-            start = time.perf_counter()
+            draft_start = time.perf_counter()
             neural_tree = self.drafter.propose(state)
-            self.last_draft_s = time.perf_counter() - start
             self.neural_calls += 1
             # a call after a gap (or the first of a generation) also catches the drafter up on the
             # tokens it missed: not what a call costs while it keeps drafting
             self.steady_call = self.steps_since_call <= 1
             self.steps_since_call = 0
-        else:
-            self.last_draft_s = None
         if not neural_tree.num_nodes:
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
@@ -174,8 +172,8 @@ class Auto:
                                                 (rate * (self.verify_cost(len(keep)) + draft_cost), len(keep)))
             tree = merged.select(keep)
             lookup_source = source
-        if self.last_draft_s is not None:     # calling the drafter also costs merging and planning its tree
-            self.last_draft_s = time.perf_counter() - start
+        # what calling the drafter cost this step: its propose, and merging and planning its tree
+        self.last_draft_s = None if draft_start is None else time.perf_counter() - draft_start
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), started, context)
         self.tree_sizes.append(tree.num_nodes)
         return tree
