@@ -69,6 +69,10 @@ class EagleConfig:
     #                                     in all than this (0 = always `depth` levels)
     sampled_top_k: Optional[int] = 1    # sampling (rejection): nodes per level (1 = a chain; null = top_k)
     sampled_depth: Optional[int] = 4    # sampling (rejection): levels (null = depth); every sampled node is verified
+    score_temperature: float = 0.5      # greedy: the tree is ranked by the drafter's probabilities at this temperature
+    #                                     (< 1 sharpens; 1 = as drafted; strategies/eagle.py)
+    dtype: Optional[str] = "auto"       # the drafter's dtype: null = the target's; auto = bfloat16 where it is measured
+    #                                     faster than a float32 target's dtype (CPUs with bf16 dot products); or a name
 
 
 @dataclass
@@ -351,6 +355,9 @@ def validate_spec_config(cfg: SpecConfig) -> None:
     for key in ("max_nodes", "top_k", "depth", "expand"):
         if getattr(cfg.eagle, key) is not None and getattr(cfg.eagle, key) < 1:
             raise ConfigError(f"eagle.{key} must be >= 1, got {getattr(cfg.eagle, key)}")
+    if cfg.eagle.dtype not in (None, "auto", "float32", "float16", "bfloat16"):
+        raise ConfigError(f"eagle.dtype={cfg.eagle.dtype!r} is not valid; use null (the target's), auto, float32, "
+                          f"float16 or bfloat16")
     if cfg.auto.max_nodes < 0:
         raise ConfigError(f"auto.max_nodes must be >= 0, got {cfg.auto.max_nodes}")
     if cfg.auto.drafter not in (None, "none", "draft_model", "medusa", "eagle"):

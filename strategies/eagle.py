@@ -20,6 +20,13 @@ Trees:
     the nodes to expand hold less path probability in all than it (their children can add at most
     that many expected tokens; a drafter forward costs a share of a target forward). Point masses
     (draft_probs None).
+    `score_temperature` (default 0.5): the tree is ranked by the drafter's log-probabilities
+    divided by it (a softmax at that temperature). A drafter distilled on the target's soft
+    distributions is under-confident in its top child and over-confident in the alternatives,
+    while greedy verification keeps only the target's argmax: on held-out code the pycode
+    drafter's top child is kept 65-100% of the time at draft probabilities of 0.1-0.9 (the
+    per-bucket counts are in the closing note of issue 11). Raw scores (1.0) build bushy, shallow
+    trees; 0.5 builds the deeper ones greedy keeps (same run, code: tau 2.59 -> 3.35).
   * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
     distributions, built by strategies/sampled_tree.py (shared with medusa), `sampled_depth` levels
     (default 4) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the
@@ -55,7 +62,8 @@ class Eagle:
                  depth: int = EagleConfig.depth, expand: int | None = EagleConfig.expand,
                  stop_below: float = EagleConfig.stop_below,
                  sampled_top_k: int | None = EagleConfig.sampled_top_k,
-                 sampled_depth: int | None = EagleConfig.sampled_depth):
+                 sampled_depth: int | None = EagleConfig.sampled_depth,
+                 score_temperature: float = EagleConfig.score_temperature, dtype: str | torch.dtype | None = None):
         if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
             raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
                               f"{max_nodes}, {top_k}, {depth}, {expand}")
@@ -70,6 +78,11 @@ class Eagle:
         if self.sampled_top_k < 1 or self.sampled_depth < 1:
             raise ConfigError(f"eagle.sampled_top_k and eagle.sampled_depth must be >= 1 (or null), got "
                               f"{sampled_top_k}, {sampled_depth}")
+        if not score_temperature > 0:
+            raise ConfigError(f"eagle.score_temperature must be > 0 (1 = the drafter's own probabilities), "
+                              f"got {score_temperature}")
+        self.score_temperature = float(score_temperature)
+        self.dtype = dtype                       # the drafter's dtype: None = the target's; "auto" = measured (bind)
         self.drafter = drafter.eval()
         self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
         self.expand = int(expand) if expand is not None else self.top_k   # nodes expanded per depth (greedy)
@@ -79,10 +92,10 @@ class Eagle:
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
-        from specdec.heads.eagle_io import EAGLE_FILES, bind_eagle
+        from specdec.heads.eagle_io import EAGLE_FILES, bind_eagle, drafter_dtype
         from specdec.heads.io import check_module_fits_target
         check_module_fits_target(EAGLE_FILES, self.drafter, target)
-        bind_eagle(self.drafter, target)
+        bind_eagle(self.drafter, target, drafter_dtype(self.dtype, target))
         self.device = target.device
 
     def reset_cache(self) -> None:
@@ -103,7 +116,7 @@ class Eagle:
         if root is None or depth_limit <= 0:            # a one-token prompt: no target feature yet
             return CandidateTree.empty(self.device)
         if state.sampling.greedy:
-            return self._greedy_tree(*root, depth_limit)
+            return self._greedy_tree(*root, depth_limit, self._sharpened if self.score_temperature != 1.0 else None)
         if state.noise is not None:                     # coupled sampler: rank by the target's noise
             return self._greedy_tree(*root, depth_limit, self._coupled_scorer(state))
         return self._sampled_tree(*root, min(self.sampled_depth, state.max_depth), state)
@@ -120,6 +133,10 @@ class Eagle:
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
         self.root = None
+
+    def _sharpened(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """Greedy trees' ranking scores: the drafter's logits at score_temperature."""
+        return logits / self.score_temperature
 
     @property
     def past_k(self) -> torch.Tensor | None:
@@ -188,8 +205,9 @@ class Eagle:
     # ------------------------------------------------------------------ greedy: exact best tree
     def _greedy_tree(self, root_out, root_logits, depth_limit: int, scorer=None) -> CandidateTree:
         """scorer(logits [n, V], depth) -> [n, V] scores to rank children by (default: the logits;
-        the coupled sampler adds its noise). Cumulative log-softmax of the scores ranks the nodes.
-        One host read per depth (the children's log-probabilities); tokens stay on the device."""
+        greedy: at score_temperature; the coupled sampler adds its noise). Cumulative log-softmax of
+        the scores ranks the nodes. One host read per depth (the children's log-probabilities);
+        tokens stay on the device."""
         tree = self._new_tree(root_out)
         scores: list[float] = []
         depths: list[int] = []
@@ -246,4 +264,5 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
     drafter = load_eagle(cfg.eagle.path, target)
     e = cfg.eagle
     return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand,
-                 stop_below=e.stop_below, sampled_top_k=e.sampled_top_k, sampled_depth=e.sampled_depth)
+                 stop_below=e.stop_below, sampled_top_k=e.sampled_top_k, sampled_depth=e.sampled_depth,
+                 score_temperature=e.score_temperature, dtype=e.dtype)

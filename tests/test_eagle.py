@@ -39,9 +39,10 @@ def test_greedy_identity_all_none_and_partial_acceptance(arch):
     for layers in [(-1,), eagle3_layers(2)]:
         accepted = run(model, Eagle(random_drafter(model, layers), max_nodes=8, top_k=3, depth=depth))
         assert accepted.count(0) >= len(accepted) // 2
-    # partial: a target leaning to 7 and a drafter echoing its feature (right early, drifting deeper)
+    # partial: a target leaning to 7 and a drafter echoing its feature (right early, drifting deeper);
+    # at its own probabilities the drafter's tree is too bushy to reach the depth where it drifts
     leaning = biased_target(arch, 3.0)
-    accepted = run(leaning, Eagle(echo_drafter(leaning), max_nodes=6, top_k=2, depth=depth))
+    accepted = run(leaning, Eagle(echo_drafter(leaning), max_nodes=6, top_k=2, depth=depth, score_temperature=1.0))
     assert any(0 < a < depth for a in accepted)
 
 
@@ -115,9 +116,9 @@ def test_kv_buffer_holds_what_concatenation_would():
     assert fresh.past_k is None and fresh.past_v is None
 
 
-def _chain_children(drafter, strategy, path, top_k):
+def _chain_children(drafter, strategy, path, top_k, temperature=1.0):
     """Reference without tree attention: feed the path node by node on top of the committed rows,
-    return the (log-prob, token) list of the best children below its last node."""
+    return the (log-prob at `temperature`, token) list of the best children below its last node."""
     past_k, past_v = strategy.past_k, strategy.past_v
     g, logits = strategy.root
     for depth, token in enumerate(path):
@@ -125,15 +126,18 @@ def _chain_children(drafter, strategy, path, top_k):
                                          torch.tensor([[strategy.fed + depth]]), past_k, past_v)
         past_k, past_v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
         g, logits = out[0, 0], step_logits[0, 0]
-    top = logits.float().log_softmax(-1).topk(top_k)
+    top = (logits.float() / temperature).log_softmax(-1).topk(top_k)
     return list(zip(top.values.tolist(), top.indices.tolist()))
 
 
-@pytest.mark.parametrize("max_nodes,top_k,depth", [(1, 2, 3), (4, 2, 3), (7, 3, 3), (12, 3, 4), (5, 4, 2)])
-def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k, depth):
+@pytest.mark.parametrize("max_nodes,top_k,depth,temperature", [
+    (1, 2, 3, 1.0), (4, 2, 3, 1.0), (7, 3, 3, 1.0), (12, 3, 4, 1.0), (5, 4, 2, 1.0), (7, 3, 3, 0.5), (12, 3, 4, 0.3)])
+def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k, depth, temperature):
+    """The exact best tree by cumulative probability at score_temperature (1: the drafter's own)."""
     model = tiny_model("llama", seed=3, sharpen=2.0)
     drafter = random_drafter(model, seed=4)
-    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes, stop_below=0.0)
+    strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes, stop_below=0.0,
+                     score_temperature=temperature)
     strategy.bind(model, None)
     hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
     state = state_for(PROMPT, hidden)
@@ -146,7 +150,7 @@ def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k
         for d in range(depth):
             nxt = []
             for path, score in level:
-                for logprob, token in _chain_children(drafter, strategy, path, top_k):
+                for logprob, token in _chain_children(drafter, strategy, path, top_k, temperature):
                     candidates[path + (token,)] = score + logprob
                     nxt.append((path + (token,), score + logprob))
             level = nxt
@@ -226,6 +230,11 @@ def test_config_and_load_through_the_api(tmp_path):
                                       PROMPT, 10, min_new_tokens=10)
     with pytest.raises(ConfigError, match="eagle.top_k"):
         load_spec_config("eagle", {"eagle.top_k": 0})
+    with pytest.raises(ConfigError, match="eagle.dtype"):
+        load_spec_config("eagle", {"eagle.dtype": "float64"})
+    sd = specdec.load("eagle", **{"target.path": str(target_dir), "eagle.path": str(tmp_path / "eagle"),
+                                 "eagle.dtype": "bfloat16", "eagle.score_temperature": 0.7, "device": "cpu"})
+    assert next(sd.strategy.drafter.parameters()).dtype == torch.bfloat16 and sd.strategy.score_temperature == 0.7
     with pytest.raises(ModelLoadError, match="eagle.path"):
         specdec.load("eagle", **{"target.path": str(target_dir), "device": "cpu"})
 
@@ -325,3 +334,46 @@ def test_sampled_trees_take_their_own_width_and_depth(sampled, parents_shape):
         assert depths.count(0) == 3 and max(depths) >= 2 and tree.num_nodes == 8
     else:
         assert tree.parents == parents_shape
+
+
+def test_drafter_dtype_is_the_targets_a_named_one_or_measured():
+    from specdec.heads import eagle_io
+    model = tiny_model("llama", seed=1)
+    assert eagle_io.drafter_dtype(None, model) == torch.float32
+    assert eagle_io.drafter_dtype("bfloat16", model) == torch.bfloat16
+    assert eagle_io.drafter_dtype(torch.float16, model) == torch.float16
+    import specdec.costmodel
+    for pays, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        specdec.costmodel.bfloat16_pays.cache_clear()
+        original = specdec.costmodel.bfloat16_pays
+        try:
+            specdec.costmodel.bfloat16_pays = lambda *args, pays=pays: pays
+            assert eagle_io.drafter_dtype("auto", model) == expected
+            assert eagle_io.drafter_dtype("auto", model.to(torch.bfloat16)) == torch.bfloat16   # not fp32: kept
+            model.to(torch.float32)
+        finally:
+            specdec.costmodel.bfloat16_pays = original
+    assert isinstance(specdec.costmodel.bfloat16_pays("cpu", 2, 16, 32, 1, repeats=2), bool)
+    assert specdec.costmodel.bfloat16_pays("meta", 2, 16, 32, 1) is False
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_bfloat16_drafter_beside_a_float32_target_keeps_greedy_identity(arch):
+    """Only the drafts change: the target verifies in float32. The drafter reads a bf16 copy of the
+    target's lm_head; the target's own stays float32 and the saved drafter holds no lm_head."""
+    model = biased_target(arch, 3.0)
+    head_before = model.get_output_embeddings().weight.detach().clone()
+    strategy = Eagle(echo_drafter(model), max_nodes=6, top_k=2, depth=4, dtype="bfloat16")
+    accepted = run(model, strategy)
+    assert sum(accepted) > 0                                   # the bf16 drafts are accepted
+    assert next(strategy.drafter.parameters()).dtype == torch.bfloat16
+    assert strategy.drafter.lm_head(torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert model.get_output_embeddings().weight.dtype == torch.float32
+    assert torch.equal(model.get_output_embeddings().weight, head_before)
+    assert not any("lm_head" in name for name in strategy.drafter.state_dict())
+
+
+def test_score_temperature_must_be_positive():
+    model = tiny_model("llama", seed=1)
+    with pytest.raises(ConfigError, match="score_temperature"):
+        Eagle(random_drafter(model), score_temperature=0.0)

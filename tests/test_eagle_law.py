@@ -43,8 +43,8 @@ def target_dist(model, temperature: float):
 WHOLE_TREE = dict(sampled_top_k=None, sampled_depth=None)    # sampled trees as wide and deep as top_k / depth
 
 
-def prepared_strategy(model, drafter, temperature, **tree):
-    strategy = Eagle(drafter, **WHOLE_TREE, **tree)
+def prepared_strategy(model, drafter, temperature, dtype=None, **tree):
+    strategy = Eagle(drafter, **WHOLE_TREE, dtype=dtype, **tree)
     strategy.bind(model, None)
     hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
     state = state_for(PROMPT, hidden, temperature=temperature)
@@ -52,13 +52,15 @@ def prepared_strategy(model, drafter, temperature, **tree):
     return strategy, state
 
 
-@pytest.mark.parametrize("temperature,tree", [
-    (1.0, dict(max_nodes=3, top_k=2, depth=2)),
-    pytest.param(0.7, dict(max_nodes=4, top_k=2, depth=3), marks=pytest.mark.slow),
+@pytest.mark.parametrize("temperature,tree,dtype", [
+    (1.0, dict(max_nodes=3, top_k=2, depth=2), None),
+    (1.0, dict(max_nodes=3, top_k=2, depth=2), "bfloat16"),    # a bf16 drafter beside a float32 target
+    pytest.param(0.7, dict(max_nodes=4, top_k=2, depth=3), None, marks=pytest.mark.slow),
 ])
-def test_exact_law_of_eagle_trees_through_the_acceptance_rule(temperature, tree):
+def test_exact_law_of_eagle_trees_through_the_acceptance_rule(temperature, tree, dtype):
     model = small_target()
-    strategy, state = prepared_strategy(model, random_drafter(model, seed=1), temperature, **tree)
+    strategy, state = prepared_strategy(model, random_drafter(model, seed=1), temperature, dtype, **tree)
+    assert next(strategy.drafter.parameters()).dtype == (torch.bfloat16 if dtype else model.dtype)
     dist = target_dist(model, temperature)
     context = tuple(PROMPT[1:])          # the last committed token (pending) is PROMPT[-1]
     seen_trees = set()
