@@ -61,19 +61,52 @@ def bind_eagle(drafter: EagleDrafter, target, dtype: torch.dtype | None = None) 
     return drafter
 
 
-def drafter_dtype(requested: str | torch.dtype | None, target) -> torch.dtype:
+_BF16_PAYS: dict[tuple, bool] = {}     # (device, layout, threads) -> measured
+
+
+def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDrafter | None = None) -> torch.dtype:
     """The dtype a drafter runs in beside `target`: None = the target's; a name or dtype; "auto" =
-    bfloat16 when the target runs in float32 and bfloat16 is measured faster for the drafter's
-    largest matmul (its lm_head over a tree level) on the target's device, else the target's.
-    Only what is drafted changes: the target verifies in its own dtype (greedy identity holds;
-    sampled trees carry the distributions they were drawn from)."""
+    bfloat16 when the target runs in float32 and bf16 pays on its device: on CUDA when supported,
+    on a CPU when a tree-level forward of `drafter` is measured >= 1.25x faster in bf16 (CPUs with
+    bf16 dot products; tiny drafters or CPUs that emulate bf16 run slower). Only what is drafted
+    changes: the target verifies in its own dtype (greedy identity holds; sampled trees carry the
+    distributions they were drawn from)."""
     if requested is None:
         return target.dtype
     if requested != "auto":
         return requested if isinstance(requested, torch.dtype) else getattr(torch, requested)
-    if target.dtype != torch.float32:
+    if target.dtype != torch.float32 or drafter is None:
         return target.dtype
-    from specdec.costmodel import bfloat16_pays
-    head = target.get_output_embeddings()
-    pays = bfloat16_pays(str(target.device), 8, head.in_features, head.out_features, torch.get_num_threads())
-    return torch.bfloat16 if pays else target.dtype
+    if target.device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else target.dtype
+    if target.device.type != "cpu":
+        return target.dtype
+    key = (str(target.device), drafter.layout, torch.get_num_threads())
+    if key not in _BF16_PAYS:
+        seconds = {dtype: _tree_level_seconds(drafter, target, dtype) for dtype in (torch.float32, torch.bfloat16)}
+        _BF16_PAYS[key] = seconds[torch.float32] >= 1.25 * seconds[torch.bfloat16]
+    return torch.bfloat16 if _BF16_PAYS[key] else target.dtype
+
+
+@torch.inference_mode()
+def _tree_level_seconds(drafter: EagleDrafter, target, dtype: torch.dtype, rows: int = 4, past: int = 128,
+                        repeats: int = 10) -> float:
+    """Best-of-3 time of `repeats` drafter forwards over `rows` tree nodes after `past` committed rows,
+    on a copy of the drafter in `dtype` (a few ms on a CPU)."""
+    import copy
+    import time
+    from specdec.cache import BufferedLayer
+    trial = bind_eagle(copy.deepcopy(drafter), target, dtype)
+    hidden = drafter.layout.hidden_size
+    cache = BufferedLayer()
+    trial(torch.randn(1, past, hidden, dtype=dtype), torch.zeros(1, past, dtype=torch.long),
+          torch.arange(past)[None], with_logits=False, cache=cache, start=0)
+    g = torch.randn(1, rows, hidden, dtype=dtype)
+    tokens, positions = torch.zeros(1, rows, dtype=torch.long), torch.full((1, rows), past)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            trial(g, tokens, positions, cache=cache, start=past)
+        best = min(best, time.perf_counter() - start)
+    return best

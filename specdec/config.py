@@ -71,8 +71,8 @@ class EagleConfig:
     sampled_depth: Optional[int] = 4    # sampling (rejection): levels (null = depth); every sampled node is verified
     score_temperature: float = 0.5      # greedy: the tree is ranked by the drafter's probabilities at this temperature
     #                                     (< 1 sharpens; 1 = as drafted; strategies/eagle.py)
-    dtype: Optional[str] = "auto"       # the drafter's dtype: null = the target's; auto = bfloat16 where it is measured
-    #                                     faster than a float32 target's dtype (CPUs with bf16 dot products); or a name
+    dtype: Optional[str] = "auto"       # the drafter's dtype: null = the target's; auto = bfloat16 beside a float32 target on
+    #                                     CUDA, or on a CPU where a drafter forward is measured faster in it; or a name
 
 
 @dataclass

@@ -9,7 +9,6 @@ target's fingerprint, device, dtype, torch thread count, sizes and context lengt
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -132,24 +131,3 @@ def load_or_measure(target, sizes: Sequence[int] = DEFAULT_SIZES, context_len: i
     os.replace(tmp, path)                                    # atomic: a reader never sees half a file
     return profile
 
-
-@functools.lru_cache(maxsize=None)
-def bfloat16_pays(device: str, rows: int, in_features: int, out_features: int, threads: int, repeats: int = 20) -> bool:
-    """Whether a [rows, in] x [in, out] matmul runs >= 1.25x faster in bfloat16 than in float32 here:
-    CUDA with bf16 support, or a CPU with bf16 dot products (AVX512-BF16, AMX); a CPU that emulates
-    bf16 runs it slower. Timed once per process and shape (a few ms)."""
-    if device.startswith("cuda"):
-        return torch.cuda.is_bf16_supported()
-    if device != "cpu":
-        return False
-    seconds = {}
-    with torch.inference_mode():
-        for dtype in (torch.float32, torch.bfloat16):
-            x = torch.randn(rows, in_features, dtype=dtype)
-            w = torch.randn(out_features, in_features, dtype=dtype)
-            torch.nn.functional.linear(x, w)
-            start = time.perf_counter()
-            for _ in range(repeats):
-                torch.nn.functional.linear(x, w)
-            seconds[dtype] = time.perf_counter() - start
-    return seconds[torch.float32] >= 1.25 * seconds[torch.bfloat16]

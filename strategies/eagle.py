@@ -95,7 +95,7 @@ class Eagle:
         from specdec.heads.eagle_io import EAGLE_FILES, bind_eagle, drafter_dtype
         from specdec.heads.io import check_module_fits_target
         check_module_fits_target(EAGLE_FILES, self.drafter, target)
-        bind_eagle(self.drafter, target, drafter_dtype(self.dtype, target))
+        bind_eagle(self.drafter, target, drafter_dtype(self.dtype, target, self.drafter))
         self.device = target.device
 
     def reset_cache(self) -> None:

@@ -336,25 +336,26 @@ def test_sampled_trees_take_their_own_width_and_depth(sampled, parents_shape):
         assert tree.parents == parents_shape
 
 
-def test_drafter_dtype_is_the_targets_a_named_one_or_measured():
+def test_drafter_dtype_is_the_targets_a_named_one_or_measured(monkeypatch):
     from specdec.heads import eagle_io
     model = tiny_model("llama", seed=1)
-    assert eagle_io.drafter_dtype(None, model) == torch.float32
-    assert eagle_io.drafter_dtype("bfloat16", model) == torch.bfloat16
-    assert eagle_io.drafter_dtype(torch.float16, model) == torch.float16
-    import specdec.costmodel
-    for pays, expected in ((True, torch.bfloat16), (False, torch.float32)):
-        specdec.costmodel.bfloat16_pays.cache_clear()
-        original = specdec.costmodel.bfloat16_pays
-        try:
-            specdec.costmodel.bfloat16_pays = lambda *args, pays=pays: pays
-            assert eagle_io.drafter_dtype("auto", model) == expected
-            assert eagle_io.drafter_dtype("auto", model.to(torch.bfloat16)) == torch.bfloat16   # not fp32: kept
-            model.to(torch.float32)
-        finally:
-            specdec.costmodel.bfloat16_pays = original
-    assert isinstance(specdec.costmodel.bfloat16_pays("cpu", 2, 16, 32, 1, repeats=2), bool)
-    assert specdec.costmodel.bfloat16_pays("meta", 2, 16, 32, 1) is False
+    drafter = random_drafter(model)
+    assert eagle_io.drafter_dtype(None, model, drafter) == torch.float32
+    assert eagle_io.drafter_dtype("bfloat16", model, drafter) == torch.bfloat16
+    assert eagle_io.drafter_dtype(torch.float16, model, drafter) == torch.float16
+    for bf16_seconds, expected in ((1.0, torch.bfloat16), (2.5, torch.float32)):    # float32 takes 2 s
+        monkeypatch.setattr(eagle_io, "_BF16_PAYS", {})
+        monkeypatch.setattr(eagle_io, "_tree_level_seconds",
+                            lambda d, t, dtype, s=bf16_seconds: 2.0 if dtype == torch.float32 else s)
+        assert eagle_io.drafter_dtype("auto", model, drafter) == expected
+    assert eagle_io.drafter_dtype("auto", model.to(torch.bfloat16), drafter) == torch.bfloat16   # not fp32: kept
+    model.to(torch.float32)
+    # the measurement itself: a positive time, on a copy (the drafter keeps its dtype)
+    seconds = eagle_io.__dict__["_tree_level_seconds"]
+    monkeypatch.undo()
+    assert eagle_io._tree_level_seconds(drafter, model, torch.bfloat16, repeats=1) > 0
+    assert next(drafter.parameters()).dtype == torch.float32
+    del seconds
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
