@@ -12,8 +12,13 @@ it was trained for. Weights first, config last, each written atomically.
 """
 from __future__ import annotations
 
+import copy
+import time
+
 import torch
 from torch import nn
+
+from specdec.cache import BufferedLayer
 
 from .eagle import EagleDrafter, EagleLayout
 from .io import DrafterFiles, load_drafter, read_drafter_config, save_drafter
@@ -51,11 +56,11 @@ def bind_eagle(drafter: EagleDrafter, target, dtype: torch.dtype | None = None) 
     drafter.to(device=target.device, dtype=dtype)
     lm_head = target.get_output_embeddings()
     if lm_head.weight.dtype != dtype:
-        copy = nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
-                         device=lm_head.weight.device, dtype=dtype)
+        head_copy = nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
+                              device=lm_head.weight.device, dtype=dtype)
         with torch.no_grad():
-            copy.load_state_dict(lm_head.state_dict())
-        lm_head = copy.requires_grad_(False)
+            head_copy.load_state_dict(lm_head.state_dict())
+        lm_head = head_copy.requires_grad_(False)
     drafter.attach_lm_head(lm_head)
     drafter.attach_embedding(target.get_input_embeddings())
     return drafter
@@ -64,7 +69,7 @@ def bind_eagle(drafter: EagleDrafter, target, dtype: torch.dtype | None = None) 
 _BF16_PAYS: dict[tuple, bool] = {}     # (device, layout, threads) -> measured
 
 
-def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDrafter | None = None) -> torch.dtype:
+def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDrafter) -> torch.dtype:
     """The dtype a drafter runs in beside `target`: None = the target's; a name or dtype; "auto" =
     bfloat16 when the target runs in float32 and bf16 pays on its device: on CUDA when supported,
     on a CPU when a tree-level forward of `drafter` is measured >= 1.25x faster in bf16 (CPUs with
@@ -75,7 +80,7 @@ def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDra
         return target.dtype
     if requested != "auto":
         return requested if isinstance(requested, torch.dtype) else getattr(torch, requested)
-    if target.dtype != torch.float32 or drafter is None:
+    if target.dtype != torch.float32:
         return target.dtype
     if target.device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else target.dtype
@@ -93,9 +98,6 @@ def _tree_level_seconds(drafter: EagleDrafter, target, dtype: torch.dtype, rows:
                         repeats: int = 10) -> float:
     """Best-of-3 time of `repeats` drafter forwards over `rows` tree nodes after `past` committed rows,
     on a copy of the drafter in `dtype` (a few ms on a CPU)."""
-    import copy
-    import time
-    from specdec.cache import BufferedLayer
     trial = bind_eagle(copy.deepcopy(drafter), target, dtype)
     hidden = drafter.layout.hidden_size
     cache = BufferedLayer()

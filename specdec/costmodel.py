@@ -130,4 +130,3 @@ def load_or_measure(target, sizes: Sequence[int] = DEFAULT_SIZES, context_len: i
         json.dump(asdict(profile), f)
     os.replace(tmp, path)                                    # atomic: a reader never sees half a file
     return profile
-

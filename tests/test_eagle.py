@@ -351,11 +351,9 @@ def test_drafter_dtype_is_the_targets_a_named_one_or_measured(monkeypatch):
     assert eagle_io.drafter_dtype("auto", model.to(torch.bfloat16), drafter) == torch.bfloat16   # not fp32: kept
     model.to(torch.float32)
     # the measurement itself: a positive time, on a copy (the drafter keeps its dtype)
-    seconds = eagle_io.__dict__["_tree_level_seconds"]
     monkeypatch.undo()
     assert eagle_io._tree_level_seconds(drafter, model, torch.bfloat16, repeats=1) > 0
     assert next(drafter.parameters()).dtype == torch.float32
-    del seconds
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
