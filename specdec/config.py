@@ -91,7 +91,7 @@ class AutoConfig:
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     profile: bool = True                # measure (or read the cached) verify costs at load; False = a linear guess
     profile_context: int = 128          # context length of the measurement
-    profile_repeats: int = 3
+    profile_repeats: int = 5            # rounds over every tree size; the median of each size is kept
     explore_every: int = 8              # look at a drafter that has not paid lately after this many steps (the gap
     #                                     doubles while it keeps not paying, up to 64); 1 = call it every step
     calibration_prior: float = 4.0      # pseudo-observations pulling a calibration bucket towards its raw confidence

@@ -2,15 +2,19 @@
 drafted nodes accepted, trees sized by the cost model, the chosen sizes reported, and loading."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from conftest import hf_greedy, noisy_copy, tiny_model
 from test_greedy_identity import contrarian_copy, target_of
 from specdec import Speculator
 from specdec.costmodel import CostProfile
-from specdec.strategies.auto import Auto
+from specdec.sampling import SamplingParams
+from specdec.strategies.auto import PRIOR_ACCEPT, PRIOR_ACCEPT_SAMPLED, Auto
 from specdec.strategies.draft_model import DraftModel
-from specdec.strategies.mixed import LOOKUP, NEURAL
+from specdec.strategies.mixed import LOOKUP, NEURAL, merge_paths
+from specdec.tree import CandidateTree
 from specdec.strategies.prompt_lookup import PromptLookup
 
 N = 24
@@ -73,7 +77,7 @@ def test_measured_profile_at_bind(tmp_path, monkeypatch):
     target = target_of("llama")
     strategy = Auto(PromptLookup(), DraftModel(target, num_tokens=4), profile_context=16, max_nodes=8)
     Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=8, ignore_eos=True)
-    assert strategy.costs.key and strategy.costs.sizes == (0, 1, 2, 3, 4, 6, 8)
+    assert strategy.costs.key and strategy.costs.sizes == tuple(range(9))    # every size up to max_nodes
     assert strategy.draft_cost_s is not None and strategy.draft_cost_s > 0     # measured as it ran
     assert len(list((tmp_path / "profiles").iterdir())) == 1
 
@@ -218,10 +222,21 @@ def test_the_drafter_cost_is_timed_on_a_steady_call():
 def test_sampled_drafter_nodes_are_estimated_per_depth_unless_asked_by_confidence(sampled_confidence, kind):
     import torch
     from specdec.sampling import SamplingParams
-    from specdec.tree import CandidateTree
     strategy = auto(None, sampled_confidence=sampled_confidence)
     tree = CandidateTree(torch.tensor([3, 4]), (-1, 0), torch.full((2, 8), 1 / 8))      # a sampled chain
     state = type("State", (), {"sampling": SamplingParams(0.8)})()
     keys = strategy._node_keys(tree, [NEURAL, NEURAL], state)
     assert [key[2] for key, _ in keys] == [kind, kind]
     assert all((confidence is None) == (kind == "depth") for _, confidence in keys)
+
+
+def test_lookup_prior_is_lower_when_sampling():
+    """Before calibration, a lookup token is estimated at PRIOR_ACCEPT when greedy but at the lower
+    PRIOR_ACCEPT_SAMPLED when sampling (a point mass is kept with probability p(x) only)."""
+    tree, source = merge_paths(CandidateTree.empty(), [[5, 6, 7]])
+    strategy = Auto(PromptLookup(), None, profile=False)
+    greedy, _ = strategy._estimates(tree, source, SimpleNamespace(sampling=SamplingParams(0.0)))
+    sampled, _ = strategy._estimates(tree, source, SimpleNamespace(sampling=SamplingParams(0.8)))
+    assert greedy == pytest.approx([PRIOR_ACCEPT[LOOKUP][0]] + [PRIOR_ACCEPT[LOOKUP][1]] * 2)
+    assert sampled == pytest.approx([PRIOR_ACCEPT_SAMPLED[LOOKUP][0]] + [PRIOR_ACCEPT_SAMPLED[LOOKUP][1]] * 2)
+    assert sampled[0] < greedy[0] and sampled[1] < greedy[1]

@@ -18,6 +18,7 @@ from law import generation_law, laws_close, model_dist, sequence_law, token_law,
 from specdec import Speculator
 from specdec.costmodel import CostProfile
 from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.strategies import auto as auto_module
 from specdec.strategies.auto import Auto
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.mixed import LOOKUP, NEURAL
@@ -59,10 +60,13 @@ class Recording(Auto):
 
 @pytest.mark.parametrize("costs", ["free", "tenth"])
 @pytest.mark.parametrize("branching", [[2], pytest.param([1, 2], marks=pytest.mark.slow)])
-def test_auto_mixed_tree_law_is_the_targets(branching, costs):
+def test_auto_mixed_tree_law_is_the_targets(branching, costs, monkeypatch):
     """Draft siblings (without replacement from 3 tokens) and the lookup path [1, 0] merged at the
     root: the lookup token is either one of the sampled siblings (merged) or a third sibling.
-    Frozen calibration (a huge prior) and fixed costs keep the plan a function of the draws."""
+    Frozen calibration (a huge prior) and fixed costs keep the plan a function of the draws; the
+    greedy priors (optimistic for lookup) make the "tenth" costs plan lookup nodes beside the
+    sampled ones too, so both cost tables test mixed sibling groups."""
+    monkeypatch.setattr("specdec.strategies.auto.PRIOR_ACCEPT_SAMPLED", auto_module.PRIOR_ACCEPT)
     Recording.mixed_groups = 0
     strategy = Recording(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=2),
                          DraftModel(DRAFT, branching=branching), costs=FREE if costs == "free" else TENTH,

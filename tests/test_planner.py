@@ -42,6 +42,11 @@ def brute_force(parents, accept, cost, draft_cost, max_nodes, forced=()):
     return best
 
 
+# x a plain step for 0..8 nodes, measured on the pycode target (2-core CPU, 15 rounds): 1-3 nodes
+# cost more than 4-5 (specdec/costmodel.py)
+MEASURED_CPU_COSTS = (1.0, 1.31, 1.43, 1.43, 1.19, 1.16, 1.24, 1.29, 1.39)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_plan_is_the_brute_force_optimum(seed):
     rng = random.Random(seed)
@@ -50,6 +55,8 @@ def test_plan_is_the_brute_force_optimum(seed):
     accept = [rng.choice([0.0, 0.05, 0.3, 0.5, 0.9, 1.0, rng.random()]) for _ in range(n)]
     slope, curve = rng.choice([0.0, 0.05, 0.3, 1.0, 3.0]), rng.choice([1.0, 1.5])
     cost = lambda k: 1.0 + slope * k ** curve                      # noqa: E731
+    if seed % 4 == 1:                                  # measured costs are not monotone in the size
+        cost = MEASURED_CPU_COSTS.__getitem__
     draft_cost = rng.choice([0.0, 0.2, 1.0])
     max_nodes = rng.choice([n, max(1, n // 2), 2])
     forced = ()
@@ -69,6 +76,16 @@ def _under(parents, node: int, root: int) -> bool:
             return True
         node = parents[node]
     return False
+
+
+def test_plan_prefers_a_cheaper_larger_tree():
+    """With measured, non-monotone costs a 4-node chain beats its 2-node prefix, which costs more."""
+    parents, accept = (-1, 0, 1, 2), [0.8, 0.5, 0.2, 0.1]
+    keep, rate = plan(parents, accept, MEASURED_CPU_COSTS.__getitem__)
+    assert keep == [0, 1, 2, 3]
+    reach = path_reach(parents, accept)
+    two = (1 + reach[0] + reach[1]) / MEASURED_CPU_COSTS[2]
+    assert rate > two                                  # 2 nodes expect more per node but cost more
 
 
 def test_plan_proposes_nothing_when_nothing_pays():
@@ -106,12 +123,25 @@ def test_cost_profile_interpolates_and_extends():
     assert profile.relative() == pytest.approx([1.0, 1.2, 2.0])
 
 
+def test_measured_costs_are_kept_as_measured(monkeypatch):
+    """Medians per size, not forced to grow with the size: a clock that makes 1 node dearer than 4
+    (as on the CPU the profile's docstring cites) is read back as such."""
+    durations = {0: [1.0, 9.0, 1.2], 1: [3.0, 3.1, 2.9], 4: [2.0, 2.2, 50.0]}    # per size, per round
+    ticks = []
+    for round_ in range(3):
+        for n in (0, 1, 4):
+            ticks += [0.0, durations[n][round_]]
+    clock = iter(ticks)
+    monkeypatch.setattr("specdec.costmodel._now", lambda device: next(clock))
+    profile = measure_verify_costs(tiny_model("llama", seed=0), (0, 1, 4), context_len=5, repeats=3)
+    assert profile.seconds == (1.2, 3.0, 2.2)                     # the median of each size; 1 > 4 kept
+
+
 def test_measured_profile_is_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     model = tiny_model("llama", seed=0)
     profile = load_or_measure(model, (0, 1, 4), context_len=8, repeats=1)
     assert profile.sizes == (0, 1, 4) and all(s > 0 for s in profile.seconds)
-    assert list(profile.seconds) == sorted(profile.seconds)       # a bigger tree never costs less
     files = list((tmp_path / "profiles").iterdir())
     assert len(files) == 1 and profile_dir() == str(tmp_path / "profiles")
     data = json.loads(files[0].read_text())
