@@ -221,7 +221,6 @@ def test_the_drafter_cost_is_timed_on_a_steady_call():
 @pytest.mark.parametrize("sampled_confidence,kind", [(False, "depth"), (True, "conf")])
 def test_sampled_drafter_nodes_are_estimated_per_depth_unless_asked_by_confidence(sampled_confidence, kind):
     import torch
-    from specdec.sampling import SamplingParams
     strategy = auto(None, sampled_confidence=sampled_confidence)
     tree = CandidateTree(torch.tensor([3, 4]), (-1, 0), torch.full((2, 8), 1 / 8))      # a sampled chain
     state = type("State", (), {"sampling": SamplingParams(0.8)})()
