@@ -26,12 +26,12 @@ from typing import Sequence
 
 import torch
 
-DEFAULT_SIZES = tuple(range(33))        # tree sizes `specdec profile` times for strategies other than auto
-
-
 def profile_sizes(max_nodes: int) -> tuple[int, ...]:
     """The tree sizes to time for a planner that verifies at most max_nodes nodes: every one."""
     return tuple(range(max(max_nodes, 1) + 1))
+
+
+DEFAULT_SIZES = profile_sizes(32)       # what `specdec profile` times for strategies other than auto
 
 
 @dataclass(frozen=True)

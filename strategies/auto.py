@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from specdec.config import AutoConfig
 from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
@@ -64,10 +65,11 @@ class Auto:
     name = "auto"
 
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
-                 max_nodes: int = 32, explore_every: int = 8, calibration_prior: float = 4.0,
-                 profile: bool = True, profile_context: int = 128, profile_repeats: int = 5,
-                 draft_cost_s: float | None = None, adapt_costs: bool = True, observed_rates: bool = False,
-                 sampled_confidence: bool = False):
+                 max_nodes: int = AutoConfig.max_nodes, explore_every: int = AutoConfig.explore_every,
+                 calibration_prior: float = AutoConfig.calibration_prior, profile: bool = AutoConfig.profile,
+                 profile_context: int = AutoConfig.profile_context, profile_repeats: int = AutoConfig.profile_repeats,
+                 draft_cost_s: float | None = None, adapt_costs: bool = True,
+                 observed_rates: bool = AutoConfig.observed_rates, sampled_confidence: bool = AutoConfig.sampled_confidence):
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
