@@ -61,7 +61,7 @@ class MedusaConfig:
 @dataclass
 class EagleConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
-    max_nodes: int = 8                  # tree node budget (CPU-measured; see configs/eagle.yaml)
+    max_nodes: int = 11                 # tree node budget (CPU-measured: 8-11 nodes verify at one cost; configs/eagle.yaml)
     top_k: int = 4                      # children considered per node (greedy and the coupled sampler)
     depth: int = 6                      # tree levels at most
     expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
