@@ -63,7 +63,7 @@ class EagleConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
     max_nodes: int = 11                 # tree node budget (CPU-measured: 8-11 nodes verify at one cost; configs/eagle.yaml)
     top_k: int = 4                      # children considered per node (greedy and the coupled sampler)
-    depth: int = 6                      # tree levels at most
+    depth: int = 8                      # tree levels at most (configs/eagle.yaml)
     expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
     stop_below: float = 0.2             # greedy: stop expanding once the nodes to expand hold less path probability
     #                                     in all than this (0 = always `depth` levels)
