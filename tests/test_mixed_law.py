@@ -66,7 +66,7 @@ def test_auto_mixed_tree_law_is_the_targets(branching, costs, monkeypatch):
     Frozen calibration (a huge prior) and fixed costs keep the plan a function of the draws; the
     greedy priors (optimistic for lookup) make the "tenth" costs plan lookup nodes beside the
     sampled ones too, so both cost tables test mixed sibling groups."""
-    monkeypatch.setattr("specdec.strategies.auto.PRIOR_ACCEPT_SAMPLED", auto_module.PRIOR_ACCEPT)
+    monkeypatch.setattr(auto_module, "PRIOR_ACCEPT_SAMPLED", auto_module.PRIOR_ACCEPT)
     Recording.mixed_groups = 0
     strategy = Recording(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=2),
                          DraftModel(DRAFT, branching=branching), costs=FREE if costs == "free" else TENTH,
