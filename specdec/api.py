@@ -6,7 +6,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .arguments import as_int, check_flag, check_generation_args, check_token_ids
-from .config import GenerationDefaults, SpecConfig, load_spec_config
+from .config import GenerationDefaults, load_spec_config
 from .coupled import make_noise
 from .errors import InputError, StreamSupersededError
 from .loop import decode
@@ -128,7 +128,7 @@ class Speculator:
     One call at a time: a new generate()/stream() supersedes an unfinished stream (use two
     Speculators to generate concurrently)."""
 
-    def __init__(self, target, tokenizer, strategy, *, config: SpecConfig | None = None, compile: bool | None = None):
+    def __init__(self, target, tokenizer, strategy, *, config=None, compile: bool | None = None):
         from .strategies import Strategy
         if isinstance(strategy, str):
             strategy = _strategy_by_name(strategy, config)
@@ -273,7 +273,7 @@ class Speculator:
                             sampler=sampler)
 
 
-def _strategy_by_name(name: str, config: SpecConfig | None):
+def _strategy_by_name(name: str, config):
     """A strategy that needs no model of its own, by its registry name."""
     from .config import load_spec_config
     from .errors import ModelLoadError

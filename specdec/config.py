@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -25,111 +27,68 @@ class TargetConfig:
     tokenizer: Optional[str] = None     # tokenizer folder when it is not beside the weights
 
 
-@dataclass
-class DraftConfig:
-    path: Optional[str] = None          # checkpoint folder of the draft (same tokenizer as the target)
-    num_tokens: int = 4                 # gamma: chain length (start value when adaptive)
-    branching: Optional[List[int]] = None   # tree: children per node at each depth, e.g. [3, 2, 1, 1]
-    max_nodes: int = 64                 # tree node budget
-    adaptive: bool = False              # adapt gamma to the acceptance history (chains)
-    min_tokens: int = 1
-    max_tokens: int = 12
-    draft_cost: float = 0.1             # draft forward time / target forward time, for adaptive gamma
-    min_confidence: float = 0.0         # chains stop early where the draft's own token prob < this (0 = off)
-
-
-@dataclass
-class PromptLookupConfig:
-    # Defaults chosen on CPU (benchmarks/pld_check.py): each tree node costs forward time there,
-    # so unigram matches (weak guesses) are off and the trie is small. min_ngram=1, max_nodes=40
-    # accepts more per forward (3.5 vs 2.9 tokens on pycode), worth it where nodes are cheap.
-    min_ngram: int = 2                  # shortest suffix n-gram to look up
-    max_ngram: int = 3                  # longest suffix n-gram to look up (tried first)
-    num_tokens: int = 10                # tokens taken after each match
-    max_matches: int = 4                # distinct continuations merged into the trie (most recent first)
-    max_nodes: int = 16                 # trie node budget
-
-
-@dataclass
-class MedusaConfig:
-    tree: str = "dynamic"               # "dynamic" (best nodes by cumulative head probability) or "static"
-    choices: Optional[List[List[int]]] = None   # static tree: paths of per-head ranks, e.g. [[0], [0, 0], [1]]
-    max_nodes: int = 8                  # dynamic tree node budget (CPU-measured; see configs/medusa.yaml)
-    top_k: int = 4                      # candidates considered per head (dynamic tree)
-
-
-@dataclass
-class EagleConfig:
-    path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
-    max_nodes: int = 11                 # tree node budget (CPU-measured: 8-11 nodes verify at one cost; configs/eagle.yaml)
-    top_k: int = 4                      # children considered per node (greedy and the coupled sampler)
-    depth: int = 8                      # tree levels at most (configs/eagle.yaml)
-    expand: Optional[int] = None        # greedy: nodes expanded per depth (None = top_k, EAGLE-2; >= max_nodes = exact best tree)
-    stop_below: float = 0.2             # greedy: stop expanding once the nodes to expand hold less path probability
-    #                                     in all than this (0 = always `depth` levels)
-    sampled_top_k: Optional[int] = 1    # sampling (rejection): nodes per level (1 = a chain; null = top_k)
-    sampled_depth: Optional[int] = 4    # sampling (rejection): levels (null = depth); every sampled node is verified
-    score_temperature: float = 0.5      # greedy: the tree is ranked by the drafter's probabilities at this temperature
-    #                                     (< 1 sharpens; 1 = as drafted; strategies/eagle.py)
-    dtype: Optional[str] = "auto"       # the drafter's dtype: null = the target's; auto = bfloat16 beside a float32 target on
-    #                                     CUDA, or on a CPU where a drafter forward is measured faster in it; or a name
-
-
-@dataclass
-class HeadsConfig:
-    path: Optional[str] = None          # folder written by `specdec train-heads`
-
-
-@dataclass
-class AutoConfig:
-    # `auto` (strategies/auto.py): prompt lookup plus the neural drafter whose path is given
-    # (eagle.path, heads.path or draft.path, in that order of preference), one merged tree per step,
-    # sized by the planner from the verify costs measured on this machine (specdec/costmodel.py).
-    max_nodes: int = 32                 # the planner's ceiling on tree nodes per step
-    drafter: Optional[str] = None       # null = the first of eagle / medusa / draft_model with a path; "none" = lookup only
-    lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
-    #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
-    profile: bool = True                # measure (or read the cached) verify costs at load; False = a linear guess
-    profile_context: int = 128          # context length of the measurement
-    profile_repeats: int = 5            # rounds over every tree size; the median of each size is kept
-    explore_every: int = 8              # look at a drafter that has not paid lately after this many steps (the gap
-    #                                     doubles while it keeps not paying, up to 64); 1 = call it every step
-    calibration_prior: float = 4.0      # pseudo-observations pulling a calibration bucket towards its raw confidence
-    sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false: per
-    #                                     depth (an optimistic prior the first calls correct; won 5 of 6 T=0.8 cells)
-    observed_rates: bool = False        # true: call the drafter on the tokens/s observed with / without it (per
-    #                                     lookup context) once both are known; false: on the planner's rates. Off:
-    #                                     in an A/B (pycode, 3 sets x 2 temperatures) it won 4 of 12 cells, lost 8
+def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+            min: float | None = None, above: float | None = None, max: float | None = None,
+            choices: Sequence[Any] | None = None, item_min: float | None = None):
+    """A config field with its valid values, checked at load by `check_values`: `min` / `max`
+    inclusive, `above` exclusive, `choices` a closed set, `item_min` for each entry of a list.
+    A float field is also refused when NaN or infinite."""
+    limits = {name: value for name, value in (("min", min), ("above", above), ("max", max),
+                                               ("choices", tuple(choices) if choices is not None else None),
+                                               ("item_min", item_min)) if value is not None}
+    return field(default=default, default_factory=default_factory, metadata={"limits": limits})
 
 
 @dataclass
 class GenerationDefaults:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: Optional[int] = 0
+    """The `generation:` section: defaults of generate()'s arguments (specdec.arguments checks them)."""
+    max_new_tokens: int = setting(128, min=1)
+    temperature: float = setting(0.0, min=0.0)     # 0 = greedy
+    top_k: int = setting(0, min=0)                 # 0 = off
+    top_p: float = setting(1.0, above=0.0, max=1.0)   # 1 = off
+    seed: Optional[int] = setting(0, min=0)
     stop: List[str] = field(default_factory=list)
-    sampler: str = "rejection"          # temperature > 0: "rejection" (lossless rejection sampling) or
-    #                                     "coupled" (Gumbel-max keyed by (seed, position): same text for every strategy)
+    sampler: str = setting("rejection", choices=("rejection", "coupled"))   # temperature > 0: "rejection"
+    #                                     (lossless rejection sampling) or "coupled" (Gumbel-max keyed by (seed,
+    #                                     position): same text for every strategy)
 
 
 @dataclass
-class SpecConfig:
+class EngineConfig:
+    """The engine's own settings. A generation config (SpecConfig) is these plus one section per
+    strategy config that the strategies declare next to their code (their CONFIG_SECTIONS)."""
     strategy: str = "autoregressive"
     device: str = "auto"                # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"                 # auto | float32 | float16 | bfloat16
+    dtype: str = setting("auto", choices=("auto", "float32", "float16", "bfloat16"))
     compile: bool = False               # verify forward compiled with static shapes (README: compile)
     target: TargetConfig = field(default_factory=TargetConfig)
-    draft: DraftConfig = field(default_factory=DraftConfig)
-    prompt_lookup: PromptLookupConfig = field(default_factory=PromptLookupConfig)
-    medusa: MedusaConfig = field(default_factory=MedusaConfig)
-    heads: HeadsConfig = field(default_factory=HeadsConfig)
-    eagle: EagleConfig = field(default_factory=EagleConfig)
-    auto: AutoConfig = field(default_factory=AutoConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around
     #                                     each; off: no synchronisation in the loop, see README "Host reads")
+
+
+@functools.cache
+def spec_config_class() -> type:
+    """SpecConfig: EngineConfig's fields with every strategy's sections (specdec.strategies.
+    config_sections) placed after `target`, so `cfg.draft.path` and `draft.path=...` work as one
+    schema while each section's dataclass lives beside its strategy."""
+    from .strategies import config_sections      # the registry; imported late: strategies import the engine
+    engine = [(f.name, f.type, f) for f in dataclasses.fields(EngineConfig)]
+    sections = [(name, cls, field(default_factory=cls)) for name, cls in config_sections().items()]
+    clashes = sorted({name for name, _, _ in engine} & {name for name, _, _ in sections})
+    if clashes:
+        raise RuntimeError(f"strategy config sections {clashes} clash with engine settings")
+    at = [name for name, _, _ in engine].index("target") + 1
+    fields = engine[:at] + sections + engine[at:]
+    cls = dataclasses.make_dataclass("SpecConfig", fields)
+    cls.__module__ = __name__            # its string annotations resolve in this module
+    return cls
+
+
+def __getattr__(name: str):
+    if name == "SpecConfig":      # built on first use: the strategies' sections are collected from the registry
+        return spec_config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------- loading
@@ -169,7 +128,7 @@ def shipped_config_names(subdir: str = "", schema_cls=None) -> list[str]:
 
 
 def _kind(schema_cls) -> str:
-    return "generation config" if schema_cls is SpecConfig else f"{schema_cls.__name__} file"
+    return "generation config" if schema_cls is spec_config_class() else f"{schema_cls.__name__} file"
 
 
 def find_config_file(name_or_path: str, subdir: str = "", schema_cls=None) -> str:
@@ -184,7 +143,7 @@ def find_config_file(name_or_path: str, subdir: str = "", schema_cls=None) -> st
     if name_or_path not in names:
         listing = f"shipped {_kind(schema_cls) + 's' if schema_cls else 'configs'}: {', '.join(names)}"
         if path.is_file():
-            what = " (those name a strategy:)" if schema_cls is SpecConfig else ""
+            what = " (those name a strategy:)" if schema_cls is spec_config_class() else ""
             raise ConfigError(f"config {name_or_path!r} is shipped but is not a {_kind(schema_cls)}{what}: it "
                               f"belongs to another command (specdec train-heads, the default family, ...); "
                               f"{listing}; or give a path to a YAML file")
@@ -331,13 +290,51 @@ def build_config(schema_cls, name_or_path: str | None, overrides: dict | list | 
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as exc:
             raise _bad_value_error(schema_cls, schema, layer, origin, exc) from None
+    check_values(cfg, schema_cls)
     return cfg
 
 
-DEVICES_HINT = "auto, cpu, cuda, cuda:N"
+def _limit_problem(value: Any, limits: dict) -> str | None:
+    """What is wrong with `value` under a field's limits (None: nothing)."""
+    if value is None:
+        return None
+    if "choices" in limits and value not in limits["choices"]:
+        return f"use one of: {', '.join('null' if c is None else str(c) for c in limits['choices'])}"
+    if "item_min" in limits and isinstance(value, (list, tuple, ListConfig)):
+        if any(item < limits["item_min"] for item in value):
+            return f"every entry must be >= {limits['item_min']}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "it must be a finite number"
+    if "min" in limits and value < limits["min"]:
+        return f"it must be >= {limits['min']}"
+    if "above" in limits and not value > limits["above"]:
+        return f"it must be > {limits['above']}"
+    if "max" in limits and value > limits["max"]:
+        return f"it must be <= {limits['max']}"
+    return None
 
 
-def validate_spec_config(cfg: SpecConfig) -> None:
+def check_values(cfg: Any, schema_cls, where: str = "") -> None:
+    """Range-check every field of a loaded config against its `setting(...)` limits, descending
+    into sections; a float is refused when NaN or infinite whatever its limits."""
+    for f in dataclasses.fields(schema_cls):
+        key = f"{where}.{f.name}" if where else f.name
+        value = cfg[f.name]
+        hint = _field_type(schema_cls, f.name)
+        if dataclasses.is_dataclass(hint):
+            if value is not None:
+                check_values(value, hint, key)
+            continue
+        problem = _limit_problem(value, f.metadata.get("limits", {}))
+        if problem is not None:
+            shown = "null" if value is None else OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+            raise ConfigError(f"bad value for {key!r}: {shown!r}; {problem}")
+
+
+def validate_spec_config(cfg) -> None:
     from .strategies import REGISTRY      # the one list of strategies
     STRATEGIES = tuple(REGISTRY)
     if cfg.strategy not in STRATEGIES:
@@ -345,29 +342,13 @@ def validate_spec_config(cfg: SpecConfig) -> None:
         raise ConfigError(f"unknown strategy {cfg.strategy!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
                           + f"; valid strategies: {', '.join(STRATEGIES)}")
     if not (cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:")):
-        raise ConfigError(f"device={cfg.device!r} is not valid; use one of: {DEVICES_HINT}")
-    if cfg.dtype not in ("auto", "float32", "float16", "bfloat16"):
-        raise ConfigError(f"dtype={cfg.dtype!r} is not valid; use one of: auto, float32, float16, bfloat16")
-    if cfg.draft.num_tokens < 1:
-        raise ConfigError(f"draft.num_tokens must be >= 1, got {cfg.draft.num_tokens}")
-    if cfg.draft.max_nodes < 1:
-        raise ConfigError(f"draft.max_nodes must be >= 1, got {cfg.draft.max_nodes}")
-    for key in ("max_nodes", "top_k", "depth", "expand"):
-        if getattr(cfg.eagle, key) is not None and getattr(cfg.eagle, key) < 1:
-            raise ConfigError(f"eagle.{key} must be >= 1, got {getattr(cfg.eagle, key)}")
-    if cfg.eagle.dtype not in (None, "auto", "float32", "float16", "bfloat16"):
-        raise ConfigError(f"eagle.dtype={cfg.eagle.dtype!r} is not valid; use null (the target's), auto, float32, "
-                          f"float16 or bfloat16")
-    if cfg.auto.max_nodes < 0:
-        raise ConfigError(f"auto.max_nodes must be >= 0, got {cfg.auto.max_nodes}")
-    if cfg.auto.drafter not in (None, "none", "draft_model", "medusa", "eagle"):
-        raise ConfigError(f"auto.drafter={cfg.auto.drafter!r} is not valid; use null (the first drafter with a path), "
-                          f"none, draft_model, medusa or eagle")
+        raise ConfigError(f"bad value for 'device': {cfg.device!r}; use one of: auto, cpu, cuda, cuda:N")
     generation = {name: cfg.generation[name] for name in cfg.generation}
     check_generation_args(generation, prefix="generation.", error=ConfigError)
 
 
-def load_spec_config(name_or_path: str | None = "autoregressive", overrides: dict | list | None = None) -> SpecConfig:
-    cfg = build_config(SpecConfig, name_or_path, overrides)
+def load_spec_config(name_or_path: str | None = "autoregressive", overrides: dict | list | None = None):
+    """The generation config `name_or_path` (a shipped name or a YAML path) with `overrides`, checked."""
+    cfg = build_config(spec_config_class(), name_or_path, overrides)
     validate_spec_config(cfg)
     return cfg

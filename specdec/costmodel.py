@@ -26,15 +26,10 @@ from typing import Sequence
 
 import torch
 
-from .config import AutoConfig
-
 
 def profile_sizes(max_nodes: int) -> tuple[int, ...]:
     """The tree sizes to time for a planner that verifies at most max_nodes nodes: every one."""
     return tuple(range(max(max_nodes, 1) + 1))
-
-
-DEFAULT_SIZES = profile_sizes(AutoConfig.max_nodes)   # what `specdec profile` times for strategies other than auto
 
 
 @dataclass(frozen=True)
@@ -72,8 +67,7 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def measure_verify_costs(target, sizes: Sequence[int] = DEFAULT_SIZES, context_len: int = AutoConfig.profile_context,
-                         repeats: int = AutoConfig.profile_repeats) -> CostProfile:
+def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int) -> CostProfile:
     """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
     cache of context_len tokens, with the real Verifier; as measured (not monotone, see above)."""
     from .tree import CandidateTree
@@ -116,8 +110,7 @@ def profile_dir() -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(home)), "profiles")
 
 
-def load_or_measure(target, sizes: Sequence[int] = DEFAULT_SIZES, context_len: int = AutoConfig.profile_context,
-                    repeats: int = AutoConfig.profile_repeats,
+def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
                     refresh: bool = False) -> CostProfile:
     """The cached profile of this target on this device (measured now when absent or refresh)."""
     key = profile_key(target, sizes, context_len)

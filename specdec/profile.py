@@ -9,7 +9,7 @@ import sys
 def main(argv: list[str]) -> int:
     from .api import load
     from .config import parse_overrides
-    from .costmodel import DEFAULT_SIZES, load_or_measure
+    from .costmodel import load_or_measure, profile_sizes
     parser = argparse.ArgumentParser(prog="specdec profile", description=__doc__)
     parser.add_argument("config", help="a shipped config name (auto, medusa, ...) or a YAML path")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. target.path=... draft.path=...")
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     if sd.config.strategy == "auto":         # the very profile auto reads
         sizes, context = sd.strategy.profile_setup(sd.target)
     else:
-        sizes, context = DEFAULT_SIZES, auto.profile_context
+        sizes, context = profile_sizes(auto.max_nodes), auto.profile_context
     profile = load_or_measure(sd.target, sizes, context, auto.profile_repeats, refresh=True)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}), context {profile.context_len} tokens, "
           f"profile {profile.key}:")

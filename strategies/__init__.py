@@ -16,10 +16,21 @@ REGISTRY = {
 }
 
 
+def config_sections() -> dict[str, type]:
+    """{section name: config dataclass} of every registered strategy (its module's CONFIG_SECTIONS),
+    in registry order: what specdec.config.SpecConfig adds to the engine's own settings."""
+    sections: dict[str, type] = {}
+    for name, module_name in REGISTRY.items():
+        for section, cls in getattr(importlib.import_module(module_name), "CONFIG_SECTIONS", {}).items():
+            if sections.setdefault(section, cls) is not cls:
+                raise RuntimeError(f"config section {section!r} is declared twice (by {name} and another strategy)")
+    return sections
+
+
 def build_strategy(cfg, target, tokenizer, device, dtype) -> Strategy:
     """The strategy named by cfg.strategy, built from its config section."""
     module = importlib.import_module(REGISTRY[cfg.strategy])
     return module.from_config(cfg, target, tokenizer, device, dtype)
 
 
-__all__ = ["Strategy", "REGISTRY", "build_strategy"]
+__all__ = ["Strategy", "REGISTRY", "build_strategy", "config_sections"]

@@ -15,10 +15,12 @@ drafter is called (or not) before it drafts, from the rates observed on earlier 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
 import time
 from typing import NamedTuple
 
-from specdec.config import AutoConfig
+from specdec.config import setting
 from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
@@ -26,6 +28,32 @@ from specdec.types import DecodeState, StepResult
 from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan
 from .prompt_lookup import PromptLookup
+
+@dataclass
+class AutoConfig:
+    """The `auto:` section: prompt lookup plus the neural drafter whose path is given (eagle.path,
+    heads.path or draft.path, in that order of preference), one merged tree per step, sized by the
+    planner from the verify costs measured on this machine (specdec/costmodel.py)."""
+    max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
+    drafter: Optional[str] = setting(None, choices=(None, "none", "draft_model", "medusa", "eagle"))   # null = the
+    #                                     first of eagle / medusa / draft_model with a path; "none" = lookup only
+    lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
+    #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
+    profile: bool = True                # measure (or read the cached) verify costs at load; False = a linear guess
+    profile_context: int = setting(128, min=1)  # context length of the measurement
+    profile_repeats: int = setting(5, min=1)    # rounds over every tree size; the median of each size is kept
+    explore_every: int = setting(8, min=1)      # look at a drafter that has not paid lately after this many steps
+    #                                     (the gap doubles while it keeps not paying, up to 64); 1 = every step
+    calibration_prior: float = setting(4.0, above=0.0)   # pseudo-observations pulling a calibration bucket
+    #                                     towards its raw confidence
+    sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
+    #                                     per depth (an optimistic prior the first calls correct)
+    observed_rates: bool = False        # true: call the drafter on the tokens/s observed with / without it (per
+    #                                     lookup context) once both are known; false: on the planner's rates
+
+
+CONFIG_SECTIONS = {"auto": AutoConfig}
+
 
 # raw estimate of a node with no draft probability, (first level, deeper), before calibration: a copied
 # continuation that starts right tends to go on right

@@ -11,12 +11,14 @@ most one read per depth.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
 from typing import Sequence
 
 import torch
 
 from specdec.cache import commit_rows, new_cache
-from specdec.config import DraftConfig
+from specdec.config import setting
 from specdec.coupled import coupled_proposals, coupled_scores
 from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
@@ -25,6 +27,23 @@ from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import tree_masks
+
+
+@dataclass
+class DraftConfig:
+    """The `draft:` section."""
+    path: Optional[str] = None          # checkpoint folder of the draft (same tokenizer as the target)
+    num_tokens: int = setting(4, min=1)     # gamma: chain length (start value when adaptive)
+    branching: Optional[List[int]] = setting(None, item_min=1)   # tree: children per node at each depth, e.g. [3, 2, 1, 1]
+    max_nodes: int = setting(64, min=1)     # tree node budget
+    adaptive: bool = False              # adapt gamma to the acceptance history (chains)
+    min_tokens: int = setting(1, min=1)
+    max_tokens: int = setting(12, min=1)
+    draft_cost: float = setting(0.1, min=0.0)   # draft forward time / target forward time, for adaptive gamma
+    min_confidence: float = setting(0.0, min=0.0, max=1.0)   # chains stop early where the draft's own token prob < this (0 = off)
+
+
+CONFIG_SECTIONS = {"draft": DraftConfig}
 
 
 def draft_attention_layout(draft):
@@ -42,7 +61,7 @@ class DraftModel:
     name = "draft_model"
     needs_hidden_states = False
 
-    # defaults: the config's (specdec.config.DraftConfig), the one source of them
+    # defaults: DraftConfig's, the one source of them
     def __init__(self, draft, *, num_tokens: int = DraftConfig.num_tokens,
                  branching: Sequence[int] | None = DraftConfig.branching, max_nodes: int = DraftConfig.max_nodes,
                  adaptive: bool = DraftConfig.adaptive, min_tokens: int = DraftConfig.min_tokens,

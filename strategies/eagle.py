@@ -37,12 +37,14 @@ Host reads: one per depth (the candidates' scores); drafted tokens stay on the d
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
 import math
 
 import torch
 
 from specdec.cache import BufferedLayer
-from specdec.config import EagleConfig
+from specdec.config import setting
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
@@ -50,8 +52,31 @@ from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
-# Defaults: specdec.config.EagleConfig (CPU-measured, see configs/eagle.yaml); on a GPU wider trees
-# are nearly free (max_nodes 60, top_k 10).
+@dataclass
+class EagleConfig:
+    """The `eagle:` section. Defaults suit a CPU (configs/eagle.yaml); on a GPU wider trees are
+    nearly free (max_nodes 60, top_k 10)."""
+    path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
+    max_nodes: int = setting(11, min=1)     # tree node budget
+    top_k: int = setting(4, min=1)          # children considered per node (greedy and the coupled sampler)
+    depth: int = setting(8, min=1)          # tree levels at most
+    expand: Optional[int] = setting(None, min=1)   # greedy: nodes expanded per depth (None = top_k, EAGLE-2;
+    #                                     >= max_nodes = exact best tree)
+    stop_below: float = setting(0.2, min=0.0, max=1.0)   # greedy: stop expanding once the nodes to expand hold
+    #                                     less path probability in all than this (0 = always `depth` levels)
+    sampled_top_k: Optional[int] = setting(1, min=1)    # sampling (rejection): nodes per level (1 = a chain; null = top_k)
+    sampled_depth: Optional[int] = setting(4, min=1)    # sampling (rejection): levels (null = depth); every sampled
+    #                                     node is verified
+    score_temperature: float = setting(0.5, above=0.0)  # greedy: the tree is ranked by the drafter's probabilities
+    #                                     at this temperature (< 1 sharpens; 1 = as drafted)
+    dtype: Optional[str] = setting("auto", choices=(None, "auto", "float32", "float16", "bfloat16"))   # the
+    #                                     drafter's dtype: null = the target's; auto = bfloat16 beside a float32 target
+    #                                     on CUDA, or on a CPU where a drafter forward is measured faster in it
+
+
+CONFIG_SECTIONS = {"eagle": EagleConfig}
+
+
 
 
 class Eagle:

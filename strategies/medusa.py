@@ -25,12 +25,14 @@ guess is its own coupled sample; the tree is then chosen from those perturbed sc
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
 import heapq
 from typing import Sequence
 
 import torch
 
-from specdec.config import MedusaConfig
+from specdec.config import setting
 from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
@@ -38,8 +40,26 @@ from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
-# Default tree sizes: specdec.config.MedusaConfig (measured on a 2-core CPU, greedy; see
-# configs/medusa.yaml). On a GPU wider trees are nearly free: raise max_nodes (e.g. 64) and top_k.
+@dataclass
+class MedusaConfig:
+    """The `medusa:` section (the tree); the heads' folder is `heads.path`. Defaults suit a CPU
+    (configs/medusa.yaml); on a GPU wider trees are nearly free: raise max_nodes (e.g. 64) and top_k."""
+    tree: str = setting("dynamic", choices=("dynamic", "static"))   # dynamic: best nodes by cumulative head
+    #                                     probability; static: the paths in `choices`
+    choices: Optional[List[List[int]]] = None   # static tree: paths of per-head ranks, e.g. [[0], [0, 0], [1]]
+    max_nodes: int = setting(8, min=1)      # dynamic tree node budget (CPU default; configs/medusa.yaml)
+    top_k: int = setting(4, min=1)          # candidates considered per head (dynamic tree)
+
+
+@dataclass
+class HeadsConfig:
+    """The `heads:` section."""
+    path: Optional[str] = None          # folder written by `specdec train-heads`
+
+
+CONFIG_SECTIONS = {"medusa": MedusaConfig, "heads": HeadsConfig}
+
+
 
 
 def best_rank_paths(head_logprobs: torch.Tensor, max_nodes: int) -> list[tuple[int, ...]]:
@@ -184,7 +204,7 @@ class Medusa:
     name = "medusa"
     needs_hidden_states = True
 
-    # defaults: the config's (specdec.config.MedusaConfig), the one source of them
+    # defaults: MedusaConfig's, the one source of them
     def __init__(self, heads, tree: str = MedusaConfig.tree, choices: Sequence[Sequence[int]] | None = MedusaConfig.choices,
                  max_nodes: int = MedusaConfig.max_nodes, top_k: int = MedusaConfig.top_k):
         if tree not in ("dynamic", "static"):

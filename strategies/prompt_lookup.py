@@ -11,12 +11,29 @@ a lookup walks only the few most recent occurrences of the suffix.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
 from typing import Collection, Iterator, Sequence
 
-from specdec.config import PromptLookupConfig
+from specdec.config import setting
 from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
+
+@dataclass
+class PromptLookupConfig:
+    """The `prompt_lookup:` section. Defaults chosen on CPU, where each tree node costs forward
+    time: unigram matches (weak guesses) are off and the trie is small (benchmarks/pld_check.py;
+    benchmarks/results say what it measured)."""
+    min_ngram: int = setting(2, min=1)      # shortest suffix n-gram to look up
+    max_ngram: int = setting(3, min=1)      # longest suffix n-gram to look up (tried first)
+    num_tokens: int = setting(10, min=1)    # tokens taken after each match
+    max_matches: int = setting(4, min=1)    # distinct continuations merged into the trie (most recent first)
+    max_nodes: int = setting(16, min=1)     # trie node budget
+
+
+CONFIG_SECTIONS = {"prompt_lookup": PromptLookupConfig}
+
 
 # How many occurrences of one n-gram a lookup reads (most recent first) before giving up on
 # finding more distinct continuations; keeps a lookup cheap when a short n-gram is everywhere.
@@ -102,7 +119,7 @@ class PromptLookup:
     name = "prompt_lookup"
     needs_hidden_states = False
 
-    # defaults: the config's (specdec.config.PromptLookupConfig), the one source of them
+    # defaults: PromptLookupConfig's, the one source of them
     def __init__(self, *, min_ngram: int = PromptLookupConfig.min_ngram, max_ngram: int = PromptLookupConfig.max_ngram,
                  num_tokens: int = PromptLookupConfig.num_tokens, max_matches: int = PromptLookupConfig.max_matches,
                  max_nodes: int = PromptLookupConfig.max_nodes):

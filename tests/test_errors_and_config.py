@@ -308,14 +308,14 @@ def test_unknown_config_key(overrides, phrases):
 @pytest.mark.parametrize("overrides, phrase", [
     ({"strategy": "beam_search"}, "unknown strategy 'beam_search'"),
     ({"strategy": "draft_modl"}, "did you mean 'draft_model'"),
-    ({"generation.temperature": -1.0}, "generation.temperature must be >= 0"),
-    ({"generation.top_p": 1.5}, "generation.top_p must be in (0, 1]"),
-    ({"generation.top_k": -2}, "generation.top_k must be an integer >= 0"),
-    ({"generation.max_new_tokens": 0}, "generation.max_new_tokens must be an integer >= 1"),
-    ({"device": "tpu"}, "device='tpu' is not valid"),
-    ({"dtype": "float8"}, "dtype='float8' is not valid"),
-    ({"draft.num_tokens": 0}, "draft.num_tokens must be >= 1"),
-    ({"draft.max_nodes": 0}, "draft.max_nodes must be >= 1"),
+    ({"generation.temperature": -1.0}, "bad value for 'generation.temperature': -1.0; it must be >= 0"),
+    ({"generation.top_p": 1.5}, "bad value for 'generation.top_p': 1.5; it must be <= 1"),
+    ({"generation.top_k": -2}, "bad value for 'generation.top_k': -2; it must be >= 0"),
+    ({"generation.max_new_tokens": 0}, "bad value for 'generation.max_new_tokens': 0; it must be >= 1"),
+    ({"device": "tpu"}, "bad value for 'device': 'tpu'; use one of"),
+    ({"dtype": "float8"}, "bad value for 'dtype': 'float8'; use one of"),
+    ({"draft.num_tokens": 0}, "bad value for 'draft.num_tokens': 0; it must be >= 1"),
+    ({"draft.max_nodes": 0}, "bad value for 'draft.max_nodes': 0; it must be >= 1"),
     ({"draft.num_tokens": "many"}, "bad value"),
     ({"generation.temperature": "hot"}, "bad value"),
 ])
@@ -388,7 +388,7 @@ def test_train_heads_hints_name_its_own_keys(tmp_path, capsys):
 
 
 def test_bad_values_through_load(folders):
-    with raises(ConfigError, "generation.temperature must be >= 0"):
+    with raises(ConfigError, "bad value for 'generation.temperature': -1.0; it must be >= 0"):
         specdec.load("autoregressive", **{"target.path": folders["target"], "generation.temperature": -1})
     with raises(ConfigError, "did you mean 'num_tokens'"):
         specdec.load("draft_model", **{"target.path": folders["target"], "draft.num_token": 3})

@@ -150,7 +150,7 @@ def test_incremental_index_matches_a_brute_force_scan():
 
 
 def test_constructor_defaults_are_the_config_defaults():
-    from specdec.config import PromptLookupConfig
+    from specdec.strategies.prompt_lookup import PromptLookupConfig
     defaults = PromptLookupConfig()
     strategy = PromptLookup()
     for key in ("min_ngram", "max_ngram", "num_tokens", "max_matches", "max_nodes"):
