@@ -1,6 +1,9 @@
 """The public API: specdec.load(...) and specdec.Speculator(target, tokenizer, strategy)."""
 from __future__ import annotations
 
+import contextlib
+import threading
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -8,7 +11,7 @@ import torch
 from .arguments import as_int, check_flag, check_generation_args, check_token_ids
 from .config import GenerationDefaults, load_spec_config
 from .coupled import make_noise
-from .errors import InputError, StreamSupersededError
+from .errors import InputError
 from .loop import decode
 from .processing import LogitsProcessing
 from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
@@ -32,18 +35,19 @@ _UNSET = _Unset()
 class Stream:
     """What Speculator.stream() returns: iterate it for the new text, piece by piece, as each verify
     step accepts a run of tokens. `.stats`, `.token_ids` (new tokens) and `.finish_reason` ("eos",
-    "stop", "length"; None while running) fill as it goes. A newer generate()/stream() call on the
-    same Speculator supersedes an unfinished stream: advancing it then raises StreamSupersededError.
-    close() (or leaving a `with` block) ends it early."""
+    "stop", "length"; None while running) fill as it goes. Streams of one Speculator may be
+    advanced in any order, from any threads: each holds its own KV cache and strategy state.
+    close() (or leaving a `with` block, or dropping the stream) ends it early."""
 
-    def __init__(self, speculator: "Speculator", steps: Iterator[tuple[list[int], str | None]], stats: Stats):
+    def __init__(self, speculator: "Speculator", steps: Iterator[tuple[list[int], str | None]], stats: Stats,
+                 call: "_Call"):
         self._speculator = speculator
         self._steps = steps                 # the decode loop: (new tokens, finish reason or None) per step
+        self._call = call                   # the verifier and strategy this call runs on
         self.stats = stats
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self._done = False
-        self._superseded = False
         self._shown = ""                    # text already yielded
 
     @property
@@ -53,17 +57,14 @@ class Stream:
         return tokenizer.decode(self.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
 
     def _advance(self) -> list[int] | None:
-        """Run one verify step: its accepted tokens, or None once generation has finished."""
-        if self._superseded:
-            raise StreamSupersededError(
-                "this stream was superseded: a newer generate() or stream() call on the same Speculator "
-                "started before it finished, and a Speculator holds one KV cache and one strategy state, "
-                "so the older stream cannot go on. Finish (or close()) one stream before starting another, "
-                "or use two Speculators to generate concurrently")
+        """Run one verify step: its accepted tokens, or None once generation has finished. Steps
+        of all calls on one Speculator run one at a time (its lock): the target and the drafters
+        are shared, and a step of one call never interleaves with a step of another."""
         if self._done:
             return None
         try:
-            run, finish = next(self._steps)
+            with self._speculator._serial():
+                run, finish = next(self._steps)
         except StopIteration:
             self._end()
             return None
@@ -78,19 +79,22 @@ class Stream:
 
     def _end(self) -> None:
         self._done = True
-        self._steps.close()
-        if self._speculator._current is self:
-            self._speculator._current = None
-
-    def _supersede(self) -> None:
-        if not self._done:
-            self._end()
-            self._superseded = True
+        with self._speculator._serial():        # the loop's cleanup may touch shared state too
+            self._steps.close()
+        self._speculator._release(self._call)
 
     def close(self) -> None:
-        """Stop generating; the Speculator is free for the next call."""
-        if not self._superseded:
+        """Stop generating and give back what this call holds."""
+        if not self._done:
             self._end()
+
+    def __del__(self) -> None:
+        # a stream dropped unfinished gives its verifier and strategy back for the next call
+        try:
+            if not self._done:
+                self._speculator._release(self._call)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to give back to
+            pass
 
     def __iter__(self) -> "Stream":
         return self
@@ -123,10 +127,28 @@ def tree_rows_bound(strategy) -> int:
     return 1 + max(64, int(getattr(strategy, "max_nodes", 0) or 0))
 
 
+# Test-only switch: False turns off what keeps concurrent calls apart (the step lock and the per-call
+# verifier and strategy), so a test can show that its check catches the bug this guards against.
+CONCURRENCY_GUARD = True
+
+
+@dataclass
+class _Call:
+    """What one generate()/stream() call runs on: the Speculator's own verifier and strategy when
+    no other call holds them (`own`), else copies with per-call state of their own."""
+    verifier: Verifier
+    strategy: object
+    own: bool
+    released: bool = False
+
+
 class Speculator:
     """Speculative generation with `strategy` on `target`. Output law = the target's own.
-    One call at a time: a new generate()/stream() supersedes an unfinished stream (use two
-    Speculators to generate concurrently)."""
+
+    Safe to share between threads: every call runs on a KV cache and a strategy state of its own
+    (the first call on the Speculator's `verifier` and `strategy` objects, a call that overlaps it
+    on per-call copies of them, which share the models and what a strategy learns across calls),
+    and the steps of all calls run one at a time under one lock."""
 
     def __init__(self, target, tokenizer, strategy, *, config=None, compile: bool | None = None):
         from .strategies import Strategy
@@ -144,8 +166,33 @@ class Speculator:
             compile = bool(config.compile) if config is not None else False
         self.verifier = Verifier(self.target, compile=compile)
         self.context = context_length(self.target, tokenizer)
-        self._current: Stream | None = None    # the call that owns the KV cache and the strategy state
+        self._step_lock = threading.RLock()     # one verify step at a time (re-entrant: a stream dropped mid-step)
+        self._calls_lock = threading.RLock()    # who holds self.verifier / self.strategy
+        self._own_in_use = False
         strategy.bind(self.target, tokenizer)
+
+    # ------------------------------------------------------------------ per-call state
+    def _acquire(self) -> _Call:
+        """The verifier and strategy for a new call: the Speculator's own when free, else copies."""
+        from .strategies import per_call
+        if not CONCURRENCY_GUARD:
+            return _Call(self.verifier, self.strategy, own=False)
+        with self._calls_lock:
+            if not self._own_in_use:
+                self._own_in_use = True
+                return _Call(self.verifier, self.strategy, own=True)
+        with self._step_lock:               # copying reads state a running step may be writing
+            return _Call(self.verifier.for_call(), per_call(self.strategy), own=False)
+
+    def _serial(self):
+        """The lock every verify step runs under (nothing with CONCURRENCY_GUARD off)."""
+        return self._step_lock if CONCURRENCY_GUARD else contextlib.nullcontext()
+
+    def _release(self, call: _Call) -> None:
+        with self._calls_lock:
+            if call.own and not call.released:
+                self._own_in_use = False
+            call.released = True
 
     # ------------------------------------------------------------------ inputs
     def _prompt_ids(self, prompt) -> list[int]:
@@ -213,7 +260,7 @@ class Speculator:
 
     # ------------------------------------------------------------------ generation
     def _open(self, prompt, stop_token_ids, ignore_eos, **given) -> Stream:
-        """Check every argument, then start a call; it supersedes an unfinished stream."""
+        """Check every argument, then start a call on a verifier and strategy of its own."""
         args = self._generation_args(given)
         prompt_ids = self._prompt_ids(prompt)
         self._check_length(len(prompt_ids), args["max_new_tokens"])
@@ -229,17 +276,14 @@ class Speculator:
         generator = make_generator(args["seed"], self.verifier.device)
         noise = make_noise(args["sampler"], args["seed"], sampling, output_vocab_size(self.target), self.verifier.device)
         stats = Stats()
-        # built before superseding anything: an unsupported generation_config fails here, not mid-stream
+        # built before the call starts: an unsupported generation_config fails here, not mid-stream
         processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
-        if self._current is not None:
-            self._current._supersede()
+        call = self._acquire()
         # the target's KV cache, sized once: prompt + new tokens + the largest forward (pending + tree)
-        self.verifier.reserve(len(prompt_ids) + args["max_new_tokens"] + tree_rows_bound(self.strategy))
-        stream = Stream(self, decode(self.verifier, self.strategy, prompt_ids, sampling, rules, generator, stats, noise,
-                                     processing, self.profile),
-                        stats)
-        self._current = stream
-        return stream
+        call.verifier.reserve(len(prompt_ids) + args["max_new_tokens"] + tree_rows_bound(call.strategy))
+        steps = decode(call.verifier, call.strategy, prompt_ids, sampling, rules, generator, stats, noise,
+                       processing, self.profile)
+        return Stream(self, steps, stats, call)
 
     def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                  top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,

@@ -8,6 +8,7 @@ then has the same shapes, so `torch.compile` traces it once ("reduce-overhead" =
 GPU, inductor's default mode on CPU); masks and positions are built on the device each step."""
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -92,6 +93,15 @@ class StaticForward:
         self.cache = None
         self.compiled = torch.compile(self._model_forward, mode=self.mode, dynamic=False)
         self.compiled_rows: set[int] = set()
+
+    def for_call(self) -> "StaticForward":
+        """A StaticForward over a static cache of its own (for a call that overlaps another): the
+        compiled function reads the cache from its instance, so the twin compiles its own."""
+        twin = copy.copy(self)
+        twin.cache = None
+        twin.compiled = torch.compile(twin._model_forward, mode=self.mode, dynamic=False)
+        twin.compiled_rows = set()
+        return twin
 
     @property
     def capacity(self) -> int:

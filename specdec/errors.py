@@ -26,5 +26,5 @@ class StrategyError(SpecDecError, RuntimeError):
 
 
 class StreamSupersededError(InputError):
-    """An unfinished stream() advanced after a newer generate()/stream() call on the same Speculator
-    (which has one target KV cache and one strategy state, so the older stream cannot go on)."""
+    """No longer raised: calls on one Speculator each run on state of their own, so a newer call
+    never supersedes an unfinished stream. Kept so that code catching it still imports."""

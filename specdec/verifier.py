@@ -4,6 +4,7 @@ With compile=True the forward runs over a fixed-size cache with static shapes, c
 size (specdec.compiled)."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,6 +49,14 @@ class Verifier:
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
         self.capacity: int | None = None     # cache entries to allocate at the next prefill (None: grow)
         self.static = StaticForward(model, self.layout) if compile else None
+
+    def for_call(self) -> "Verifier":
+        """A verifier for a call that overlaps another: the same model and attention layout, a KV
+        cache of its own (and, compiled, a static cache of its own)."""
+        twin = copy.copy(self)
+        twin.cache, twin.prefix_len, twin.capacity = None, 0, None
+        twin.static = self.static.for_call() if self.static is not None else None
+        return twin
 
     def reserve(self, entries: int | None) -> None:
         """Size the next sequence's cache once for `entries` (prompt + max_new_tokens + the largest

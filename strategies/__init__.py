@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Strategy
+from .base import Strategy, per_call
 
 # name -> module that defines from_config(cfg, target, tokenizer, device, dtype)
 REGISTRY = {
@@ -33,4 +33,4 @@ def build_strategy(cfg, target, tokenizer, device, dtype) -> Strategy:
     return module.from_config(cfg, target, tokenizer, device, dtype)
 
 
-__all__ = ["Strategy", "REGISTRY", "build_strategy", "config_sections"]
+__all__ = ["Strategy", "REGISTRY", "build_strategy", "config_sections", "per_call"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
+import copy
 import time
 from typing import NamedTuple
 
@@ -148,6 +149,16 @@ class Auto:
                 self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats)
             else:                             # a guess: a node costs a tenth of a plain step
                 self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+
+    def for_call(self) -> "Auto":
+        """Auto for a call that overlaps another: lookup and drafter with per-call state of their
+        own; the calibration, the cost profile and the per-context plans stay shared (what auto
+        learns across calls). Learned scalars (cost_scale, draft_cost_s) evolve in the copy alone."""
+        from .base import per_call
+        twin = copy.copy(self)
+        twin.lookup = per_call(self.lookup) if self.lookup is not None else None
+        twin.drafter = per_call(self.drafter) if self.drafter is not None else None
+        return twin
 
     def profile_setup(self, target) -> tuple[tuple[int, ...], int]:
         """(tree sizes, context length) of the cost profile this strategy reads for `target`

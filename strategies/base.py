@@ -1,6 +1,7 @@
 """The one protocol every drafting strategy follows. No strategy bends these signatures."""
 from __future__ import annotations
 
+import copy
 from typing import Protocol, runtime_checkable
 
 from specdec.tree import CandidateTree
@@ -24,3 +25,13 @@ class Strategy(Protocol):
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         """The verdict of the last step; state.token_ids already holds the new tokens."""
+
+
+def per_call(strategy):
+    """The strategy object a call runs on when another call holds `strategy`: its `for_call()`
+    where it defines one, else a shallow copy. A copy shares the models and settings; reset()
+    then gives it per-call state of its own, so a strategy's reset() must assign fresh objects
+    for everything a call changes (not clear shared ones in place). What a strategy means to
+    share across calls (auto's calibration) stays shared by reference."""
+    fork = getattr(strategy, "for_call", None)
+    return fork() if callable(fork) else copy.copy(strategy)

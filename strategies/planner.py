@@ -14,6 +14,7 @@ the planner scans n = 0..N. tests/test_planner.py checks it against brute force.
 """
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from typing import Callable, Iterable, Sequence
 
@@ -75,6 +76,7 @@ class Calibrator:
         self.max_depth_key = max_depth_key
         self.kept: dict[tuple, float] = defaultdict(float)
         self.tried: dict[tuple, float] = defaultdict(float)
+        self._lock = threading.Lock()
 
     def key(self, source: str, temperature: float, confidence: float | None, depth: int) -> tuple:
         if confidence is None:
@@ -84,8 +86,11 @@ class Calibrator:
     def estimate(self, key: tuple, confidence: float | None, default: float) -> float:
         """Calibrated probability of being kept given the parent was."""
         raw = default if confidence is None else confidence
-        return (self.kept[key] + self.prior * raw) / (self.tried[key] + self.prior)
+        with self._lock:                    # kept and tried of one record, never half of one
+            kept, tried = self.kept[key], self.tried[key]
+        return (kept + self.prior * raw) / (tried + self.prior)
 
     def record(self, key: tuple, kept: bool) -> None:
-        self.tried[key] = self.decay * self.tried[key] + 1.0
-        self.kept[key] = self.decay * self.kept[key] + (1.0 if kept else 0.0)
+        with self._lock:    # shared by the calls of a Speculator (and by Speculators sharing a strategy)
+            self.tried[key] = self.decay * self.tried[key] + 1.0
+            self.kept[key] = self.decay * self.kept[key] + (1.0 if kept else 0.0)

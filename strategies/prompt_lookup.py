@@ -141,7 +141,7 @@ class PromptLookup:
         self.device = target.device
 
     def reset(self, state: DecodeState) -> None:
-        self.index.clear()
+        self.index = NgramIndex(self.min_ngram, self.max_ngram)   # a new one: a call's copy must not share it
         self.index.extend(state.token_ids)
 
     def propose(self, state: DecodeState) -> CandidateTree:

@@ -161,9 +161,9 @@ def _speculators():
 
 
 @pytest.mark.parametrize("strategy", ["autoregressive", "draft_model"])
-def test_interleaved_streams_raise_instead_of_wrong_text(strategy):
-    """A Speculator has one KV cache and one strategy state: a newer stream supersedes an older
-    unfinished one, and advancing the older one is a clear error, never wrong text."""
+def test_interleaved_streams_each_give_their_own_text(strategy):
+    """Every call runs on a KV cache and strategy state of its own: a newer stream started while
+    an older one is unfinished leaves it intact, whatever order they are advanced in."""
     sd = _speculators()[strategy]
     kwargs = dict(max_new_tokens=16, ignore_eos=True)
     first_text = sd.generate("def f", **kwargs).text
@@ -172,30 +172,22 @@ def test_interleaved_streams_raise_instead_of_wrong_text(strategy):
     head = next(first)
     second = sd.stream("class A", **kwargs)
     second_head = next(second)
-    with pytest.raises(specdec.StreamSupersededError, match=r"superseded.*newer generate\(\) or stream\(\).*"
-                       r"close\(\)\) one stream before starting another.*two Speculators"):
-        next(first)
-    with pytest.raises(specdec.StreamSupersededError):         # and it stays so
-        list(first)
-    assert first_text.startswith(head)
-    assert second_head + "".join(second) == second_text        # the newer stream is unharmed
+    assert head + next(first) + "".join(first) == first_text
+    assert second_head + "".join(second) == second_text
 
 
 @pytest.mark.parametrize("strategy", ["autoregressive", "draft_model"])
-def test_resuming_a_stream_after_generate_raises(strategy):
+def test_a_stream_resumes_after_other_calls(strategy):
     sd = _speculators()[strategy]
     kwargs = dict(max_new_tokens=16, ignore_eos=True)
     expected = sd.generate("def f", **kwargs).text
-    abandoned = sd.stream("def f", **kwargs)
-    next(abandoned)
+    paused = sd.stream("def f", **kwargs)
+    head = next(paused)
     assert sd.generate("class A", **kwargs).text == sd.generate("class A", **kwargs).text
-    with pytest.raises(specdec.StreamSupersededError, match="superseded"):
-        next(abandoned)
-    # a stream that finished is not affected by later calls; a fresh one gives the full text
-    done = sd.stream("def f", **kwargs)
-    assert "".join(done) == expected
+    assert head + "".join(paused) == expected
+    # a stream that finished is not affected by later calls
     sd.generate("class A", **kwargs)
-    assert list(done) == []
+    assert list(paused) == []
 
 
 def test_a_bad_call_does_not_supersede_a_running_stream(sd):
