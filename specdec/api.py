@@ -12,7 +12,7 @@ from .errors import InputError, StreamSupersededError
 from .loop import decode
 from .processing import LogitsProcessing
 from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
-from .sampling import SamplingParams, make_generator
+from .sampling import SamplingParams, make_generator, resolve_seed
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
 from .verifier import Verifier
@@ -226,9 +226,10 @@ class Speculator:
         rules = StopRules(max_new_tokens=args["max_new_tokens"],
                           eos_token_ids=frozenset() if ignore_eos else self._eos_ids(),
                           stop_token_ids=frozenset(stop_ids), stop_strings=args["stop"], tokenizer=self.tokenizer)
-        generator = make_generator(args["seed"], self.verifier.device)
-        noise = make_noise(args["sampler"], args["seed"], sampling, output_vocab_size(self.target), self.verifier.device)
-        stats = Stats()
+        seed = resolve_seed(args["seed"])     # once: the generator and the coupled noise share it
+        generator = make_generator(seed, self.verifier.device)
+        noise = make_noise(args["sampler"], seed, sampling, output_vocab_size(self.target), self.verifier.device)
+        stats = Stats(seed=None if sampling.greedy else seed)
         # built before superseding anything: an unsupported generation_config fails here, not mid-stream
         processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
         if self._current is not None:
@@ -247,7 +248,9 @@ class Speculator:
                  sampler: str = _UNSET) -> GenerationOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
-        (128, 0.0, 0, 1.0, 0, None, "rejection" without a config). Returns the new tokens only, their
+        (128, 0.0, 0, 1.0, None, None, "rejection" without a config). seed=None draws a fresh
+        seed per call, reported in out.stats.seed: pass it back as seed= to get the same sample again
+        (greedy ignores the seed). Returns the new tokens only, their
         text and statistics. sampler (temperature > 0): "rejection" (lossless rejection sampling) or
         "coupled" (Gumbel-max noise keyed by (seed, position): every strategy gives the same text for
         the same seed)."""
