@@ -5,7 +5,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .arguments import as_int, check_flag, check_generation_args, check_token_ids
+from .arguments import as_int, check_flag, check_generation_args, check_text, check_token_ids
 from .config import GenerationDefaults, load_spec_config
 from .coupled import make_noise
 from .errors import InputError, StreamSupersededError
@@ -152,7 +152,7 @@ class Speculator:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError("a text prompt needs a tokenizer: pass one to Speculator or give token ids")
-            ids = self.tokenizer(prompt)["input_ids"]
+            ids = self.tokenizer(check_text(prompt, "the prompt"))["input_ids"]
         elif isinstance(prompt, torch.Tensor) or hasattr(prompt, "__array__"):   # torch tensor / numpy array
             if prompt.ndim == 2 and prompt.shape[0] != 1:
                 raise InputError(f"batch size {prompt.shape[0]} > 1 is not supported yet: call generate once per "
