@@ -32,9 +32,9 @@ _UNSET = _Unset()
 class Stream:
     """What Speculator.stream() returns: iterate it for the new text, piece by piece, as each verify
     step accepts a run of tokens. `.stats`, `.token_ids` (new tokens) and `.finish_reason` ("eos",
-    "stop", "length"; None while running) fill as it goes. A newer generate()/stream() call on the
-    same Speculator supersedes an unfinished stream: advancing it then raises StreamSupersededError.
-    close() (or leaving a `with` block) ends it early."""
+    "stop", "length"; None while running; "cancelled" once close()d before it finished) fill as it
+    goes. A newer generate()/stream() call on the same Speculator supersedes an unfinished stream:
+    advancing it then raises StreamSupersededError. close() (or leaving a `with` block) ends it early."""
 
     def __init__(self, speculator: "Speculator", steps: Iterator[tuple[list[int], str | None]], stats: Stats):
         self._speculator = speculator
@@ -88,8 +88,11 @@ class Stream:
             self._superseded = True
 
     def close(self) -> None:
-        """Stop generating; the Speculator is free for the next call."""
+        """Stop generating; the Speculator is free for the next call. A stream closed before it
+        finished says so in finish_reason ("cancelled"); a finished one keeps its reason."""
         if not self._superseded:
+            if not self._done:
+                self.finish_reason = "cancelled"
             self._end()
 
     def __iter__(self) -> "Stream":

@@ -114,4 +114,4 @@ class GenerationOutput:
     text: str                  # the new text only
     token_ids: list[int]       # the new tokens only
     stats: Stats
-    finish_reason: str         # "eos", "stop", "length"
+    finish_reason: str         # "eos", "stop", "length"; a Stream closed before it finished: "cancelled"
