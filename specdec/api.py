@@ -8,14 +8,14 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .arguments import as_int, check_flag, check_generation_args, check_token_ids
+from .arguments import as_int, check_flag, check_generation_args, check_text, check_token_ids
 from .config import GenerationDefaults, load_spec_config
 from .coupled import make_noise
 from .errors import InputError
 from .loop import decode
 from .processing import LogitsProcessing
 from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
-from .sampling import SamplingParams, make_generator
+from .sampling import SamplingParams, make_generator, resolve_seed
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
 from .verifier import Verifier
@@ -35,9 +35,10 @@ _UNSET = _Unset()
 class Stream:
     """What Speculator.stream() returns: iterate it for the new text, piece by piece, as each verify
     step accepts a run of tokens. `.stats`, `.token_ids` (new tokens) and `.finish_reason` ("eos",
-    "stop", "length"; None while running) fill as it goes. Streams of one Speculator may be
-    advanced in any order, from any threads: each holds its own KV cache and strategy state.
-    close() (or leaving a `with` block, or dropping the stream) ends it early."""
+    "stop", "length"; None while running; "cancelled" once close()d before it finished) fill as it
+    goes. Streams of one Speculator may be advanced in any order, from any threads: each holds its
+    own KV cache and strategy state. close() (or leaving a `with` block, or dropping the stream)
+    ends it early."""
 
     def __init__(self, speculator: "Speculator", steps: Iterator[tuple[list[int], str | None]], stats: Stats,
                  call: "_Call"):
@@ -84,8 +85,10 @@ class Stream:
         self._speculator._release(self._call)
 
     def close(self) -> None:
-        """Stop generating and give back what this call holds."""
+        """Stop generating and give back what this call holds. A stream closed before it finished
+        says so in finish_reason ("cancelled"); a finished one keeps its reason."""
         if not self._done:
+            self.finish_reason = "cancelled"
             self._end()
 
     def __del__(self) -> None:
@@ -199,7 +202,7 @@ class Speculator:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InputError("a text prompt needs a tokenizer: pass one to Speculator or give token ids")
-            ids = self.tokenizer(prompt)["input_ids"]
+            ids = self.tokenizer(check_text(prompt, "the prompt"))["input_ids"]
         elif isinstance(prompt, torch.Tensor) or hasattr(prompt, "__array__"):   # torch tensor / numpy array
             if prompt.ndim == 2 and prompt.shape[0] != 1:
                 raise InputError(f"batch size {prompt.shape[0]} > 1 is not supported yet: call generate once per "
@@ -273,9 +276,10 @@ class Speculator:
         rules = StopRules(max_new_tokens=args["max_new_tokens"],
                           eos_token_ids=frozenset() if ignore_eos else self._eos_ids(),
                           stop_token_ids=frozenset(stop_ids), stop_strings=args["stop"], tokenizer=self.tokenizer)
-        generator = make_generator(args["seed"], self.verifier.device)
-        noise = make_noise(args["sampler"], args["seed"], sampling, output_vocab_size(self.target), self.verifier.device)
-        stats = Stats()
+        seed = resolve_seed(args["seed"])     # once: the generator and the coupled noise share it
+        generator = make_generator(seed, self.verifier.device)
+        noise = make_noise(args["sampler"], seed, sampling, output_vocab_size(self.target), self.verifier.device)
+        stats = Stats(seed=None if sampling.greedy else seed)
         # built before the call starts: an unsupported generation_config fails here, not mid-stream
         processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
         call = self._acquire()
@@ -291,7 +295,9 @@ class Speculator:
                  sampler: str = _UNSET) -> GenerationOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
-        (128, 0.0, 0, 1.0, 0, None, "rejection" without a config). Returns the new tokens only, their
+        (128, 0.0, 0, 1.0, None, None, "rejection" without a config). seed=None draws a fresh
+        seed per call, reported in out.stats.seed: pass it back as seed= to get the same sample again
+        (greedy ignores the seed). Returns the new tokens only, their
         text and statistics. sampler (temperature > 0): "rejection" (lossless rejection sampling) or
         "coupled" (Gumbel-max noise keyed by (seed, position): every strategy gives the same text for
         the same seed)."""

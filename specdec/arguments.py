@@ -83,6 +83,19 @@ def check_seed(value: Any, name: str = "seed", error=InputError) -> int | None:
     return seed
 
 
+def check_text(text: str, name: str, error=InputError) -> str:
+    """`text` when it is valid Unicode (encodable as UTF-8): a lone surrogate such as "\\ud800" (what
+    decoding bytes with errors="surrogateescape", or a bad JSON escape, leaves behind) is no character
+    a tokenizer can encode, and tokenizers meet it with a raw TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{name} is not valid Unicode text: it holds a lone surrogate {text[exc.start]!r} at character "
+                    f"{exc.start}, which no tokenizer can encode; remove it, or re-decode the bytes it came from "
+                    f"with errors='replace'") from None
+    return text
+
+
 def check_stop(value: Any, name: str = "stop", error=InputError) -> tuple[str, ...]:
     """None, a string or a list of strings -> a tuple of non-empty stop strings."""
     if value is None:
@@ -97,7 +110,9 @@ def check_stop(value: Any, name: str = "stop", error=InputError) -> tuple[str, .
     if any(s == "" for s in strings):
         raise error(f"{name} holds an empty string, which every text contains (generation would stop after "
                     f"one token): give non-empty stop strings, or none at all")
-    return tuple(strings)
+    if isinstance(value, str):
+        return (check_text(value, name, error),)
+    return tuple(check_text(s, f"{name}[{i}]", error) for i, s in enumerate(strings))
 
 
 def check_token_ids(value: Any, name: str, error=InputError) -> list[int]:

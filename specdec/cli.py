@@ -15,21 +15,29 @@ def _generate(args) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if args.echo:
         sys.stdout.write(prompt)
-    # sampling settings: the config's generation section (overrides included) is generate()'s default
-    if args.no_stream:
-        out = sd.generate(prompt)
-        print(out.text)
-        stats = out.stats
-    else:
-        stream = sd.stream(prompt)
+    # sampling settings: the config's generation section (overrides included) is generate()'s default.
+    # --no-stream runs the same stream and prints once, so Ctrl-C can still show the text so far.
+    stream = sd.stream(prompt)
+    printed = ""
+    try:
         for piece in stream:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        print()
-        stats = stream.stats
+            if not args.no_stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                printed += piece
+    except KeyboardInterrupt:
+        text = stream.text          # may hold what the interrupted step accepted but did not print
+        stream.close()
+        print(text[len(printed):] if text.startswith(printed) else "")
+        sys.stdout.flush()
+        print(f"specdec generate: interrupted (Ctrl-C) after {stream.stats.new_tokens} new tokens; the text above "
+              f"is what was generated so far", file=sys.stderr)
+        return 130
+    print(stream.text[len(printed):])
+    stats = stream.stats
     print(f"[{sd.config.strategy}] {stats.new_tokens} tokens, {stats.target_forwards} target forwards, "
-          f"{stats.tokens_per_forward:.2f} tokens/forward, {stats.tokens_per_second:.1f} tokens/s",
-          file=sys.stderr)
+          f"{stats.tokens_per_forward:.2f} tokens/forward, {stats.tokens_per_second:.1f} tokens/s, "
+          f"finish reason: {stream.finish_reason}", file=sys.stderr)
     return 0
 
 
@@ -73,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecDecError as exc:
         print(f"specdec generate: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:       # before generation began (loading, reading the prompt)
+        print("specdec generate: interrupted (Ctrl-C) before generating", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ class GenerationDefaults:
     temperature: float = setting(0.0, min=0.0)     # 0 = greedy
     top_k: int = setting(0, min=0)                 # 0 = off
     top_p: float = setting(1.0, above=0.0, max=1.0)   # 1 = off
-    seed: Optional[int] = setting(0, min=0)
+    seed: Optional[int] = setting(None, min=0)     # None = a fresh random seed per call (out.stats.seed says which)
     stop: List[str] = field(default_factory=list)
     sampler: str = setting("rejection", choices=("rejection", "coupled"))   # temperature > 0: "rejection"
     #                                     (lossless rejection sampling) or "coupled" (Gumbel-max keyed by (seed,

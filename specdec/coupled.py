@@ -25,13 +25,12 @@ L, and row i + 1 (node i) predicts position L + depth(i) + 1 (`tree_row_position
 """
 from __future__ import annotations
 
-import secrets
 from typing import Sequence
 
 import torch
 
 from .errors import InputError
-from .sampling import SamplingParams, warp_logits
+from .sampling import SamplingParams, resolve_seed, warp_logits
 
 SAMPLERS = ("rejection", "coupled")
 
@@ -112,7 +111,7 @@ class GumbelNoise:
     def __init__(self, seed: int | None, sampling: SamplingParams, vocab: int, device: torch.device | str = "cpu"):
         if sampling.greedy:
             raise InputError("the coupled sampler needs temperature > 0 (temperature 0 is greedy, no noise)")
-        self.seed = secrets.randbits(63) if seed is None else int(seed)    # seed=None: a random seed per call
+        self.seed = resolve_seed(seed)       # None: a fresh random seed (a call resolves it first, api._open)
         self.sampling = sampling
         self.vocab = int(vocab)
         self.device = torch.device(device)

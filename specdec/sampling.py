@@ -2,6 +2,7 @@
 draft logits. Probabilities are always fp32, whatever the model's dtype."""
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -98,10 +99,14 @@ def exponential_race(probs: torch.Tensor, count: int, generator: torch.Generator
     return race.topk(count).indices
 
 
+def resolve_seed(seed: int | None) -> int:
+    """The seed a call samples with: `seed` itself, or for None a fresh one from the OS's entropy.
+    A call resolves it once and hands the same number to its generator and to the coupled noise,
+    and reports it (Stats.seed), so passing it back as seed= reproduces the sample. 63 bits: any
+    seed arguments.check_seed accepts and torch's manual_seed take."""
+    return secrets.randbits(63) if seed is None else int(seed)
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(int(seed))
-    return generator
+    """A generator on `device` seeded with resolve_seed(seed)."""
+    return torch.Generator(device=device).manual_seed(resolve_seed(seed))

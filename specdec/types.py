@@ -71,6 +71,8 @@ class Stats:
     total_time_s: float = 0.0         # whole call, prefill included
     profiled: bool = False            # the draft / verify split is exact: on a CPU always, on a GPU
     #   with `profile` on (else it says when GPU work was queued, not when it ran; the total is exact)
+    seed: int | None = None           # the seed this call sampled with (a fresh one when seed=None was
+    #   asked): generate(..., seed=stats.seed) draws the same sample again. None when greedy (nothing drawn)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -103,7 +105,7 @@ class Stats:
             "prefill_time_s": self.prefill_time_s, "draft_time_s": self.draft_time_s,
             "verify_time_s": self.verify_time_s, "other_time_s": self.other_time_s,
             "total_time_s": self.total_time_s, "tokens_per_second": self.tokens_per_second,
-            "profiled": self.profiled,
+            "profiled": self.profiled, "seed": self.seed,
         }
 
 
@@ -112,4 +114,4 @@ class GenerationOutput:
     text: str                  # the new text only
     token_ids: list[int]       # the new tokens only
     stats: Stats
-    finish_reason: str         # "eos", "stop", "length"
+    finish_reason: str         # "eos", "stop", "length"; a Stream closed before it finished: "cancelled"
