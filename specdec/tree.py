@@ -90,20 +90,6 @@ class CandidateTree:
     def depths(self) -> list[int]:
         return depths_of(self.parents)
 
-    def paths(self) -> list[list[int]]:
-        """Root-to-leaf paths as lists of node indices."""
-        return root_to_leaf_paths(self.parents)
-
-    def prune_depth(self, max_depth: int) -> "CandidateTree":
-        """Keep the nodes at depth < max_depth (a root child has depth 0)."""
-        if max_depth <= 0:
-            return CandidateTree.empty(self.tokens.device)
-        depth = self.depths()
-        keep = [i for i in range(self.num_nodes) if depth[i] < max_depth]
-        if len(keep) == self.num_nodes:
-            return self
-        return self.select(keep)
-
     def select(self, keep: Sequence[int]) -> "CandidateTree":
         """Sub-tree of the nodes `keep` (closed under parents, in index order)."""
         new_index = {old: new for new, old in enumerate(keep)}

@@ -204,7 +204,7 @@ def test_with_pending_root():
 def test_root_to_leaf_paths_and_children():
     assert sorted(root_to_leaf_paths(PARENTS)) == sorted([[0, 1, 3], [0, 5], [2, 4, 6]])
     tree = CandidateTree(torch.tensor(TOKENS), PARENTS)
-    assert sorted(tree.paths()) == sorted([[0, 1, 3], [0, 5], [2, 4, 6]])
+    assert sorted(root_to_leaf_paths(tree.parents)) == sorted([[0, 1, 3], [0, 5], [2, 4, 6]])
     assert tree.children(-1) == (0, 2)
     assert tree.children(0) == (1, 5)
     assert tree.children(3) == ()
@@ -227,7 +227,7 @@ def test_from_paths_dedupes_shared_prefixes():
     assert tree.parents == (-1, 0, 1, 1, 0, -1)
     assert tree.draft_probs is None
     # every input path is a root-to-node path of the trie
-    spelled = {tuple(int(tree.tokens[i]) for i in path) for path in tree.paths()}
+    spelled = {tuple(int(tree.tokens[i]) for i in path) for path in root_to_leaf_paths(tree.parents)}
     assert spelled == {(7, 8, 9), (7, 8, 10), (7, 11), (12,)}
 
 
@@ -239,22 +239,6 @@ def test_from_paths_node_budget():
     # a path cut by the budget still reuses nodes that already exist
     tree = CandidateTree.from_paths([[1, 2], [1, 2, 3, 4]], max_nodes=3)
     assert tree.tokens.tolist() == [1, 2, 3] and tree.parents == (-1, 0, 1)
-
-
-def test_prune_depth():
-    probs = torch.softmax(torch.randn(len(TOKENS), 20), dim=-1)
-    tree = CandidateTree(torch.tensor(TOKENS), PARENTS, probs, "without_replacement")
-    pruned = tree.prune_depth(2)
-    assert pruned.tokens.tolist() == [11, 12, 13, 15, 16]
-    assert pruned.parents == (-1, 0, -1, 2, 0)
-    assert torch.equal(pruned.draft_probs, probs[[0, 1, 2, 4, 5]])
-    assert pruned.siblings == "without_replacement"
-    assert max(pruned.depths()) == 1
-    assert tree.prune_depth(1).tokens.tolist() == [11, 13]
-    assert tree.prune_depth(1).parents == (-1, -1)
-    assert tree.prune_depth(3) is tree
-    assert tree.prune_depth(0).num_nodes == 0
-    assert tree.prune_depth(-1).num_nodes == 0
 
 
 def test_select():
@@ -270,7 +254,7 @@ def test_select():
 def test_empty_tree():
     tree = CandidateTree.empty()
     assert tree.num_nodes == 0 and tree.tokens.dtype == torch.long
-    assert tree.paths() == [] and tree.children(-1) == ()
+    assert root_to_leaf_paths(tree.parents) == [] and tree.children(-1) == ()
 
 
 @pytest.mark.parametrize("tokens, parents, probs, siblings, phrase", [
