@@ -179,34 +179,6 @@ def test_planned_rates_are_priced_at_the_costs_known_when_deciding():
     assert strategy.planned_rates(0) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
 
 
-def test_observed_rates_decide_once_both_are_known():
-    """The plan's rates decide until steps with and without the drafter have both been timed in a
-    context; from then on the observed tokens per second do, whatever the plan said."""
-    target = target_of("llama")
-    strategy = auto(DraftModel(target, num_tokens=4), observed_rates=True)
-    state = type("State", (), {"max_depth": 8})()
-    strategy.plan_with, strategy.plan_without = {0: (1.0, 0)}, {0: (3.0, 0)}   # the plan: lookup alone pays more
-    assert strategy.rates(0) == (1.0, 3.0)
-    strategy.observed_with[0] = (3.0, 0.1)                              # observed: 30 tokens/s with the drafter
-    assert strategy.rates(0) == (1.0, 3.0)                              # ... not yet compared with lookup alone
-    strategy.observed_without[0] = (1.0, 0.05)                          # 20 tokens/s without
-    assert strategy.rates(0) == pytest.approx((30.0, 20.0))
-    assert all(strategy._call_drafter(state, 0) for _ in range(20))
-    strategy.observed_without[0] = (2.0, 0.05)                          # 40 tokens/s: now lookup alone pays
-    assert sum(strategy._call_drafter(state, 0) for _ in range(40)) <= 40 // strategy.explore_every
-    strategy.observed_rates = False                                     # the default: the plan decides
-    assert strategy.rates(0) == (1.0, 3.0)
-
-
-def test_a_generation_records_observed_rates():
-    target = target_of("llama")
-    strategy = auto(DraftModel(target, num_tokens=4), explore_every=2, observed_rates=True)
-    Speculator(target, None, strategy).generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=24, ignore_eos=True)
-    observed = list(strategy.observed_with.values()) + list(strategy.observed_without.values())
-    assert strategy.observed_with and observed
-    assert all(tokens >= 1.0 and seconds > 0 for tokens, seconds in observed)
-
-
 def test_the_drafter_cost_is_timed_on_a_steady_call():
     """The first call of a generation catches the drafter up on the whole prompt; its time must not
     stand for a drafting call's: the next step calls again and that time replaces it."""
