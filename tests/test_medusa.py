@@ -13,7 +13,7 @@ from specdec.api import Speculator
 from specdec.errors import ConfigError
 from specdec.heads import HeadsLayout, MedusaHeads
 from specdec.heads.io import output_vocab
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, TorchRandom
 from specdec.strategies.medusa import ConditionedExpander, Medusa, best_first_nodes, best_rank_paths, static_nodes
 from specdec.types import DecodeState
 
@@ -109,7 +109,7 @@ def assert_step_accounting(out, max_new_tokens: int):
 def _propose(medusa, hidden, max_depth=16):
     """What medusa proposes right after a prefill whose last row's hidden state is `hidden` [H]
     (None: a one-token prompt, no prefill row)."""
-    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
+    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
                         max_depth=max_depth, prompt_hidden=None if hidden is None else hidden[None])
     medusa.reset(state)
     return medusa.propose(state)
@@ -286,7 +286,7 @@ def test_sampled_tree_carries_the_heads_real_distributions(token_conditioned):
     medusa.last_hidden = torch.randn(model.config.hidden_size)
     params = SamplingParams(0.8)
     state = DecodeState(token_ids=[5, 6, 9], prompt_len=3, sampling=params,
-                        generator=torch.Generator().manual_seed(0), max_depth=8)
+                        rng=TorchRandom(torch.Generator().manual_seed(0)), max_depth=8)
     tree = medusa.propose(state)
     assert tree.siblings == WITHOUT_REPLACEMENT and tree.num_nodes == 6
     with torch.no_grad():
