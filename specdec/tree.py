@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from .models import AttentionLayout
 
 INDEPENDENT = "independent"
 WITHOUT_REPLACEMENT = "without_replacement"
@@ -154,23 +157,62 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     return _ancestor_matrix(tuple(parents))
 
 
-def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", window: int | None = None) -> torch.Tensor:
-    """Additive 4-D mask [1, 1, N, prefix_len + N] for a forward over the N tree nodes on top of
-    a cache of prefix_len tokens: every node sees the whole prefix, itself and its ancestors.
-    With a sliding `window` (Hugging Face's rule: a query at position q sees keys at positions
-    k > q - window), a node at position prefix_len + depth sees only the keys of its own path
-    within that window."""
+def tree_visibility(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu",
+                    window: int | None = None, capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
+    """[N - first_row, K] bool, the ancestor mask every tree forward uses (the verifier's, the compiled
+    one's, the drafters'): entry (i, k) is True when tree node first_row + i, written after
+    prefix_len committed entries, sees key k. Every node sees the whole prefix, its ancestors and
+    itself. K = prefix_len + N, or `capacity` for a fixed-size cache (the slots after the tree,
+    stale or empty, are hidden). With a sliding `window` (Hugging Face's rule: a query at position
+    q sees keys at positions k > q - window; a prefix slot's position is its index, a node's
+    prefix_len + depth) a node sees only the keys of its own path within the window. `first_row`:
+    the rows of the nodes before it are already in the cache (a drafter feeding a tree level by
+    level) and get no row."""
     n = len(parents)
-    mask = torch.zeros(n, prefix_len + n, dtype=dtype, device=device)   # [N, prefix + N]
-    sees = ancestor_matrix(parents).to(device)
-    mask[:, prefix_len:].masked_fill_(~sees, torch.finfo(dtype).min)
+    width = prefix_len + n if capacity is None else capacity
+    if is_chain(parents):       # a prefill or a chain: causal, built on the device
+        ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()          # [N, N]
+    else:
+        ancestors = ancestor_matrix(parents).to(device, non_blocking=True)             # [N, N]
+    sees = torch.zeros(n, width, dtype=torch.bool, device=device)                      # [N, K]
+    sees[:, :prefix_len] = True
+    sees[:, prefix_len: prefix_len + n] = ancestors
     if window is not None:
-        positions = tree_position_ids(parents, prefix_len, device)[0]             # [N]
-        key_positions = torch.cat([torch.arange(prefix_len, device=device), positions])   # [prefix + N]
-        outside = key_positions[None, :] <= positions[:, None] - window            # [N, prefix + N]
-        mask.masked_fill_(outside, torch.finfo(dtype).min)
-    return mask[None, None]
+        query_positions = tree_position_ids(parents, prefix_len, device)[0]           # [N]
+        key_positions = torch.arange(width, device=device)                             # [K]
+        key_positions[prefix_len: prefix_len + n] = query_positions
+        sees &= key_positions[None, :] > query_positions[:, None] - window
+    return sees[first_row:]
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[R, K] bool visibility -> [1, 1, R, K] additive mask of `dtype` (0 = seen, dtype's min = hidden),
+    the form Hugging Face models take."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu", window: int | None = None,
+                        capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
+    """Additive 4-D mask [1, 1, N - first_row, K] of a forward over the tree nodes on top of a cache
+    of prefix_len tokens (tree_visibility says who sees what)."""
+    return additive_mask(tree_visibility(parents, prefix_len, device, window, capacity, first_row), dtype)
+
+
+def tree_masks(layout: AttentionLayout | None, parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
+               device: torch.device | str, capacity: int | None = None, first_row: int = 0):
+    """The attention mask(s) of a tree forward for a model whose layers attend as `layout` says: one
+    mask (tree_attention_mask) when every layer attends alike, else {layer type: mask} (Hugging
+    Face's per-type mask mapping), each layer type with its own sliding window. layout None: one
+    plain mask, no window."""
+    if layout is None:
+        return tree_attention_mask(parents, prefix_len, dtype, device, None, capacity, first_row)
+    by_window = {window: tree_attention_mask(parents, prefix_len, dtype, device, window, capacity, first_row)
+                 for window in set(layout.windows.values())}
+    if not layout.by_type:
+        return next(iter(by_window.values()))
+    return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
 
 
 def tree_position_ids(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -49,7 +49,7 @@ from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.sampled_tree import sampled_tree
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, tree_visibility
 from specdec.types import DecodeState, StepResult
 
 @dataclass
@@ -199,25 +199,19 @@ class Eagle:
     def _feed(self, tree, nodes: list[int], tokens: torch.Tensor, depth: int):
         """Run the drafter on the tree nodes `nodes` (all at `depth`, their parents already fed;
         tokens [n] their tokens, on the device) in one forward. tree: dict with the parent list,
-        out / column maps and the count of tree rows in the cache (written after the committed
-        rows). Returns logits [n, V] (fp32) and records each node's output and cache column."""
-        parents, outs, column = tree["parent"], tree["out"], tree["column"]
+        out / column maps and the parent row of each tree row in the cache (written after the
+        committed rows, in feeding order). Returns logits [n, V] (fp32) and records each node's
+        output and cache column."""
+        parents, outs, column, fed_parents = tree["parent"], tree["out"], tree["column"], tree["fed_parents"]
         g = torch.stack([tree["root_out"] if parents[i] < 0 else outs[parents[i]] for i in nodes])   # [n, H]
         positions = torch.full((len(nodes),), self.fed + depth, device=self.device)
-        fed_tree = tree["rows"]                                             # tree rows in the cache
-        n = len(nodes)
-        visible = torch.zeros(n, self.fed + fed_tree + n, dtype=torch.bool)     # built on the host, copied once
-        visible[:, : self.fed] = True                                       # every committed row
-        for row, node in enumerate(nodes):
-            ancestor = parents[node]
-            while ancestor >= 0:                                            # tree ancestors
-                visible[row, self.fed + column[ancestor]] = True
-                ancestor = parents[ancestor]
-            visible[row, self.fed + fed_tree + row] = True                  # itself
-        visible = visible.to(self.device)
+        fed_tree = len(fed_parents)                                         # tree rows in the cache
+        fed_parents += [-1 if parents[i] < 0 else column[parents[i]] for i in nodes]
+        # the cache's tree rows form a tree of their own (row -> parent row): each new row sees the
+        # committed rows, its ancestors' rows and itself
+        visible = tree_visibility(fed_parents, self.fed, self.device, first_row=fed_tree)   # [n, fed + fed_tree + n]
         out, logits, _, _ = self.drafter(g[None], tokens.to(self.device)[None], positions[None], visible=visible[None],
                                          cache=self.kv, start=self.fed + fed_tree)
-        tree["rows"] = fed_tree + n
         for row, node in enumerate(nodes):
             outs[node] = out[0, row]
             column[node] = fed_tree + row
@@ -225,7 +219,7 @@ class Eagle:
 
     @staticmethod
     def _new_tree(root_out) -> dict:
-        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "rows": 0}
+        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "fed_parents": []}
 
     # ------------------------------------------------------------------ greedy: exact best tree
     def _greedy_tree(self, root_out, root_logits, depth_limit: int, scorer=None) -> CandidateTree:

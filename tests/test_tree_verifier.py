@@ -9,7 +9,8 @@ import torch
 
 from conftest import tiny_model
 from specdec.tree import (CandidateTree, ancestor_matrix, children_of, depths_of, is_chain,
-                          root_to_leaf_paths, tree_attention_mask, tree_position_ids, with_pending_root)
+                          root_to_leaf_paths, tree_attention_mask, tree_position_ids, tree_visibility,
+                          with_pending_root)
 from specdec.verifier import Verifier
 
 
@@ -188,6 +189,40 @@ def test_chain_mask_is_causal():
     mask = tree_attention_mask((-1, 0, 1, 2), 2)[0, 0, :, 2:]
     causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
     assert torch.equal(mask == 0, causal)
+
+
+@pytest.mark.parametrize("parents", [PARENTS, (-1, 0, 1, 2), (-1, -1, -1), ()])
+@pytest.mark.parametrize("window", [None, 1, 2, 4])
+def test_tree_visibility_from_its_definition(parents, window):
+    """The one mask builder, entry by entry against its definition: node i (position prefix + depth)
+    sees key k when k is a prefix slot or node i's ancestor-or-self, within the window (HF's rule:
+    key position > query position - window); the capacity's extra slots are hidden; first_row drops
+    the rows of nodes already fed."""
+    prefix, capacity = 3, 3 + len(parents) + 4
+    depth = depths_of(parents)
+
+    def ancestors_of(i):
+        found = {i}
+        while parents[i] >= 0:
+            i = parents[i]
+            found.add(i)
+        return found
+
+    def sees(i, k):
+        if k < prefix:
+            key_position, visible = k, True
+        elif k < prefix + len(parents):
+            key_position, visible = prefix + depth[k - prefix], k - prefix in ancestors_of(i)
+        else:
+            return False
+        return visible and (window is None or key_position > prefix + depth[i] - window)
+
+    for first_row in range(len(parents) + 1):
+        got = tree_visibility(parents, prefix, window=window, capacity=capacity, first_row=first_row)
+        expected = [[sees(i, k) for k in range(capacity)] for i in range(first_row, len(parents))]
+        assert got.tolist() == expected, (first_row, got.int().tolist())
+        plain = tree_attention_mask(parents, prefix, window=window, first_row=first_row)[0, 0]
+        assert torch.equal(plain == 0, got[:, : prefix + len(parents)])
 
 
 def test_tree_position_ids():
