@@ -61,20 +61,7 @@ class CandidateTree:
         """Merge token paths into a trie (shared prefixes share nodes) of point-mass proposals.
 
         Paths are taken in order; a path is cut where the node budget runs out."""
-        node_of: dict[tuple[int, ...], int] = {}
-        tokens: list[int] = []
-        parents: list[int] = []
-        for path in paths:
-            parent = -1
-            for depth in range(len(path)):
-                key = tuple(path[: depth + 1])
-                if key not in node_of:
-                    if max_nodes is not None and len(tokens) >= max_nodes:
-                        break
-                    node_of[key] = len(tokens)
-                    tokens.append(int(path[depth]))
-                    parents.append(parent)
-                parent = node_of[key]
+        tokens, parents = merge_into_trie([], (), paths, max_nodes)
         return cls(torch.tensor(tokens, dtype=torch.long, device=device), tuple(parents))
 
     # ------------------------------------------------------------------ views
@@ -110,6 +97,30 @@ def children_of(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     for i, p in enumerate(parents):
         kids[p + 1].append(i)
     return tuple(tuple(k) for k in kids)
+
+
+def merge_into_trie(tokens: Sequence[int], parents: Sequence[int], paths: Sequence[Sequence[int]],
+                    max_nodes: int | None = None) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the tree `tokens` / `parents` with the token `paths` merged in below the
+    pending token: each path walks down from the root, reusing the child that holds its token and
+    appending new nodes after the existing ones. The existing nodes keep their indices; paths are
+    taken in order and one is cut where the tree would pass max_nodes nodes."""
+    tokens, parents = [int(t) for t in tokens], list(parents)
+    child_of = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}    # (parent, token) -> node
+    for path in paths:
+        parent = -1
+        for token in path:
+            token = int(token)
+            node = child_of.get((parent, token))
+            if node is None:
+                if max_nodes is not None and len(tokens) >= max_nodes:
+                    break
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                child_of[(parent, token)] = node
+            parent = node
+    return tokens, parents
 
 
 @lru_cache(maxsize=256)
