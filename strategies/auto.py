@@ -12,6 +12,9 @@ coupled sampler) are functions of the context, so any of them may be dropped. A 
 *sampled* (draft_probs given, rejection sampling) is verified whole or not drafted at all: keeping
 a sampled node because of the token it drew would change the law that node was drawn from. The
 drafter is called (or not) before it drafts, from the rates planned on earlier steps.
+
+The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
+rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
 """
 from __future__ import annotations
 
@@ -163,11 +166,8 @@ class Auto:
     def propose(self, state: DecodeState) -> CandidateTree:
         self.step += 1
         paths, lookup_nodes = [], 0
-        if self.lookup is not None and min(self.lookup.num_tokens, state.max_depth) > 0:
-            self.lookup.index.extend(state.token_ids)
-            depth = min(self.lookup.num_tokens, state.max_depth)
-            paths = self.lookup.continuations(state.token_ids, depth, state.eos_token_ids)
-            lookup_nodes = self.lookup.max_nodes
+        if self.lookup is not None:
+            paths, lookup_nodes = self.lookup.propose_paths(state), self.lookup.max_nodes
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
@@ -215,13 +215,12 @@ class Auto:
         for node in accepted:
             self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, keys, keep, accepted)
-        if self.lookup is not None:
-            self.lookup.observe(state, result)
+        if self.lookup is not None:           # the verified tree is auto's, not lookup's: lookup only indexes
+            self.lookup.catch_up(state.token_ids)
         if self.drafter is not None:
             start = time.perf_counter()
-            own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
-            self.drafter.observe(state, StepResult(neural_tree, own, result.next_token, result.committed_before,
-                                                   result.hidden))
+            for step in drafter_steps(state, result, accepted, neural_tree):
+                self.drafter.observe(state, step)
             if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or not self.steady_cost_known):
                 # until a steady call is timed, each call's time replaces the estimate (the first one
                 # catches up on the whole prompt: many times a steady call)
@@ -295,6 +294,33 @@ class Auto:
             parent = merged.parents[node]
             if parent == -1 or parent in kept:
                 self.calibrator.record(keys[node][0], node in kept)
+
+
+def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
+                  neural_tree: CandidateTree) -> list[StepResult]:
+    """The step as the drafter sees it, in StepResults that keep StepResult's promise (`accepted`
+    indexes the result's tree, `hidden` holds the rows of exactly the pending token and those nodes):
+    the verdict on its own tree - the leading part of the accepted path (`accepted`: merged indices)
+    made of its nodes, which keep their indices in the merged tree (strategies/mixed.py), with those
+    nodes' rows and the target's token after them - then one plain step (an empty tree) per token
+    committed after that part (lookup's accepted nodes and the target's last token), each with the
+    row that produced it. A drafter that keeps state per committed row (eagle's features, medusa's
+    last row) sees every row once, in order."""
+    own = 0                                  # merged nodes below the drafter's come after its own on a path
+    while own < len(accepted) and accepted[own] < neural_tree.num_nodes:
+        own += 1
+    before = result.committed_before
+    run = state.token_ids[before: before + len(accepted) + 1]    # the accepted tokens, then next_token
+    hidden = result.hidden                                       # [1 + len(accepted), F] or None
+
+    def rows(start: int, stop: int):
+        return None if hidden is None else hidden[start:stop]
+
+    steps = [StepResult(neural_tree, tuple(accepted[:own]), run[own], before, rows(0, own + 1))]
+    empty = CandidateTree.empty(neural_tree.tokens.device)
+    for k in range(own + 1, len(run)):      # run[k] was produced by the row of the node holding run[k - 1]
+        steps.append(StepResult(empty, (), run[k], before + k, rows(k, k + 1)))
+    return steps
 
 
 def _lookup_context(parents, accept, keep) -> int:
