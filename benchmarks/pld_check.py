@@ -24,7 +24,7 @@ import specdec
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.types import DecodeState, StepResult
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, TorchRandom
 
 MODELS = "/work/shared/models/pycode"
 
@@ -90,7 +90,7 @@ def step_cost(tokenizer, context_len: int = 2000, steps: int = 300, seed: int = 
     rng = random.Random(seed)
     strategy = PromptLookup()
     state = DecodeState(token_ids=ids[:context_len], prompt_len=context_len, sampling=SamplingParams(),
-                        generator=torch.Generator(), max_depth=1 << 30, eos_token_ids=frozenset())
+                        rng=TorchRandom(torch.Generator()), max_depth=1 << 30, eos_token_ids=frozenset())
     t0 = time.perf_counter()
     strategy.reset(state)
     reset_s = time.perf_counter() - t0

@@ -163,10 +163,6 @@ def new_static_cache(model, capacity: int, role: str = "target") -> Cache:
     return cache
 
 
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
 def _device(cache: Cache) -> torch.device:
     for layer in cache.layers:
         if getattr(layer, "kv_buffer", None) is not None:

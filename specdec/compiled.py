@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .cache import new_static_cache
 from .errors import IncompatibleModelsError
 from .models import AttentionLayout
-from .tree import ancestor_matrix, is_chain, tree_position_ids
+from .tree import tree_masks, tree_position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)        # rows of a compiled forward (pending token + tree nodes, padded)
 CAPACITY_STEP = 256                       # static caches are sized in multiples of this (fewer recompiles)
@@ -38,37 +38,6 @@ def padded_parents(parents: Sequence[int], rows: int) -> tuple[int, ...]:
     """Parents of a forward padded to `rows`: each padding row hangs off row 0 (the pending token),
     so it sees the prefix, row 0 and itself (a valid softmax), and no real row sees it."""
     return tuple(parents) + (0,) * (rows - len(parents))
-
-
-def static_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device):
-    """Additive mask(s) [1, 1, R, capacity] of a forward of R rows written at slots prefix_len ..
-    prefix_len + R - 1: row i sees the prefix, its ancestors among the rows and itself (within
-    its layer type's window); every other slot, filled or not, is hidden. One mask, or {layer type:
-    mask} when the layers attend differently."""
-    rows = len(parents)
-    depths = tree_position_ids(parents, 0, device)[0]                                  # [R]
-    if is_chain(parents):       # a prefill or a chain: causal, built on the device
-        ancestors = torch.ones(rows, rows, dtype=torch.bool, device=device).tril_()    # [R, R]
-    else:
-        ancestors = ancestor_matrix(parents).to(device, non_blocking=True)             # [R, R] bool
-    slots = torch.arange(capacity, device=device)                                      # [C]
-    sees = slots[None, :] < prefix_len                                                 # [1, C] the prefix
-    sees = sees.expand(rows, capacity).clone()                                         # [R, C]
-    sees[:, prefix_len: prefix_len + rows] = ancestors
-    key_positions = slots.clone()                                                      # [C] committed: its slot
-    key_positions[prefix_len: prefix_len + rows] = prefix_len + depths                 # rows: prefix_len + depth
-    query_positions = prefix_len + depths                                              # [R]
-    by_window = {}
-    for window in set(layout.windows.values()):
-        visible = sees
-        if window is not None:       # Hugging Face's rule: a query at q sees keys at k > q - window
-            visible = sees & (key_positions[None, :] > query_positions[:, None] - window)
-        mask = torch.zeros(rows, capacity, dtype=dtype, device=device)                 # [R, C]
-        by_window[window] = mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
-    if not layout.by_type:
-        return next(iter(by_window.values()))
-    return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
 
 
 class StaticForward:
@@ -162,7 +131,9 @@ class StaticForward:
             input_ids = F.pad(input_ids, (0, bucket - rows), value=0)          # [1, bucket]: padding rows
             parents = padded_parents(parents, bucket)
         device = input_ids.device
-        mask = static_masks(self.layout, parents, prefix_len, self.capacity, self.model.dtype, device)
+        # row i sees the prefix, its ancestors among the rows and itself (within its layer type's
+        # window); every other slot, filled or not, is hidden
+        mask = tree_masks(self.layout, parents, prefix_len, self.model.dtype, device, capacity=self.capacity)
         positions = tree_position_ids(parents, prefix_len, device)                        # [1, R]
         self.cache.write_start.fill_(prefix_len)
         if bucket is None or not self.cache.layers[0].is_initialized:   # the first write allocates: eager

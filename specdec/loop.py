@@ -71,8 +71,8 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
-                        generator=generator, max_depth=stop.max_new_tokens - 1,
-                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise, rng=rng)
+                        rng=rng, max_depth=stop.max_new_tokens - 1,
+                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise)
     t = clock()
     strategy.reset(state)
     stats.draft_time_s += clock() - t

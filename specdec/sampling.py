@@ -76,15 +76,10 @@ class TorchRandom:
     def categorical(self, probs: torch.Tensor) -> int:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
-    def sample_without_replacement(self, probs: torch.Tensor, k: int) -> list[int]:
-        """Up to k distinct tokens, each drawn from probs [V] with the earlier ones removed
-        (renormalized); fewer when fewer than k tokens have probability > 0."""
-        k = min(k, int((probs > 0).sum()))
-        return torch.multinomial(probs, k, replacement=False, generator=self.generator).tolist()
-
     def draw_without_replacement(self, probs: torch.Tensor, count: int) -> torch.Tensor:
-        """[count] distinct tokens of probs [V], the draw sample_without_replacement makes, left on
-        the device (no read back). The caller guarantees count <= the tokens of probability > 0."""
+        """[count] distinct tokens of probs [V], each drawn with the earlier ones removed
+        (renormalized): the draw torch.multinomial(replacement=False) makes, left on the device (no
+        read back). The caller guarantees count <= the tokens of probability > 0."""
         return exponential_race(probs, count, self.generator)
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from .models import AttentionLayout
 
 INDEPENDENT = "independent"
 WITHOUT_REPLACEMENT = "without_replacement"
@@ -58,20 +61,7 @@ class CandidateTree:
         """Merge token paths into a trie (shared prefixes share nodes) of point-mass proposals.
 
         Paths are taken in order; a path is cut where the node budget runs out."""
-        node_of: dict[tuple[int, ...], int] = {}
-        tokens: list[int] = []
-        parents: list[int] = []
-        for path in paths:
-            parent = -1
-            for depth in range(len(path)):
-                key = tuple(path[: depth + 1])
-                if key not in node_of:
-                    if max_nodes is not None and len(tokens) >= max_nodes:
-                        break
-                    node_of[key] = len(tokens)
-                    tokens.append(int(path[depth]))
-                    parents.append(parent)
-                parent = node_of[key]
+        tokens, parents = merge_into_trie([], (), paths, max_nodes)
         return cls(torch.tensor(tokens, dtype=torch.long, device=device), tuple(parents))
 
     # ------------------------------------------------------------------ views
@@ -90,20 +80,6 @@ class CandidateTree:
     def depths(self) -> list[int]:
         return depths_of(self.parents)
 
-    def paths(self) -> list[list[int]]:
-        """Root-to-leaf paths as lists of node indices."""
-        return root_to_leaf_paths(self.parents)
-
-    def prune_depth(self, max_depth: int) -> "CandidateTree":
-        """Keep the nodes at depth < max_depth (a root child has depth 0)."""
-        if max_depth <= 0:
-            return CandidateTree.empty(self.tokens.device)
-        depth = self.depths()
-        keep = [i for i in range(self.num_nodes) if depth[i] < max_depth]
-        if len(keep) == self.num_nodes:
-            return self
-        return self.select(keep)
-
     def select(self, keep: Sequence[int]) -> "CandidateTree":
         """Sub-tree of the nodes `keep` (closed under parents, in index order)."""
         new_index = {old: new for new, old in enumerate(keep)}
@@ -121,6 +97,30 @@ def children_of(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     for i, p in enumerate(parents):
         kids[p + 1].append(i)
     return tuple(tuple(k) for k in kids)
+
+
+def merge_into_trie(tokens: Sequence[int], parents: Sequence[int], paths: Sequence[Sequence[int]],
+                    max_nodes: int | None = None) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the tree `tokens` / `parents` with the token `paths` merged in below the
+    pending token: each path walks down from the root, reusing the child that holds its token and
+    appending new nodes after the existing ones. The existing nodes keep their indices; paths are
+    taken in order and one is cut where the tree would pass max_nodes nodes."""
+    tokens, parents = [int(t) for t in tokens], list(parents)
+    child_of = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}    # (parent, token) -> node
+    for path in paths:
+        parent = -1
+        for token in path:
+            token = int(token)
+            node = child_of.get((parent, token))
+            if node is None:
+                if max_nodes is not None and len(tokens) >= max_nodes:
+                    break
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                child_of[(parent, token)] = node
+            parent = node
+    return tokens, parents
 
 
 @lru_cache(maxsize=256)
@@ -168,23 +168,62 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     return _ancestor_matrix(tuple(parents))
 
 
-def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu", window: int | None = None) -> torch.Tensor:
-    """Additive 4-D mask [1, 1, N, prefix_len + N] for a forward over the N tree nodes on top of
-    a cache of prefix_len tokens: every node sees the whole prefix, itself and its ancestors.
-    With a sliding `window` (Hugging Face's rule: a query at position q sees keys at positions
-    k > q - window), a node at position prefix_len + depth sees only the keys of its own path
-    within that window."""
+def tree_visibility(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu",
+                    window: int | None = None, capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
+    """[N - first_row, K] bool, the ancestor mask every tree forward uses (the verifier's, the compiled
+    one's, the drafters'): entry (i, k) is True when tree node first_row + i, written after
+    prefix_len committed entries, sees key k. Every node sees the whole prefix, its ancestors and
+    itself. K = prefix_len + N, or `capacity` for a fixed-size cache (the slots after the tree,
+    stale or empty, are hidden). With a sliding `window` (Hugging Face's rule: a query at position
+    q sees keys at positions k > q - window; a prefix slot's position is its index, a node's
+    prefix_len + depth) a node sees only the keys of its own path within the window. `first_row`:
+    the rows of the nodes before it are already in the cache (a drafter feeding a tree level by
+    level) and get no row."""
     n = len(parents)
-    mask = torch.zeros(n, prefix_len + n, dtype=dtype, device=device)   # [N, prefix + N]
-    sees = ancestor_matrix(parents).to(device)
-    mask[:, prefix_len:].masked_fill_(~sees, torch.finfo(dtype).min)
+    width = prefix_len + n if capacity is None else capacity
+    if is_chain(parents):       # a prefill or a chain: causal, built on the device
+        ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()          # [N, N]
+    else:
+        ancestors = ancestor_matrix(parents).to(device, non_blocking=True)             # [N, N]
+    sees = torch.zeros(n, width, dtype=torch.bool, device=device)                      # [N, K]
+    sees[:, :prefix_len] = True
+    sees[:, prefix_len: prefix_len + n] = ancestors
     if window is not None:
-        positions = tree_position_ids(parents, prefix_len, device)[0]             # [N]
-        key_positions = torch.cat([torch.arange(prefix_len, device=device), positions])   # [prefix + N]
-        outside = key_positions[None, :] <= positions[:, None] - window            # [N, prefix + N]
-        mask.masked_fill_(outside, torch.finfo(dtype).min)
-    return mask[None, None]
+        query_positions = tree_position_ids(parents, prefix_len, device)[0]           # [N]
+        key_positions = torch.arange(width, device=device)                             # [K]
+        key_positions[prefix_len: prefix_len + n] = query_positions
+        sees &= key_positions[None, :] > query_positions[:, None] - window
+    return sees[first_row:]
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[R, K] bool visibility -> [1, 1, R, K] additive mask of `dtype` (0 = seen, dtype's min = hidden),
+    the form Hugging Face models take."""
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu", window: int | None = None,
+                        capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
+    """Additive 4-D mask [1, 1, N - first_row, K] of a forward over the tree nodes on top of a cache
+    of prefix_len tokens (tree_visibility says who sees what)."""
+    return additive_mask(tree_visibility(parents, prefix_len, device, window, capacity, first_row), dtype)
+
+
+def tree_masks(layout: AttentionLayout | None, parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
+               device: torch.device | str, capacity: int | None = None, first_row: int = 0):
+    """The attention mask(s) of a tree forward for a model whose layers attend as `layout` says: one
+    mask (tree_attention_mask) when every layer attends alike, else {layer type: mask} (Hugging
+    Face's per-type mask mapping), each layer type with its own sliding window. layout None: one
+    plain mask, no window."""
+    if layout is None:
+        return tree_attention_mask(parents, prefix_len, dtype, device, None, capacity, first_row)
+    by_window = {window: tree_attention_mask(parents, prefix_len, dtype, device, window, capacity, first_row)
+                 for window in set(layout.windows.values())}
+    if not layout.by_type:
+        return next(iter(by_window.values()))
+    return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
 
 
 def tree_position_ids(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:

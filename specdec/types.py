@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TorchRandom
 from .tree import CandidateTree
 
 if TYPE_CHECKING:
@@ -19,7 +19,9 @@ class DecodeState:
     token_ids: list[int]                  # committed tokens: prompt + generated; the last one is pending
     prompt_len: int
     sampling: SamplingParams
-    generator: torch.Generator            # the one random source of this call (drafting may use it)
+    rng: TorchRandom                      # the one random source of this call: every draw of drafting and
+    #   acceptance goes through it (uniforms, bernoulli, categorical, draw_without_replacement); the loop
+    #   makes one per call, the law tests substitute one that enumerates every outcome (tests/law.py)
     max_depth: int                        # levels a tree may have now (budget left - 1); deeper is an error
     eos_token_ids: frozenset[int] = frozenset()
     prompt_hidden: torch.Tensor | None = None   # [P - 1, F] target features of the committed prompt
@@ -28,15 +30,6 @@ class DecodeState:
     noise: GumbelNoise | None = None      # the coupled sampler's noise (None: rejection sampler or
     #   greedy). Drafters then propose specdec.coupled.coupled_proposals(draft logits, positions,
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
-    rng: object = None                    # the random source every draw goes through (TorchRandom
-    #   interface: uniforms, bernoulli, categorical, sample_without_replacement,
-    #   draw_without_replacement); the loop makes one per
-    #   call; None here means a TorchRandom on `generator`
-
-    def __post_init__(self):
-        if self.rng is None:
-            from .sampling import TorchRandom
-            self.rng = TorchRandom(self.generator)
 
     @property
     def num_generated(self) -> int:

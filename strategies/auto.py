@@ -11,7 +11,10 @@ What may be pruned, losslessly: point masses (prompt lookup; every node when gre
 coupled sampler) are functions of the context, so any of them may be dropped. A tree the drafter
 *sampled* (draft_probs given, rejection sampling) is verified whole or not drafted at all: keeping
 a sampled node because of the token it drew would change the law that node was drawn from. The
-drafter is called (or not) before it drafts, from the rates observed on earlier steps.
+drafter is called (or not) before it drafts, from the rates planned on earlier steps.
+
+The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
+rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
 """
 from __future__ import annotations
 
@@ -49,8 +52,6 @@ class AutoConfig:
     #                                     towards its raw confidence
     sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
     #                                     per depth (an optimistic prior the first calls correct)
-    observed_rates: bool = False        # true: call the drafter on the tokens/s observed with / without it (per
-    #                                     lookup context) once both are known; false: on the planner's rates
 
 
 CONFIG_SECTIONS = {"auto": AutoConfig}
@@ -67,7 +68,6 @@ PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # the greedy prior auto skipped the drafter on 45 of 598 steps there and ran 0.96x eagle alone.
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
-OBSERVED_WEIGHT = 0.2        # moving-average weight of a step in the observed rates
 
 
 class _Step(NamedTuple):
@@ -78,7 +78,6 @@ class _Step(NamedTuple):
     keep: list                    # merged nodes verified (closed under parents)
     neural_tree: CandidateTree    # the drafter's own tree (empty when not called)
     proposed_at: float            # perf_counter when propose returned
-    started: float                # perf_counter when propose began
     context: int                  # the lookup context (_lookup_context)
 
 
@@ -98,7 +97,7 @@ class Auto:
                  calibration_prior: float = AutoConfig.calibration_prior, profile: bool = AutoConfig.profile,
                  profile_context: int = AutoConfig.profile_context, profile_repeats: int = AutoConfig.profile_repeats,
                  draft_cost_s: float | None = None, adapt_costs: bool = True,
-                 observed_rates: bool = AutoConfig.observed_rates, sampled_confidence: bool = AutoConfig.sampled_confidence):
+                 sampled_confidence: bool = AutoConfig.sampled_confidence):
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
@@ -121,11 +120,6 @@ class Auto:
         # the drafter is not called while it looks dear, would never be corrected.
         self.plan_with: dict[int, tuple[float, float]] = {}
         self.plan_without: dict[int, tuple[float, float]] = {}
-        # observed (tokens, seconds) per step, as moving averages, with / without the drafter, per lookup
-        # context: what the steps really gave, drafting and all (their ratio decides once both are known)
-        self.observed_with: dict[int, tuple[float, float]] = {}
-        self.observed_without: dict[int, tuple[float, float]] = {}
-        self.observed_rates = observed_rates      # False (default): the planner's rates decide
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
@@ -181,14 +175,10 @@ class Auto:
         return self.cost_scale * self.costs.verify_cost(num_nodes)
 
     def propose(self, state: DecodeState) -> CandidateTree:
-        started = time.perf_counter()
         self.step += 1
         paths, lookup_nodes = [], 0
-        if self.lookup is not None and min(self.lookup.num_tokens, state.max_depth) > 0:
-            self.lookup.index.extend(state.token_ids)
-            depth = min(self.lookup.num_tokens, state.max_depth)
-            paths = self.lookup.continuations(state.token_ids, depth, state.eos_token_ids)
-            lookup_nodes = self.lookup.max_nodes
+        if self.lookup is not None:
+            paths, lookup_nodes = self.lookup.propose_paths(state), self.lookup.max_nodes
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
@@ -222,12 +212,12 @@ class Auto:
             lookup_source = source
         # what calling the drafter cost this step: its propose, and merging and planning its tree
         self.last_draft_s = None if draft_start is None else time.perf_counter() - draft_start
-        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), started, context)
+        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context)
         self.tree_sizes.append(tree.num_nodes)
         return tree
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        merged, source, keys, keep, neural_tree, proposed_at, started, context = self.pending   # a _Step
+        merged, source, keys, keep, neural_tree, proposed_at, context = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
         predicted = self.costs.verify_cost(len(keep))
         if predicted > 0 and self.adapt_costs:
@@ -236,36 +226,20 @@ class Auto:
         for node in accepted:
             self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, keys, keep, accepted)
-        if self.lookup is not None:
-            self.lookup.observe(state, result)
+        if self.lookup is not None:           # the verified tree is auto's, not lookup's: lookup only indexes
+            self.lookup.catch_up(state.token_ids)
         if self.drafter is not None:
             start = time.perf_counter()
-            own = tuple(node for node in accepted if node < neural_tree.num_nodes)   # a leading part of the path
-            self.drafter.observe(state, StepResult(neural_tree, own, result.next_token, result.committed_before,
-                                                   result.hidden))
+            for step in drafter_steps(state, result, accepted, neural_tree):
+                self.drafter.observe(state, step)
             if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or not self.steady_cost_known):
                 # until a steady call is timed, each call's time replaces the estimate (the first one
                 # catches up on the whole prompt: many times a steady call)
                 spent = self.last_draft_s + time.perf_counter() - start
                 self.draft_cost_s = _ema(self.draft_cost_s if self.steady_cost_known else None, spent)
                 self.steady_cost_known |= self.steady_call
-        if self.observed_rates:               # only read when they decide: no bookkeeping otherwise
-            observed = self.observed_with if self.last_draft_s is not None else self.observed_without
-            tokens, seconds = observed.get(context, (None, None))
-            observed[context] = (_ema(tokens, len(result.accepted) + 1.0, OBSERVED_WEIGHT),
-                                 _ema(seconds, time.perf_counter() - started, OBSERVED_WEIGHT))
 
     # ------------------------------------------------------------------ policy
-    def rates(self, context: int) -> tuple[float | None, float | None]:
-        """(tokens/s with the drafter, tokens/s with lookup alone) in a lookup context: observed
-        (new tokens over the whole step's time, drafting included) once both have been seen, else
-        planned. Observed rates correct what the plan cannot see: at temperature > 0 a sampled
-        tree's worth rests on calibrated estimates, and the drafter's catch-up calls cost time."""
-        if self.observed_rates and context in self.observed_with and context in self.observed_without:
-            (t1, s1), (t0, s0) = self.observed_with[context], self.observed_without[context]
-            return t1 / s1, t0 / s0
-        return self.planned_rates(context)
-
     def planned_rates(self, context: int) -> tuple[float | None, float]:
         """(planned tokens/s with the drafter or None before its first call, with lookup alone) in
         a lookup context: recent plans' expected new tokens over what their trees cost now."""
@@ -279,7 +253,7 @@ class Auto:
         return rate_with, rate_without or 0.0
 
     def _call_drafter(self, state: DecodeState, context: int) -> bool:
-        """Call the drafter when its recent rate (self.rates) beats lookup alone in the same lookup
+        """Call the drafter when its recent planned rate (planned_rates) beats lookup alone in the same lookup
         context (a drafter that pays where lookup has nothing may not pay beside a long lookup
         match); otherwise look again after a gap that doubles (up to MAX_EXPLORE_GAP) each look
         that does not pay, so a useless drafter costs next to nothing on text it cannot predict."""
@@ -290,7 +264,7 @@ class Auto:
         if not self.steady_cost_known and self.steps_since_call == 1:
             return True       # the last step called after a gap (a catch-up): call once more to time a steady call
         self.since_look[context] = self.since_look.get(context, 0) + 1
-        rate_with, rate_without = self.rates(context)
+        rate_with, rate_without = self.planned_rates(context)
         if rate_with is None or rate_with >= rate_without:
             self.explore_gap[context] = self.explore_every
         elif self.since_look[context] >= self.explore_gap.get(context, self.explore_every):
@@ -333,6 +307,33 @@ class Auto:
                 self.calibrator.record(keys[node][0], node in kept)
 
 
+def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
+                  neural_tree: CandidateTree) -> list[StepResult]:
+    """The step as the drafter sees it, in StepResults that keep StepResult's promise (`accepted`
+    indexes the result's tree, `hidden` holds the rows of exactly the pending token and those nodes):
+    the verdict on its own tree - the leading part of the accepted path (`accepted`: merged indices)
+    made of its nodes, which keep their indices in the merged tree (strategies/mixed.py), with those
+    nodes' rows and the target's token after them - then one plain step (an empty tree) per token
+    committed after that part (lookup's accepted nodes and the target's last token), each with the
+    row that produced it. A drafter that keeps state per committed row (eagle's features, medusa's
+    last row) sees every row once, in order."""
+    own = 0                                  # merged nodes below the drafter's come after its own on a path
+    while own < len(accepted) and accepted[own] < neural_tree.num_nodes:
+        own += 1
+    before = result.committed_before
+    run = state.token_ids[before: before + len(accepted) + 1]    # the accepted tokens, then next_token
+    hidden = result.hidden                                       # [1 + len(accepted), F] or None
+
+    def rows(start: int, stop: int):
+        return None if hidden is None else hidden[start:stop]
+
+    steps = [StepResult(neural_tree, tuple(accepted[:own]), run[own], before, rows(0, own + 1))]
+    empty = CandidateTree.empty(neural_tree.tokens.device)
+    for k in range(own + 1, len(run)):      # run[k] was produced by the row of the node holding run[k - 1]
+        steps.append(StepResult(empty, (), run[k], before + k, rows(k, k + 1)))
+    return steps
+
+
 def _lookup_context(parents, accept, keep) -> int:
     """What lookup offers this step, as a context for the drafter's decision: 0 nothing, 1 an
     expected gain under one token, 2 more (expected accepted lookup tokens = sum of path reach)."""
@@ -364,5 +365,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
     return Auto(lookup, drafter, max_nodes=a.max_nodes,
                 explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
-                profile_context=a.profile_context, profile_repeats=a.profile_repeats, observed_rates=a.observed_rates,
-                sampled_confidence=a.sampled_confidence)
+                profile_context=a.profile_context, profile_repeats=a.profile_repeats, sampled_confidence=a.sampled_confidence)

@@ -21,7 +21,8 @@ class Strategy(Protocol):
 
     def propose(self, state: DecodeState) -> CandidateTree:
         """Candidate tokens after the pending token; CandidateTree.empty() for none.
-        Deeper than state.max_depth is wasted (the loop prunes it)."""
+        At most state.max_depth levels: a deeper tree is a strategy bug, and the loop raises
+        StrategyError (specdec.loop.check_depth) rather than cut it behind the strategy's back."""
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         """The verdict of the last step; state.token_ids already holds the new tokens."""

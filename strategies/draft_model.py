@@ -24,9 +24,8 @@ from specdec.errors import ConfigError
 from specdec.models import check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
-from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_attention_mask, tree_position_ids
+from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_masks, tree_position_ids
 from specdec.types import DecodeState, StepResult
-from specdec.verifier import tree_masks
 
 
 @dataclass
@@ -250,12 +249,7 @@ class DraftModel:
         """The draft's tree mask(s) for the rows from level_start on, with its own sliding windows
         (one [1, 1, L, cached + N] mask, or {layer type: mask}); a plain tree mask when its attention
         layout is unknown (drafts only guess: a wrong mask costs acceptance, never correctness)."""
-        if self.layout is None:
-            return tree_attention_mask(parents, self.cached, self.draft.dtype, self.draft.device)[:, :, level_start:]
-        masks = tree_masks(self.layout, parents, self.cached, self.draft.dtype, self.draft.device)
-        if isinstance(masks, dict):
-            return {kind: mask[:, :, level_start:] for kind, mask in masks.items()}
-        return masks[:, :, level_start:]
+        return tree_masks(self.layout, parents, self.cached, self.draft.dtype, self.draft.device, first_row=level_start)
 
     # ------------------------------------------------------------------ the target's logits processing
     def _start_processing(self, state: DecodeState) -> LogitsProcessing:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
-import math
 
 import torch
 
@@ -48,8 +47,9 @@ from specdec.config import setting
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
+from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, tree_visibility
 from specdec.types import DecodeState, StepResult
 
 @dataclass
@@ -199,25 +199,19 @@ class Eagle:
     def _feed(self, tree, nodes: list[int], tokens: torch.Tensor, depth: int):
         """Run the drafter on the tree nodes `nodes` (all at `depth`, their parents already fed;
         tokens [n] their tokens, on the device) in one forward. tree: dict with the parent list,
-        out / column maps and the count of tree rows in the cache (written after the committed
-        rows). Returns logits [n, V] (fp32) and records each node's output and cache column."""
-        parents, outs, column = tree["parent"], tree["out"], tree["column"]
+        out / column maps and the parent row of each tree row in the cache (written after the
+        committed rows, in feeding order). Returns logits [n, V] (fp32) and records each node's
+        output and cache column."""
+        parents, outs, column, fed_parents = tree["parent"], tree["out"], tree["column"], tree["fed_parents"]
         g = torch.stack([tree["root_out"] if parents[i] < 0 else outs[parents[i]] for i in nodes])   # [n, H]
         positions = torch.full((len(nodes),), self.fed + depth, device=self.device)
-        fed_tree = tree["rows"]                                             # tree rows in the cache
-        n = len(nodes)
-        visible = torch.zeros(n, self.fed + fed_tree + n, dtype=torch.bool)     # built on the host, copied once
-        visible[:, : self.fed] = True                                       # every committed row
-        for row, node in enumerate(nodes):
-            ancestor = parents[node]
-            while ancestor >= 0:                                            # tree ancestors
-                visible[row, self.fed + column[ancestor]] = True
-                ancestor = parents[ancestor]
-            visible[row, self.fed + fed_tree + row] = True                  # itself
-        visible = visible.to(self.device)
+        fed_tree = len(fed_parents)                                         # tree rows in the cache
+        fed_parents += [-1 if parents[i] < 0 else column[parents[i]] for i in nodes]
+        # the cache's tree rows form a tree of their own (row -> parent row): each new row sees the
+        # committed rows, its ancestors' rows and itself
+        visible = tree_visibility(fed_parents, self.fed, self.device, first_row=fed_tree)   # [n, fed + fed_tree + n]
         out, logits, _, _ = self.drafter(g[None], tokens.to(self.device)[None], positions[None], visible=visible[None],
                                          cache=self.kv, start=self.fed + fed_tree)
-        tree["rows"] = fed_tree + n
         for row, node in enumerate(nodes):
             outs[node] = out[0, row]
             column[node] = fed_tree + row
@@ -225,47 +219,26 @@ class Eagle:
 
     @staticmethod
     def _new_tree(root_out) -> dict:
-        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "rows": 0}
+        return {"root_out": root_out, "parent": [], "out": {}, "column": {}, "fed_parents": []}
 
     # ------------------------------------------------------------------ greedy: exact best tree
     def _greedy_tree(self, root_out, root_logits, depth_limit: int, scorer=None) -> CandidateTree:
         """scorer(logits [n, V], depth) -> [n, V] scores to rank children by (default: the logits;
         greedy: at score_temperature; the coupled sampler adds its noise). Cumulative log-softmax of
-        the scores ranks the nodes. One host read per depth (the children's log-probabilities);
-        tokens stay on the device."""
+        the scores ranks the nodes (strategies.best_first, expanding `expand` nodes per depth at most
+        and stopping below `stop_below`). One drafter forward and one host read per depth (the
+        children's log-probabilities); tokens stay on the device."""
         tree = self._new_tree(root_out)
-        scores: list[float] = []
-        depths: list[int] = []
-        tokens: list[torch.Tensor] = []       # per candidate: a 0-d token tensor on the device
 
-        def add_children(parents: list[int], logits: torch.Tensor, depth: int) -> None:
-            if scorer is not None:
-                logits = scorer(logits, depth)
-            top = logits.log_softmax(dim=-1).topk(min(self.top_k, logits.shape[-1]), dim=-1)   # [n, k]
-            for row, (parent, values) in enumerate(zip(parents, top.values.tolist())):
-                base = scores[parent] if parent >= 0 else 0.0
-                for rank, value in enumerate(values):
-                    if value == float("-inf"):                               # filtered tokens: no child
-                        break
-                    scores.append(base + value)
-                    depths.append(depth)
-                    tree["parent"].append(parent)
-                    tokens.append(top.indices[row, rank])
+        def children(depth: int, nodes: list[int], tokens, parents: list[int]):
+            if tokens is None:                                  # the pending token's children
+                logits = root_logits[None]                                              # [1, V]
+            else:
+                tree["parent"] = parents
+                logits = self._feed(tree, nodes, tokens, depth - 1)                     # [n, V]
+            return top_children(logits if scorer is None else scorer(logits, depth), self.top_k)
 
-        def best() -> list[int]:              # the max_nodes best candidates so far; ties: shallower first
-            return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[: self.max_nodes]
-
-        add_children([-1], root_logits[None], 0)
-        for depth in range(depth_limit - 1):
-            frontier = sorted([i for i in best() if depths[i] == depth][: self.expand])   # best() is by score
-            if not frontier or sum(math.exp(scores[i]) for i in frontier) < self.stop_below:
-                break
-            logits = self._feed(tree, frontier, torch.stack([tokens[i] for i in frontier]), depth)
-            add_children(frontier, logits, depth + 1)
-        chosen = sorted(best(), key=lambda i: (depths[i], i))                 # parents before children
-        new_index = {old: new for new, old in enumerate(chosen)}
-        parents = tuple(-1 if tree["parent"][i] < 0 else new_index[tree["parent"][i]] for i in chosen)
-        return CandidateTree(torch.stack([tokens[i] for i in chosen]), parents)
+        return best_first_tree(children, depth_limit, self.max_nodes, self.device, self.expand, self.stop_below)
 
     # ------------------------------------------------------------------ sampling: real distributions
     def _sampled_tree(self, root_out, root_logits, depth_limit: int, state: DecodeState) -> CandidateTree:

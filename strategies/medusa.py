@@ -7,12 +7,14 @@ child) is guessed by head d + 1.
 Trees of per-head ranks (a path [r0, r1, ...] takes head 1's r0-th best token, then head 2's
 r1-th best, ...):
   * dynamic: the max_nodes paths of highest cumulative head probability (the product of the
-    heads' probabilities along the path), by best-first search over ranks < top_k;
+    heads' probabilities along the path) over ranks < top_k, by the best-first search eagle's
+    greedy trees use too (strategies/best_first.py);
   * static: a fixed list of rank paths (Medusa's "choices").
 Token-conditioned heads (head k also reads the token before the one it guesses) cannot score a
 whole path from one hidden state: a node's children come from the next head run on that node's
-own token. Both trees are then built depth by depth, one batched head call per depth (the
-dynamic one keeps only the nodes still among the best so far, which is exact).
+own token, so both their trees are built depth by depth, one batched head call per depth (the
+dynamic one keeps only the nodes still among the best so far, which is exact). Plain heads score
+every path from one call of all heads.
 Greedy proposals are point masses (draft_probs None). At temperature > 0 under the rejection
 sampler the tree carries the heads' real distributions: siblings drawn without replacement from
 the head's warped distribution, the tree shaped as eagle's (strategies/sampled_tree.py; a static
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
-import heapq
 from typing import Sequence
 
 import torch
@@ -36,6 +37,7 @@ from specdec.config import setting
 from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
+from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
@@ -60,32 +62,6 @@ class HeadsConfig:
 CONFIG_SECTIONS = {"medusa": MedusaConfig, "heads": HeadsConfig}
 
 
-
-
-def best_rank_paths(head_logprobs: torch.Tensor, max_nodes: int) -> list[tuple[int, ...]]:
-    """The max_nodes rank paths of highest cumulative log-probability, parents before children.
-
-    head_logprobs [D, k]: sorted descending per row (row d = depth d's head, its top-k log-probs;
-    -inf = a filtered-out token, never proposed). Best-first search: a popped path pushes its first
-    child (rank 0 one level deeper) and its next sibling (rank + 1 at the same depth); both score no
-    higher than it, so the popped set is closed under prefixes. One host read (the log-probs)."""
-    depth_limit, width = head_logprobs.shape
-    if depth_limit == 0 or width == 0 or max_nodes <= 0:
-        return []
-    logprobs = head_logprobs.tolist()
-    widths = [sum(1 for value in row if value != float("-inf")) for row in logprobs]   # ranks available
-    heap = [(-logprobs[0][0], (0,))] if widths[0] else []
-    chosen: list[tuple[int, ...]] = []
-    while heap and len(chosen) < max_nodes:
-        neg_score, path = heapq.heappop(heap)
-        chosen.append(path)
-        parent_score = -neg_score - logprobs[len(path) - 1][path[-1]]
-        if len(path) < depth_limit and widths[len(path)]:
-            heapq.heappush(heap, (neg_score - logprobs[len(path)][0], path + (0,)))
-        if path[-1] + 1 < widths[len(path) - 1]:
-            sibling = path[:-1] + (path[-1] + 1,)
-            heapq.heappush(heap, (-(parent_score + logprobs[len(path) - 1][path[-1] + 1]), sibling))
-    return sorted(chosen, key=lambda p: (len(p), p))
 
 
 def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor, device) -> CandidateTree:
@@ -127,52 +103,28 @@ class ConditionedExpander:
     def children(self, depth: int, parent_tokens) -> tuple[list[list[float]], torch.Tensor]:
         """parent_tokens [n] -> (log-probs [n][k] on the host, tokens [n, k] on the device) of each
         parent's best children (-inf: a filtered-out token). One host read."""
-        scores = self.scores(depth, parent_tokens)                                   # [n, V]
-        top = scores.log_softmax(dim=-1).topk(min(self.top_k, scores.shape[-1]), dim=-1)
-        return top.values.tolist(), top.indices
+        return top_children(self.scores(depth, parent_tokens), self.top_k)
 
 
 def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: int,
                      max_nodes: int) -> CandidateTree:
-    """The max_nodes nodes of highest cumulative log-probability, a node's children coming from the
-    next head run on that node's own token; one batched head call (and one host read) per depth.
+    """The max_nodes nodes of highest cumulative log-probability (strategies.best_first), a node's
+    children coming from the next head run on that node's own token; one batched head call (and
+    one host read) per depth."""
+    def children(depth, nodes, tokens, parents):
+        return expander.children(depth, [pending] if tokens is None else tokens)
+    return best_first_tree(children, depth_limit, max_nodes, expander.hidden.device)
 
-    Depth by depth, only nodes that are still among the max_nodes best candidates seen so far are
-    expanded: candidates only get worse deeper down (log-probabilities <= 0), so a node outside
-    that set can never be chosen, nor can its descendants. Ranking by (score desc, depth asc)
-    puts a parent before any child it ties with, so the chosen set is closed under parents."""
-    scores: list[float] = []
-    depths: list[int] = []
-    parent_of: list[int] = []            # candidate index of the parent, -1 = the pending token
-    token_of: list[torch.Tensor] = []    # 0-d token tensors, on the device
-    frontier = [-1]                      # candidate indices of the nodes to expand
-    frontier_tokens = torch.tensor([pending], device=expander.hidden.device)
 
-    def best() -> list[int]:             # the max_nodes best candidates so far
-        return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes]
+def best_plain_nodes(head_logits: torch.Tensor, top_k: int, max_nodes: int, device) -> CandidateTree:
+    """The max_nodes nodes of highest cumulative head probability for plain heads: head d + 1 gives
+    every depth-d node the same children (head_logits [D, V]: row d = head d + 1's scores). One host
+    read (the heads' top-k log-probabilities)."""
+    logprobs, tokens = top_children(head_logits, top_k)                       # [D][k], [D, k]
 
-    for depth in range(depth_limit):
-        if not frontier or max_nodes <= 0:
-            break
-        logprobs, children = expander.children(depth, frontier_tokens)
-        for row, (parent, row_logprobs) in enumerate(zip(frontier, logprobs)):
-            base = scores[parent] if parent >= 0 else 0.0
-            for rank, logprob in enumerate(row_logprobs):
-                if logprob == float("-inf"):
-                    break
-                scores.append(base + logprob)
-                depths.append(depth)
-                parent_of.append(parent)
-                token_of.append(children[row, rank])
-        frontier = [i for i in sorted(best()) if depths[i] == depth]
-        if frontier:
-            frontier_tokens = torch.stack([token_of[i] for i in frontier])
-    chosen = sorted(best(), key=lambda i: (depths[i], i))                      # parents first
-    if not chosen:
-        return CandidateTree.empty(expander.hidden.device)
-    new_index = {old: new for new, old in enumerate(chosen)}
-    parents = tuple(-1 if parent_of[i] < 0 else new_index[parent_of[i]] for i in chosen)
-    return CandidateTree(torch.stack([token_of[i] for i in chosen]), parents)
+    def children(depth, nodes, _tokens, parents):
+        return [logprobs[depth]] * len(nodes), tokens[depth].expand(len(nodes), -1)
+    return best_first_tree(children, len(logprobs), max_nodes, device)
 
 
 def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequence[Sequence[int]]) -> CandidateTree:
@@ -260,10 +212,7 @@ class Medusa:
         if conditioned:
             return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k, noise, first), pending,
                                     depth, self.max_nodes)
-        head_logits = self._head_logits(last_hidden, depth, state)          # [D, V]
-        top = head_logits.log_softmax(dim=-1).topk(min(self.top_k, head_logits.shape[-1]), dim=-1)
-        paths = best_rank_paths(top.values, self.max_nodes)                 # values [D, k]: the one host read
-        return ranks_to_tree(paths, top.indices, self.device)
+        return best_plain_nodes(self._head_logits(last_hidden, depth, state), self.top_k, self.max_nodes, self.device)
 
     def _head_logits(self, last_hidden: torch.Tensor, depth: int, state: DecodeState) -> torch.Tensor:
         """[D, V] the first `depth` heads' logits (one stacked vocabulary matmul); under the coupled

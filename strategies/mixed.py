@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.tree import INDEPENDENT, CandidateTree
+from specdec.tree import INDEPENDENT, CandidateTree, merge_into_trie
 
 NEURAL = "neural"
 LOOKUP = "lookup"
@@ -32,25 +32,9 @@ def merge_paths(tree: CandidateTree, paths: Sequence[Sequence[int]], max_nodes: 
                 ) -> tuple[CandidateTree, list[str]]:
     """(merged tree, source of each node: NEURAL or LOOKUP). The tree's draft_probs, if any, get a
     one-hot row per lookup node; lookup nodes beyond max_nodes (in all) are dropped."""
-    tokens = tree.tokens.tolist()
-    parents = list(tree.parents)
-    source = [NEURAL] * len(tokens)
-    child_of: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
-    for path in paths:
-        parent = -1
-        for token in path:
-            token = int(token)
-            node = child_of.get((parent, token))
-            if node is None:
-                if max_nodes is not None and len(tokens) >= max_nodes:
-                    break
-                node = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-                source.append(LOOKUP)
-                child_of[(parent, token)] = node
-            parent = node
+    tokens, parents = merge_into_trie(tree.tokens.tolist(), tree.parents, paths, max_nodes)
     added = len(tokens) - tree.num_nodes
+    source = [NEURAL] * tree.num_nodes + [LOOKUP] * added
     if added == 0:
         return tree, source
     device = tree.tokens.device

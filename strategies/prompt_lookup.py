@@ -145,17 +145,28 @@ class PromptLookup:
         self.index.extend(state.token_ids)
 
     def propose(self, state: DecodeState) -> CandidateTree:
-        depth = min(self.num_tokens, state.max_depth)
-        if depth <= 0:
-            return CandidateTree.empty(self.device)
-        self.index.extend(state.token_ids)          # a no-op when observe() already caught up
-        paths = self.continuations(state.token_ids, depth, state.eos_token_ids)
+        paths = self.propose_paths(state)
         if not paths:
             return CandidateTree.empty(self.device)
         return CandidateTree.from_paths(paths, device=self.device, max_nodes=self.max_nodes)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        self.index.extend(state.token_ids)          # indexes positions committed_before onwards
+        self.catch_up(state.token_ids)
+
+    # ------------------------------------------------------------------ for a strategy that merges lookup in (auto)
+    def catch_up(self, token_ids: Sequence[int]) -> None:
+        """Index the committed tokens not indexed yet (those from the last step on; a no-op when
+        nothing new was committed)."""
+        self.index.extend(token_ids)
+
+    def propose_paths(self, state: DecodeState) -> list[list[int]]:
+        """The token paths propose() merges into its trie (at most max_nodes nodes): the suffix
+        matches' continuations, no deeper than state.max_depth; [] for none."""
+        depth = min(self.num_tokens, state.max_depth)
+        if depth <= 0:
+            return []
+        self.catch_up(state.token_ids)
+        return self.continuations(state.token_ids, depth, state.eos_token_ids)
 
     # ------------------------------------------------------------------ matching
     def continuations(self, token_ids: Sequence[int], depth: int,

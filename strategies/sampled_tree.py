@@ -2,9 +2,9 @@
 
 Sibling tokens are drawn without replacement from a draft distribution through the call's one
 random source (DecodeState.rng.draw_without_replacement), on the device: the loop's
-TorchRandom makes exactly the draw of its sample_without_replacement (torch.multinomial's own
-algorithm) minus the reads back to the host (tests check the two agree token for token); the law
-tests' enumerating source answers the same method.
+TorchRandom makes exactly torch.multinomial's draw without replacement minus its reads back to
+the host (tests check the two agree token for token); the law tests' enumerating source answers
+the same method.
 
 `sampled_tree` is the EAGLE-2-style sampled tree (eagle and medusa): per depth the `width` best
 slots are filled, a slot (parent, i) scored by the parent's cumulative log-probability plus the log

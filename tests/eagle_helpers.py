@@ -6,7 +6,7 @@ import torch
 from conftest import tiny_model
 from specdec.heads.eagle import EagleDrafter, layout_for_target
 from specdec.types import DecodeState
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, TorchRandom
 
 
 def random_drafter(model, layers=(-1,), seed: int = 0) -> EagleDrafter:
@@ -52,4 +52,4 @@ def biased_target(arch: str, bias: float, keep_weights: bool = True):
 def state_for(prompt: list[int], prompt_hidden, temperature: float = 0.0, max_depth: int = 16, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     return DecodeState(token_ids=list(prompt), prompt_len=len(prompt), sampling=SamplingParams(temperature),
-                       generator=generator, max_depth=max_depth, prompt_hidden=prompt_hidden)
+                       rng=TorchRandom(generator), max_depth=max_depth, prompt_hidden=prompt_hidden)

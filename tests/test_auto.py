@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import hf_greedy, noisy_copy, tiny_model
 from test_greedy_identity import contrarian_copy, target_of
@@ -179,34 +180,6 @@ def test_planned_rates_are_priced_at_the_costs_known_when_deciding():
     assert strategy.planned_rates(0) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
 
 
-def test_observed_rates_decide_once_both_are_known():
-    """The plan's rates decide until steps with and without the drafter have both been timed in a
-    context; from then on the observed tokens per second do, whatever the plan said."""
-    target = target_of("llama")
-    strategy = auto(DraftModel(target, num_tokens=4), observed_rates=True)
-    state = type("State", (), {"max_depth": 8})()
-    strategy.plan_with, strategy.plan_without = {0: (1.0, 0)}, {0: (3.0, 0)}   # the plan: lookup alone pays more
-    assert strategy.rates(0) == (1.0, 3.0)
-    strategy.observed_with[0] = (3.0, 0.1)                              # observed: 30 tokens/s with the drafter
-    assert strategy.rates(0) == (1.0, 3.0)                              # ... not yet compared with lookup alone
-    strategy.observed_without[0] = (1.0, 0.05)                          # 20 tokens/s without
-    assert strategy.rates(0) == pytest.approx((30.0, 20.0))
-    assert all(strategy._call_drafter(state, 0) for _ in range(20))
-    strategy.observed_without[0] = (2.0, 0.05)                          # 40 tokens/s: now lookup alone pays
-    assert sum(strategy._call_drafter(state, 0) for _ in range(40)) <= 40 // strategy.explore_every
-    strategy.observed_rates = False                                     # the default: the plan decides
-    assert strategy.rates(0) == (1.0, 3.0)
-
-
-def test_a_generation_records_observed_rates():
-    target = target_of("llama")
-    strategy = auto(DraftModel(target, num_tokens=4), explore_every=2, observed_rates=True)
-    Speculator(target, None, strategy).generate([3, 4, 5, 3, 4, 5, 3, 4], max_new_tokens=24, ignore_eos=True)
-    observed = list(strategy.observed_with.values()) + list(strategy.observed_without.values())
-    assert strategy.observed_with and observed
-    assert all(tokens >= 1.0 and seconds > 0 for tokens, seconds in observed)
-
-
 def test_the_drafter_cost_is_timed_on_a_steady_call():
     """The first call of a generation catches the drafter up on the whole prompt; its time must not
     stand for a drafting call's: the next step calls again and that time replaces it."""
@@ -239,3 +212,62 @@ def test_lookup_prior_is_lower_when_sampling():
     assert greedy == pytest.approx([PRIOR_ACCEPT[LOOKUP][0]] + [PRIOR_ACCEPT[LOOKUP][1]] * 2)
     assert sampled == pytest.approx([PRIOR_ACCEPT_SAMPLED[LOOKUP][0]] + [PRIOR_ACCEPT_SAMPLED[LOOKUP][1]] * 2)
     assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
+
+
+class SpyDrafter:
+    """A neural drafter stand-in: proposes the target's own next token (one node, always accepted, so
+    lookup's nodes below it are tried too) and records every StepResult it observes."""
+    name = "spy"
+    needs_hidden_states = True
+
+    def __init__(self, target):
+        self.target = target
+        self.proposed: list[CandidateTree] = []
+        self.observed: list = []
+
+    def bind(self, target, tokenizer): pass
+
+    def reset(self, state):
+        self.proposed, self.observed = [], []
+
+    @torch.inference_mode()
+    def propose(self, state):
+        token = int(self.target(torch.tensor([state.token_ids])).logits[0, -1].argmax())
+        self.proposed.append(CandidateTree.chain([token]))
+        return self.proposed[-1]
+
+    def observe(self, state, result):
+        self.observed.append(result)
+
+
+@pytest.mark.parametrize("explore_every", [1, 2])
+def test_the_drafter_observes_its_own_tree_with_its_own_rows(explore_every):
+    """Every StepResult auto hands its drafter keeps types.StepResult's promise: `accepted` is a root
+    path of that drafter's own tree (or of an empty one), `hidden` holds the target's features of
+    exactly the pending token's row and those nodes' rows, and next_token is the token after them;
+    one after the other they cover every committed row once, in order."""
+    target = tiny_model("llama", seed=2, sharpen=4.0)
+    spy = SpyDrafter(target)
+    strategy = auto(spy, explore_every=explore_every)
+    prompt = [5, 17, 33, 9, 41] * 3
+    out = Speculator(target, None, strategy).generate(prompt, max_new_tokens=N, ignore_eos=True)
+    ids = prompt + out.token_ids
+    with torch.inference_mode():
+        features = target(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]   # [len, H]
+    followed = 0                             # drafter verdicts followed by a token lookup added after them
+    committed = len(prompt)
+    for i, result in enumerate(spy.observed):
+        assert result.committed_before == committed                     # every row once, in order
+        assert result.num_accepted == 0 or any(result.tree is tree for tree in spy.proposed)
+        parents = [-1] + list(result.accepted[:-1]) if result.accepted else []
+        assert [result.tree.parents[node] for node in result.accepted] == parents        # a root path
+        path_tokens = [int(result.tree.tokens[node]) for node in result.accepted]
+        assert ids[committed: committed + result.num_accepted + 1] == path_tokens + [result.next_token]
+        assert result.hidden.shape[0] == 1 + result.num_accepted
+        rows = features[committed - 1: committed + result.num_accepted]  # the pending token's row, then the path's
+        assert torch.allclose(result.hidden, rows, atol=1e-4)
+        committed += result.num_accepted + 1
+        if result.num_accepted and i + 1 < len(spy.observed) and spy.observed[i + 1].tree.num_nodes == 0:
+            followed += 1
+    assert committed == len(ids) - out.stats.accepted_lengths[-1] - 1    # all but the last step's run
+    assert followed > 0, "precondition: lookup nodes were accepted below the drafter's"

@@ -282,7 +282,7 @@ def test_low_precision_tie_check_catches_real_mismatches():
 def test_sliding_window_draft_trees_keep_the_drafts_window(kind):
     """A sliding-window draft's tree forward applies its own window: a width-1 tree drafts exactly
     what its chain drafts (each chain step is a plain forward with HF's own windowed mask)."""
-    from specdec.sampling import SamplingParams
+    from specdec.sampling import SamplingParams, TorchRandom
     from specdec.types import DecodeState
     model = sliding_model(kind)
     proposals = []
@@ -293,7 +293,7 @@ def test_sliding_window_draft_trees_keep_the_drafts_window(kind):
         for seed in (0, 1, 2):
             prompt = torch.randint(3, VOCAB, (48,), generator=torch.Generator().manual_seed(seed)).tolist()
             state = DecodeState(token_ids=prompt, prompt_len=len(prompt), sampling=SamplingParams(),
-                                generator=torch.Generator(), max_depth=10)
+                                rng=TorchRandom(torch.Generator()), max_depth=10)
             strategy.reset(state)
             trees.append(strategy.propose(state).tokens.tolist())
         proposals.append(trees)

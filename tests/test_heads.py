@@ -15,7 +15,7 @@ from specdec.heads import HeadsLayout, MedusaHeads, load_heads, save_heads
 from specdec.heads.config import load_train_config
 from specdec.heads.io import output_vocab
 from specdec.heads.train import head_losses, train_heads
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, TorchRandom
 from specdec.strategies.medusa import Medusa
 from specdec.types import DecodeState
 
@@ -72,7 +72,7 @@ def test_verifier_hidden_state_feeds_the_lm_head(arch):
 def _proposal(heads, model, hidden):
     medusa = Medusa(heads, max_nodes=8, top_k=3)
     medusa.bind(model, None)
-    state = DecodeState(token_ids=[4, 5], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
+    state = DecodeState(token_ids=[4, 5], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
                         max_depth=10, prompt_hidden=hidden[None])
     medusa.reset(state)
     return medusa.propose(state)

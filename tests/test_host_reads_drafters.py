@@ -67,12 +67,12 @@ def test_draft_chain_reads_nothing_per_drafted_token():
 
 
 def test_device_draw_is_the_random_sources_own_draw():
-    """TorchRandom.draw_without_replacement (the drafters' draw) makes exactly its sample_without_replacement's
-    draw (same generator state in, same tokens out), only without the read back to the host."""
+    """TorchRandom.draw_without_replacement (the drafters' draw) makes exactly torch.multinomial's draw
+    without replacement (same generator state in, same tokens out), only without the read back to the host."""
     probs = torch.softmax(torch.randn(40, generator=torch.Generator().manual_seed(3)) * 2, dim=-1)
     for count in (1, 2, 3, 7, 40):
         ours = TorchRandom(torch.Generator().manual_seed(count)).draw_without_replacement(probs, count)
-        theirs = TorchRandom(torch.Generator().manual_seed(count)).sample_without_replacement(probs, count)
+        theirs = torch.multinomial(probs, count, replacement=False, generator=torch.Generator().manual_seed(count)).tolist()
         assert ours.tolist() == theirs and len(set(theirs)) == count
 
 

@@ -13,8 +13,8 @@ from specdec.api import Speculator
 from specdec.errors import ConfigError
 from specdec.heads import HeadsLayout, MedusaHeads
 from specdec.heads.io import output_vocab
-from specdec.sampling import SamplingParams
-from specdec.strategies.medusa import ConditionedExpander, Medusa, best_first_nodes, best_rank_paths, static_nodes
+from specdec.sampling import SamplingParams, TorchRandom
+from specdec.strategies.medusa import ConditionedExpander, Medusa, best_first_nodes, best_plain_nodes, static_nodes
 from specdec.types import DecodeState
 
 
@@ -109,7 +109,7 @@ def assert_step_accounting(out, max_new_tokens: int):
 def _propose(medusa, hidden, max_depth=16):
     """What medusa proposes right after a prefill whose last row's hidden state is `hidden` [H]
     (None: a one-token prompt, no prefill row)."""
-    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), generator=torch.Generator(),
+    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
                         max_depth=max_depth, prompt_hidden=None if hidden is None else hidden[None])
     medusa.reset(state)
     return medusa.propose(state)
@@ -142,17 +142,19 @@ def test_dynamic_tree_root_child_is_head_one_argmax():
 
 
 @pytest.mark.parametrize("depth,width,budget", [(3, 3, 7), (2, 4, 5), (4, 2, 11), (1, 5, 3)])
-def test_best_rank_paths_matches_brute_force(depth, width, budget):
+def test_plain_heads_tree_matches_brute_force(depth, width, budget):
+    """Plain heads: the chosen nodes are the budget best rank paths by cumulative log-probability."""
     torch.manual_seed(depth * 10 + width)
-    logprobs = torch.randn(depth, width).log_softmax(-1).sort(dim=-1, descending=True).values   # [D, k]
-    chosen = best_rank_paths(logprobs, budget)
+    head_logits = torch.randn(depth, 20)                                                   # [D, V]
+    tree = best_plain_nodes(head_logits, width, budget, "cpu")
+    top = head_logits.log_softmax(-1).topk(width)                                          # [D, k]
     all_paths = [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
-    score = {p: sum(logprobs[i, r].item() for i, r in enumerate(p)) for p in all_paths}
-    expected = sorted(all_paths, key=lambda p: -score[p])[:budget]
-    assert len(chosen) == min(budget, len(all_paths))
-    assert sorted(score[p] for p in chosen) == pytest.approx(sorted(score[p] for p in expected))
-    assert all(p[:-1] in set(chosen) for p in chosen if len(p) > 1)          # closed under prefixes
-    assert chosen == sorted(chosen, key=lambda p: (len(p), p))               # parents first
+    score = {tuple(top.indices[i, r].item() for i, r in enumerate(p)): sum(top.values[i, r].item() for i, r in enumerate(p))
+             for p in all_paths}                                                          # token path -> score
+    expected = sorted(score.values(), reverse=True)[:budget]
+    chosen = _paths_of(tree)
+    assert tree.num_nodes == len(set(chosen)) == min(budget, len(all_paths))
+    assert sorted((score[p] for p in chosen), reverse=True) == pytest.approx(expected)
 
 
 def test_bad_tree_settings_are_config_errors():
@@ -286,7 +288,7 @@ def test_sampled_tree_carries_the_heads_real_distributions(token_conditioned):
     medusa.last_hidden = torch.randn(model.config.hidden_size)
     params = SamplingParams(0.8)
     state = DecodeState(token_ids=[5, 6, 9], prompt_len=3, sampling=params,
-                        generator=torch.Generator().manual_seed(0), max_depth=8)
+                        rng=TorchRandom(torch.Generator().manual_seed(0)), max_depth=8)
     tree = medusa.propose(state)
     assert tree.siblings == WITHOUT_REPLACEMENT and tree.num_nodes == 6
     with torch.no_grad():

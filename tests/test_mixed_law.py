@@ -102,7 +102,7 @@ class LookupFirst:
         sample_from = draft_probs.clone()
         if self.mode != "dropped":
             sample_from[self.lookup_token] = 0
-        drawn = [t for t in state.rng.sample_without_replacement(sample_from / sample_from.sum(), 2)
+        drawn = [t for t in state.rng.draw_without_replacement(sample_from / sample_from.sum(), 2).tolist()
                  if t != self.lookup_token]
         tokens = [self.lookup_token] + drawn
         one_hot = torch.nn.functional.one_hot(torch.tensor(self.lookup_token), V).float()

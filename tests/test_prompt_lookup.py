@@ -12,9 +12,9 @@ from conftest import char_tokenizer, hf_greedy, tiny_model
 from law import always_accept, enumerate_law, extend_to_length, random_table, sequence_law, total_variation
 from specdec.acceptance import Verdict, accept_sampling
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling import SamplingParams, TorchRandom, logits_to_probs
 from specdec.strategies.prompt_lookup import PromptLookup
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, root_to_leaf_paths
 from specdec.types import DecodeState, StepResult
 
 EOS = 2   # eos_token_id of the tiny configs
@@ -22,7 +22,7 @@ EOS = 2   # eos_token_id of the tiny configs
 
 def make_state(token_ids, max_depth=64, eos=()):
     return DecodeState(token_ids=list(token_ids), prompt_len=len(token_ids), sampling=SamplingParams(),
-                       generator=torch.Generator(), max_depth=max_depth, eos_token_ids=frozenset(eos))
+                       rng=TorchRandom(torch.Generator()), max_depth=max_depth, eos_token_ids=frozenset(eos))
 
 
 def propose(context, max_depth=64, eos=(), **settings) -> CandidateTree:
@@ -34,7 +34,7 @@ def propose(context, max_depth=64, eos=(), **settings) -> CandidateTree:
 
 def token_paths(tree: CandidateTree) -> list[list[int]]:
     tokens = tree.tokens.tolist()
-    return [[tokens[node] for node in path] for path in tree.paths()]
+    return [[tokens[node] for node in path] for path in root_to_leaf_paths(tree.parents)]
 
 
 class Recording(PromptLookup):

@@ -9,7 +9,8 @@ import torch
 
 from conftest import tiny_model
 from specdec.tree import (CandidateTree, ancestor_matrix, children_of, depths_of, is_chain,
-                          root_to_leaf_paths, tree_attention_mask, tree_position_ids, with_pending_root)
+                          root_to_leaf_paths, tree_attention_mask, tree_position_ids, tree_visibility,
+                          with_pending_root)
 from specdec.verifier import Verifier
 
 
@@ -190,6 +191,40 @@ def test_chain_mask_is_causal():
     assert torch.equal(mask == 0, causal)
 
 
+@pytest.mark.parametrize("parents", [PARENTS, (-1, 0, 1, 2), (-1, -1, -1), ()])
+@pytest.mark.parametrize("window", [None, 1, 2, 4])
+def test_tree_visibility_from_its_definition(parents, window):
+    """The one mask builder, entry by entry against its definition: node i (position prefix + depth)
+    sees key k when k is a prefix slot or node i's ancestor-or-self, within the window (HF's rule:
+    key position > query position - window); the capacity's extra slots are hidden; first_row drops
+    the rows of nodes already fed."""
+    prefix, capacity = 3, 3 + len(parents) + 4
+    depth = depths_of(parents)
+
+    def ancestors_of(i):
+        found = {i}
+        while parents[i] >= 0:
+            i = parents[i]
+            found.add(i)
+        return found
+
+    def sees(i, k):
+        if k < prefix:
+            key_position, visible = k, True
+        elif k < prefix + len(parents):
+            key_position, visible = prefix + depth[k - prefix], k - prefix in ancestors_of(i)
+        else:
+            return False
+        return visible and (window is None or key_position > prefix + depth[i] - window)
+
+    for first_row in range(len(parents) + 1):
+        got = tree_visibility(parents, prefix, window=window, capacity=capacity, first_row=first_row)
+        expected = [[sees(i, k) for k in range(capacity)] for i in range(first_row, len(parents))]
+        assert got.tolist() == expected, (first_row, got.int().tolist())
+        plain = tree_attention_mask(parents, prefix, window=window, first_row=first_row)[0, 0]
+        assert torch.equal(plain == 0, got[:, : prefix + len(parents)])
+
+
 def test_tree_position_ids():
     assert tree_position_ids(PARENTS, 10).tolist() == [[10, 11, 10, 12, 11, 11, 12]]
     assert tree_position_ids((-1, 0, 1), 0).tolist() == [[0, 1, 2]]
@@ -204,7 +239,7 @@ def test_with_pending_root():
 def test_root_to_leaf_paths_and_children():
     assert sorted(root_to_leaf_paths(PARENTS)) == sorted([[0, 1, 3], [0, 5], [2, 4, 6]])
     tree = CandidateTree(torch.tensor(TOKENS), PARENTS)
-    assert sorted(tree.paths()) == sorted([[0, 1, 3], [0, 5], [2, 4, 6]])
+    assert sorted(root_to_leaf_paths(tree.parents)) == sorted([[0, 1, 3], [0, 5], [2, 4, 6]])
     assert tree.children(-1) == (0, 2)
     assert tree.children(0) == (1, 5)
     assert tree.children(3) == ()
@@ -227,7 +262,7 @@ def test_from_paths_dedupes_shared_prefixes():
     assert tree.parents == (-1, 0, 1, 1, 0, -1)
     assert tree.draft_probs is None
     # every input path is a root-to-node path of the trie
-    spelled = {tuple(int(tree.tokens[i]) for i in path) for path in tree.paths()}
+    spelled = {tuple(int(tree.tokens[i]) for i in path) for path in root_to_leaf_paths(tree.parents)}
     assert spelled == {(7, 8, 9), (7, 8, 10), (7, 11), (12,)}
 
 
@@ -239,22 +274,6 @@ def test_from_paths_node_budget():
     # a path cut by the budget still reuses nodes that already exist
     tree = CandidateTree.from_paths([[1, 2], [1, 2, 3, 4]], max_nodes=3)
     assert tree.tokens.tolist() == [1, 2, 3] and tree.parents == (-1, 0, 1)
-
-
-def test_prune_depth():
-    probs = torch.softmax(torch.randn(len(TOKENS), 20), dim=-1)
-    tree = CandidateTree(torch.tensor(TOKENS), PARENTS, probs, "without_replacement")
-    pruned = tree.prune_depth(2)
-    assert pruned.tokens.tolist() == [11, 12, 13, 15, 16]
-    assert pruned.parents == (-1, 0, -1, 2, 0)
-    assert torch.equal(pruned.draft_probs, probs[[0, 1, 2, 4, 5]])
-    assert pruned.siblings == "without_replacement"
-    assert max(pruned.depths()) == 1
-    assert tree.prune_depth(1).tokens.tolist() == [11, 13]
-    assert tree.prune_depth(1).parents == (-1, -1)
-    assert tree.prune_depth(3) is tree
-    assert tree.prune_depth(0).num_nodes == 0
-    assert tree.prune_depth(-1).num_nodes == 0
 
 
 def test_select():
@@ -270,7 +289,7 @@ def test_select():
 def test_empty_tree():
     tree = CandidateTree.empty()
     assert tree.num_nodes == 0 and tree.tokens.dtype == torch.long
-    assert tree.paths() == [] and tree.children(-1) == ()
+    assert root_to_leaf_paths(tree.parents) == [] and tree.children(-1) == ()
 
 
 @pytest.mark.parametrize("tokens, parents, probs, siblings, phrase", [
