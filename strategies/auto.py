@@ -62,10 +62,8 @@ CONFIG_SECTIONS = {"auto": AutoConfig}
 PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # the same when sampling: a point mass x is kept with probability p(x) only (rejection or coupled), and
 # lookup's rank-0 nodes are observed only on the steps without the drafter, so an optimistic prior
-# is corrected only by skipping the drafter. Measured at T = 0.8 on pycode code prompts (the calibrator's
-# decayed counts after 12 generations): lookup first tokens kept about 0 of 7 (beside a drafted chain 2
-# of 41), a copied token after a kept one 4 of 7; the drafter's sampled chain 0.61-0.69 per depth. With
-# the greedy prior auto skipped the drafter on 45 of 598 steps there and ran 0.96x eagle alone.
+# is corrected only by skipping the drafter (benchmarks/results/defaults.md: what the calibrator
+# counted, and what the greedy prior cost).
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
 
