@@ -30,6 +30,7 @@ from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, tokenize_files
+from .interrupt import TrainingInterrupted, deferred_interrupt, report_interrupt
 from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
 
@@ -245,28 +246,38 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
         evaluate(0)
     heads.train()
     started = time.perf_counter()
-    while step < cfg.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator)  # [B, T]
-        hidden, teacher_logits = target_outputs(target, batch)                         # [B,T,H], [B,T,V]
-        losses, top1, _ = head_losses(run_heads(heads, hidden, batch), teacher_logits, with_top5=False)  # [K] each
-        loss = (weights * losses).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        step += 1
-        metrics = {"loss": loss.item(), "top1": top1.tolist(), "lr": lr_at(step - 1, cfg)}
-        bar.update(1)
-        bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
-        if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
-            save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
-        if step % cfg.eval_interval == 0 and step != cfg.steps:
-            evaluate(step)
-        if on_step is not None:
-            on_step(step, metrics)
+    step_began, rng_before = step, generator.get_state()
+    try:
+        while step < cfg.steps:
+            step_began, rng_before = step, generator.get_state()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            batch = sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator)  # [B, T]
+            hidden, teacher_logits = target_outputs(target, batch)                         # [B,T,H], [B,T,V]
+            losses, top1, _ = head_losses(run_heads(heads, hidden, batch), teacher_logits, with_top5=False)  # [K]
+            loss = (weights * losses).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            with deferred_interrupt():          # the update and its step count, whole or not at all
+                optimizer.step()
+                step += 1
+            metrics = {"loss": loss.item(), "top1": top1.tolist(), "lr": lr_at(step - 1, cfg)}
+            bar.update(1)
+            bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
+            if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
+                save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
+            if step % cfg.eval_interval == 0 and step != cfg.steps:
+                evaluate(step)
+            if on_step is not None:
+                on_step(step, metrics)
+    except KeyboardInterrupt:
+        bar.close()
+        if step == step_began:                  # stopped before its update: the step is redone on resume
+            generator.set_state(rng_before)
+        save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
+        raise TrainingInterrupted(step, cfg.steps, checkpoint) from None
     bar.close()
     final = evaluate(step)
     extra["train_time_s"] = extra.get("train_time_s", 0) + (time.perf_counter() - started)
@@ -285,11 +296,16 @@ def main(argv: list[str] | None = None) -> int:
               "values are YAML: corpus=[json, email] split_file=null\n\n"
               "keys: " + ", ".join(TrainHeadsConfig.__dataclass_fields__))
         return 0
+    command = list(argv)
     name = None
     if argv and "=" not in argv[0]:
         name, argv = argv[0], argv[1:]
-    cfg = load_train_config(name, parse_overrides(argv))
-    folder = train_heads(cfg)
+    cfg = None
+    try:
+        cfg = load_train_config(name, parse_overrides(argv))
+        folder = train_heads(cfg)
+    except KeyboardInterrupt as stop:
+        return report_interrupt(stop, "specdec train-heads", command, cfg.output_dir if cfg is not None else None)
     print(f"heads saved in {folder}")
     return 0
 
