@@ -41,7 +41,7 @@ from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 from specdec.verifier import features as layer_features
 
-from .data import fixed_windows, sample_windows, tokenize_files
+from .data import fixed_windows, sample_windows, token_streams
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle_io import save_eagle
 from .interrupt import EXIT_INTERRUPTED, TrainingInterrupted, deferred_interrupt, report_interrupt
@@ -351,8 +351,10 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target")
 
     train_files, heldout_files = corpus_files(cfg)
-    train_stream = tokenize_files(train_files, tokenizer, tokenizer.eos_token_id)        # [T_train]
-    heldout_stream = tokenize_files(heldout_files, tokenizer, tokenizer.eos_token_id)    # [T_heldout]
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
+                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
+    if note and ddp.main:
+        print(note, file=sys.stderr)
     for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
         if stream.numel() < cfg.seq_len + 1:
             raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "

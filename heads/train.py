@@ -29,7 +29,7 @@ from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
-from .data import fixed_windows, resolve_files, sample_windows, split_heldout, tokenize_files
+from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
 from .interrupt import TrainingInterrupted, deferred_interrupt, report_interrupt
 from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
@@ -206,8 +206,10 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     separator = tokenizer.eos_token_id
 
     train_files, heldout_files = corpus_files(cfg)
-    train_stream = tokenize_files(train_files, tokenizer, separator)                # [T_train]
-    heldout_stream = tokenize_files(heldout_files, tokenizer, separator)            # [T_heldout]
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, separator,
+                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
+    if note:
+        print(note, file=sys.stderr)
     for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
         if stream.numel() < cfg.seq_len + 1:
             raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
