@@ -346,9 +346,9 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     ddp = _Distributed(cfg, device)
-    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32))
+    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32), key="target")
     target.requires_grad_(False)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
 
     train_files, heldout_files = corpus_files(cfg)
     train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
@@ -459,14 +459,14 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads train_eagle [key=value ...]  (or a YAML with `drafter: eagle`)"""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: specdec train-heads train_eagle [key=value ...]\n\n"
-              "keys: " + ", ".join(TrainEagleConfig.__dataclass_fields__))
-        return 0
     command = list(argv)
     name = None
-    if argv and "=" not in argv[0]:
+    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
         name, argv = argv[0], argv[1:]
+    if any(arg in ("-h", "--help") for arg in argv):
+        from .command import help_text
+        print(help_text(name, eagle=True))
+        return 0
     cfg = None
     try:
         cfg = load_train_eagle_config(name, argv)

@@ -293,15 +293,14 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n"
-              "values are YAML: corpus=[json, email] split_file=null\n\n"
-              "keys: " + ", ".join(TrainHeadsConfig.__dataclass_fields__))
-        return 0
     command = list(argv)
     name = None
-    if argv and "=" not in argv[0]:
+    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
         name, argv = argv[0], argv[1:]
+    if any(arg in ("-h", "--help") for arg in argv):
+        from .command import help_text
+        print(help_text(name))
+        return 0
     cfg = None
     try:
         cfg = load_train_config(name, parse_overrides(argv))
