@@ -36,11 +36,13 @@ def _check_model_dir(path: str, role: str, key: str) -> None:
                              f"the folder of a Hugging Face checkpoint (config.json + weights); nothing is "
                              f"downloaded from a model hub")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelLoadError(f"{role} model folder {path!r} has no config.json: is it a Hugging Face checkpoint?")
+        raise ModelLoadError(f"{role} model folder {path!r} has no config.json: is it a Hugging Face checkpoint? "
+                             f"Give {key}= the folder that holds config.json and the weights")
 
 
 def load_model(path: str, role: str, device: torch.device, dtype: torch.dtype, key: str | None = None):
-    """`key`: the config key that names this folder, for hints (default "<role>.path")."""
+    """`key`: the key the calling command takes for this folder, named in hints (default "<role>.path",
+    a generation config's; the training commands take `target=`, the bench `models.target=`)."""
     from transformers import AutoModelForCausalLM
     _check_model_dir(path, role, key or f"{role}.path")
     try:

@@ -294,7 +294,7 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     tok_path = cfg.draft.path
     draft_tokenizer = None
     if os.path.isfile(os.path.join(tok_path, "tokenizer.json")) or os.path.isfile(os.path.join(tok_path, "tokenizer_config.json")):
-        draft_tokenizer = load_tokenizer(tok_path, "draft")
+        draft_tokenizer = load_tokenizer(tok_path, "draft", key="draft.path")
     d = cfg.draft
     return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
