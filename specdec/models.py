@@ -1,6 +1,8 @@
 """Loading Hugging Face models and tokenizers, with errors that say what to do."""
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -59,6 +61,24 @@ def load_tokenizer(path: str, role: str = "target", key: str | None = None):
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"could not load a tokenizer from {path!r} ({role}): {exc}. "
                              f"Put the tokenizer files in the model folder or set {key or role + '.tokenizer'}=PATH") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_class) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_keyword(model) -> str:
+    """The keyword the model's forward takes its KV cache by: `cache` where Transformers has renamed
+    it (there `past_key_values` is deprecated and warns on every forward), `past_key_values` before."""
+    return _cache_keyword(type(model))
+
+
+def cache_kwargs(model, cache) -> dict:
+    """{cache_keyword(model): cache}, for a forward call (eager code: a compiled forward looks the
+    keyword up once, outside the trace)."""
+    return {_cache_keyword(type(model)): cache}
 
 
 def output_vocab_size(model) -> int:
