@@ -6,6 +6,7 @@ import contextlib
 import os
 import shlex
 import signal
+import sys
 import threading
 
 EXIT_INTERRUPTED = 130
@@ -48,7 +49,6 @@ def resume_command(prefix: str, argv: list[str], output_dir: str) -> str:
 
 def report_interrupt(stop: KeyboardInterrupt, prefix: str, argv: list[str], output_dir: str | None) -> int:
     """Print what was saved and how to resume (standard error); returns the exit code, 130."""
-    import sys
     if isinstance(stop, TrainingInterrupted):
         print(f"\ninterrupted after step {stop.step} of {stop.steps}: checkpoint saved in {stop.checkpoint}\n"
               f"resume with: {resume_command(prefix, argv, output_dir)}", file=sys.stderr)
