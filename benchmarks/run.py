@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     _resolve_models(cfg.models)
     device = resolve_device(cfg.models.device)
     dtype = resolve_dtype(cfg.models.dtype, device)
-    target = load_model(cfg.models.target, "target", device, dtype)
-    tokenizer = load_tokenizer(cfg.models.tokenizer or cfg.models.target, "target")
-    draft = load_model(cfg.models.draft, "draft", device, dtype) if cfg.models.draft else None
+    target = load_model(cfg.models.target, "target", device, dtype, key="models.target")
+    tokenizer = load_tokenizer(cfg.models.tokenizer or cfg.models.target, "target", key="models.tokenizer")
+    draft = load_model(cfg.models.draft, "draft", device, dtype, key="models.draft") if cfg.models.draft else None
 
     notes: list[str] = []
     rows = build_specdec_rows(cfg.strategies, cfg.models, target, tokenizer, device, dtype, notes)

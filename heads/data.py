@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from typing import Sequence
 
@@ -41,7 +42,8 @@ def resolve_files(paths: Sequence[str], root: str | None = None) -> list[str]:
 
 
 def split_heldout(files: list[str], fraction: float = 0.05) -> tuple[list[str], list[str]]:
-    """Deterministic train / held-out split by a hash of each path (when no held-out list is given)."""
+    """Deterministic train / held-out split by a hash of each path (when no held-out list is given).
+    A single file is both sides; token_streams then holds out the end of its text."""
     def bucket(path: str) -> float:
         return int(hashlib.sha1(path.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     heldout = [f for f in files if bucket(f) < fraction] or files[-1:]
@@ -61,6 +63,23 @@ def tokenize_files(files: Sequence[str], tokenizer, separator_id: int | None) ->
         if separator_id is not None:
             ids.append(separator_id)
     return torch.tensor(ids, dtype=torch.long)
+
+
+def token_streams(train_files: Sequence[str], heldout_files: Sequence[str], tokenizer, separator_id: int | None,
+                  min_tokens: int = 0, fraction: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+    """(training stream [T_train], held-out stream [T_heldout], a note for the user or None).
+    When the held-out files are the training files (a one-file corpus), the held-out text is the
+    last `fraction` of their tokens (at least min_tokens) and the training text the rest, so that
+    evaluation never reads text the drafter trained on; the note says so."""
+    train_stream = tokenize_files(train_files, tokenizer, separator_id)                 # [T]
+    if set(train_files) != set(heldout_files):
+        return train_stream, tokenize_files(heldout_files, tokenizer, separator_id), None
+    total = train_stream.numel()
+    held = min(total, max(math.ceil(total * fraction), min_tokens))
+    names = ", ".join(os.path.basename(f) for f in train_files[:3]) + (", ..." if len(train_files) > 3 else "")
+    note = (f"the corpus's held-out text is its training text ({names}): holding out its last {held} of {total} "
+            f"tokens for evaluation and training on the rest; give heldout= other files to evaluate on them")
+    return train_stream[: total - held], train_stream[total - held:], note
 
 
 def sample_windows(stream: torch.Tensor, seq_len: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:

@@ -41,9 +41,10 @@ from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 from specdec.verifier import features as layer_features
 
-from .data import fixed_windows, sample_windows, tokenize_files
+from .data import fixed_windows, sample_windows, token_streams
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle_io import save_eagle
+from .interrupt import EXIT_INTERRUPTED, TrainingInterrupted, deferred_interrupt, report_interrupt
 from .io import atomic_write, target_fingerprint
 from .train import _fmt, corpus_files, load_checkpoint, save_checkpoint
 
@@ -345,13 +346,15 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     ddp = _Distributed(cfg, device)
-    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32))
+    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32), key="target")
     target.requires_grad_(False)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target")
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
 
     train_files, heldout_files = corpus_files(cfg)
-    train_stream = tokenize_files(train_files, tokenizer, tokenizer.eos_token_id)        # [T_train]
-    heldout_stream = tokenize_files(heldout_files, tokenizer, tokenizer.eos_token_id)    # [T_heldout]
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
+                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
+    if note and ddp.main:
+        print(note, file=sys.stderr)
     for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
         if stream.numel() < cfg.seq_len + 1:
             raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
@@ -401,34 +404,46 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
         evaluate(0)
     drafter.train()
     started = time.perf_counter() - elapsed                 # training time carries over a resume
-    while step < cfg.steps and not out_of_time(elapsed, cfg):
-        lr = lr_at(step, elapsed, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
-        with autocast:
-            feats, last, teacher_logits = target_outputs(target, batch, layers)
-            token_loss, feat_loss, top1 = unrolled(feats, last, teacher_logits, batch)             # [J] each
-            loss = (weights * (token_loss + cfg.feature_loss_weight * feat_loss)).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        step += 1
-        elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
-        metrics = {"loss": ddp.mean(loss).item(), "top1": ddp.mean(top1).tolist(), "lr": lr}
-        losses.append(metrics["loss"])
-        bar.update(1)
-        bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
-        last = step == cfg.steps or out_of_time(elapsed, cfg)
-        if ddp.main and (step % cfg.checkpoint_interval == 0 or last):
-            save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step, history=history,
-                            losses=losses, elapsed_s=elapsed)
-        if step % cfg.eval_interval == 0 and not last:
-            evaluate(step)
-        if on_step is not None:
-            on_step(step, metrics)
+    step_began, rng_before = step, generator.get_state()
+    try:
+        while step < cfg.steps and not out_of_time(elapsed, cfg):
+            step_began, rng_before = step, generator.get_state()
+            lr = lr_at(step, elapsed, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
+            with autocast:
+                feats, last, teacher_logits = target_outputs(target, batch, layers)
+                token_loss, feat_loss, top1 = unrolled(feats, last, teacher_logits, batch)             # [J] each
+                loss = (weights * (token_loss + cfg.feature_loss_weight * feat_loss)).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            metrics = {"loss": ddp.mean(loss).item(), "top1": ddp.mean(top1).tolist(), "lr": lr}
+            with deferred_interrupt():          # the update, its step count and its loss, whole or not at all
+                optimizer.step()
+                step += 1
+                losses.append(metrics["loss"])
+            elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
+            bar.update(1)
+            bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
+            last = step == cfg.steps or out_of_time(elapsed, cfg)
+            if ddp.main and (step % cfg.checkpoint_interval == 0 or last):
+                save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step,
+                                history=history, losses=losses, elapsed_s=elapsed)
+            if step % cfg.eval_interval == 0 and not last:
+                evaluate(step)
+            if on_step is not None:
+                on_step(step, metrics)
+    except KeyboardInterrupt:
+        bar.close()
+        if step == step_began:                  # stopped before its update: the step is redone on resume
+            generator.set_state(rng_before)
+        if ddp.main:                            # no collective here: the other ranks are stopping too
+            save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step,
+                            history=history, losses=losses, elapsed_s=time.perf_counter() - started)
+        raise TrainingInterrupted(step, cfg.steps, checkpoint) from None
     bar.close()
     final = evaluate(step)
     if ddp.main:
@@ -444,15 +459,25 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads train_eagle [key=value ...]  (or a YAML with `drafter: eagle`)"""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: specdec train-heads train_eagle [key=value ...]\n\n"
-              "keys: " + ", ".join(TrainEagleConfig.__dataclass_fields__))
-        return 0
+    command = list(argv)
     name = None
-    if argv and "=" not in argv[0]:
+    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
         name, argv = argv[0], argv[1:]
-    cfg = load_train_eagle_config(name, argv)
-    folder = train_eagle(cfg)
+    if any(arg in ("-h", "--help") for arg in argv):
+        from .command import help_text
+        print(help_text(name, eagle=True))
+        return 0
+    cfg = None
+    try:
+        cfg = load_train_eagle_config(name, argv)
+        folder = train_eagle(cfg)
+    except KeyboardInterrupt as stop:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return EXIT_INTERRUPTED
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        prefix = (f"torchrun --nproc_per_node={world} -m specdec.heads.eagle_train" if world > 1
+                  else "specdec train-heads")
+        return report_interrupt(stop, prefix, command, cfg.output_dir if cfg is not None else None)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"EAGLE drafter saved in {folder}")
     return 0

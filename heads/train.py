@@ -29,7 +29,8 @@ from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
-from .data import fixed_windows, resolve_files, sample_windows, split_heldout, tokenize_files
+from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
+from .interrupt import TrainingInterrupted, deferred_interrupt, report_interrupt
 from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
 
@@ -205,8 +206,10 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     separator = tokenizer.eos_token_id
 
     train_files, heldout_files = corpus_files(cfg)
-    train_stream = tokenize_files(train_files, tokenizer, separator)                # [T_train]
-    heldout_stream = tokenize_files(heldout_files, tokenizer, separator)            # [T_heldout]
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, separator,
+                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
+    if note:
+        print(note, file=sys.stderr)
     for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
         if stream.numel() < cfg.seq_len + 1:
             raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
@@ -245,28 +248,38 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
         evaluate(0)
     heads.train()
     started = time.perf_counter()
-    while step < cfg.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        batch = sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator)  # [B, T]
-        hidden, teacher_logits = target_outputs(target, batch)                         # [B,T,H], [B,T,V]
-        losses, top1, _ = head_losses(run_heads(heads, hidden, batch), teacher_logits, with_top5=False)  # [K] each
-        loss = (weights * losses).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        step += 1
-        metrics = {"loss": loss.item(), "top1": top1.tolist(), "lr": lr_at(step - 1, cfg)}
-        bar.update(1)
-        bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
-        if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
-            save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
-        if step % cfg.eval_interval == 0 and step != cfg.steps:
-            evaluate(step)
-        if on_step is not None:
-            on_step(step, metrics)
+    step_began, rng_before = step, generator.get_state()
+    try:
+        while step < cfg.steps:
+            step_began, rng_before = step, generator.get_state()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            batch = sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator)  # [B, T]
+            hidden, teacher_logits = target_outputs(target, batch)                         # [B,T,H], [B,T,V]
+            losses, top1, _ = head_losses(run_heads(heads, hidden, batch), teacher_logits, with_top5=False)  # [K]
+            loss = (weights * losses).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            with deferred_interrupt():          # the update and its step count, whole or not at all
+                optimizer.step()
+                step += 1
+            metrics = {"loss": loss.item(), "top1": top1.tolist(), "lr": lr_at(step - 1, cfg)}
+            bar.update(1)
+            bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
+            if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
+                save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
+            if step % cfg.eval_interval == 0 and step != cfg.steps:
+                evaluate(step)
+            if on_step is not None:
+                on_step(step, metrics)
+    except KeyboardInterrupt:
+        bar.close()
+        if step == step_began:                  # stopped before its update: the step is redone on resume
+            generator.set_state(rng_before)
+        save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
+        raise TrainingInterrupted(step, cfg.steps, checkpoint) from None
     bar.close()
     final = evaluate(step)
     extra["train_time_s"] = extra.get("train_time_s", 0) + (time.perf_counter() - started)
@@ -280,16 +293,20 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: specdec train-heads [CONFIG (e.g. train_heads) | file.yaml] [key=value ...]\n"
-              "values are YAML: corpus=[json, email] split_file=null\n\n"
-              "keys: " + ", ".join(TrainHeadsConfig.__dataclass_fields__))
-        return 0
+    command = list(argv)
     name = None
-    if argv and "=" not in argv[0]:
+    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
         name, argv = argv[0], argv[1:]
-    cfg = load_train_config(name, parse_overrides(argv))
-    folder = train_heads(cfg)
+    if any(arg in ("-h", "--help") for arg in argv):
+        from .command import help_text
+        print(help_text(name))
+        return 0
+    cfg = None
+    try:
+        cfg = load_train_config(name, parse_overrides(argv))
+        folder = train_heads(cfg)
+    except KeyboardInterrupt as stop:
+        return report_interrupt(stop, "specdec train-heads", command, cfg.output_dir if cfg is not None else None)
     print(f"heads saved in {folder}")
     return 0
 

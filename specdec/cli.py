@@ -1,4 +1,4 @@
-"""One entry point: specdec generate | train-heads | bench | check | profile (also `python -m specdec ...`).
+"""One entry point: specdec generate | train-heads | bench | check | profile | --version (also `python -m specdec ...`).
 key=value overrides are parsed as YAML values by config.parse_overrides in every subcommand."""
 from __future__ import annotations
 
@@ -41,8 +41,15 @@ def _generate(args) -> int:
     return 0
 
 
+def _add_version(parser: argparse.ArgumentParser) -> None:
+    """`specdec --version`: the installed package's version."""
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"specdec {__version__}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for HF causal LMs")
+    _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text with a strategy chosen by config")
     gen.add_argument("config", help="a shipped config name (autoregressive, draft_model, prompt_lookup, medusa, ...) or a YAML path")
@@ -60,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("train-heads", "bench", "check", "profile"):
         try:
             if argv[0] == "train-heads":
-                from .heads.eagle_train import is_eagle_config
-                if len(argv) > 1 and "=" not in argv[1] and is_eagle_config(argv[1]):
-                    from .heads.eagle_train import main as sub_main      # e.g. `train-heads train_eagle`
-                else:
-                    from .heads.train import main as sub_main
+                from .heads.command import main as sub_main      # Medusa heads, or EAGLE for `drafter: eagle`
             elif argv[0] == "check":
                 from .check import main as sub_main
             elif argv[0] == "profile":

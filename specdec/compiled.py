@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .cache import new_static_cache
 from .errors import IncompatibleModelsError
-from .models import AttentionLayout
+from .models import AttentionLayout, cache_keyword
 from .tree import tree_masks, tree_position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)        # rows of a compiled forward (pending token + tree nodes, padded)
@@ -56,6 +56,7 @@ class StaticForward:
                 f"run time with torch {torch.__version__}): load the target with attn_implementation=\"sdpa\" "
                 f"(or \"eager\"), or set compile=false")
         self.model = model
+        self.cache_keyword = cache_keyword(model)     # looked up here, not in the traced forward
         self.layout = layout
         self.buckets = tuple(sorted(buckets))
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
@@ -79,7 +80,7 @@ class StaticForward:
     def _model_forward(self, input_ids, position_ids, mask, output_hidden_states: bool):
         """The model's own forward, without its module hooks (what is compiled)."""
         return type(self.model).forward(self.model, input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                                        past_key_values=self.cache, use_cache=True,
+                                        **{self.cache_keyword: self.cache}, use_cache=True,
                                         output_hidden_states=output_hidden_states)
 
     def _call(self, forward, input_ids, position_ids, mask, output_hidden_states: bool):

@@ -153,21 +153,51 @@ def find_config_file(name_or_path: str, subdir: str = "", schema_cls=None) -> st
     return str(path)
 
 
-def _check_keys(node: Any, schema: Any, where: str) -> None:
-    """Every key in `node` must exist in `schema`; say which keys are valid when one does not."""
+def _dotted_keys(schema: DictConfig, where: str = "") -> list[str]:
+    """Every settable key of a schema, dotted (draft.num_tokens), sections descended."""
+    keys = []
+    for key in schema.keys():
+        full = f"{where}.{key}" if where else str(key)
+        sub_schema = schema._get_node(key)
+        if isinstance(sub_schema, DictConfig) and not sub_schema._is_none():
+            keys += _dotted_keys(sub_schema, full)
+        else:
+            keys.append(full)
+    return keys
+
+
+def _nearest_keys(key: str, where: str, valid: list[str], root: DictConfig) -> list[str]:
+    """The dotted keys nearest to an unknown `key` under `where`, searched over the whole schema:
+    a near name in the same section first (draft.num_node -> draft.num_tokens, draft.max_nodes),
+    else a near name in any section (num_tokens -> draft.num_tokens), else the nearest dotted name."""
+    def dotted(name: str) -> str:
+        return f"{where}.{name}" if where else name
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.85) or difflib.get_close_matches(key, valid, n=2)
+    if near:                                  # a plain misspelling is named alone
+        return [dotted(name) for name in near]
+    everywhere = _dotted_keys(root)
+    names = difflib.get_close_matches(key, sorted({k.rpartition(".")[2] for k in everywhere}), n=1)
+    near = [k for k in everywhere if names and k.rpartition(".")[2] == names[0]][:3]
+    return near or difflib.get_close_matches(dotted(key), everywhere, n=2)
+
+
+def _check_keys(node: Any, schema: Any, where: str, root: Any = None) -> None:
+    """Every key in `node` must exist in `schema`; when one does not, name the nearest keys of the
+    whole schema (`root`), with their sections, and the valid keys where it was given."""
     if not isinstance(node, DictConfig) or not isinstance(schema, DictConfig):
         return
+    root = schema if root is None else root
     valid = [str(k) for k in schema.keys()]
     for key in node.keys():
         key = str(key)
         full = f"{where}.{key}" if where else key
         if key not in valid:
-            hint = difflib.get_close_matches(key, valid, n=1)
-            raise ConfigError(f"unknown config key {full!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            hint = " or ".join(repr(k) for k in _nearest_keys(key, where, valid, root))
+            raise ConfigError(f"unknown config key {full!r}" + (f" (did you mean {hint}?)" if hint else "")
                               + f"; valid keys{' under ' + repr(where) if where else ''}: {', '.join(valid)}")
         sub_schema = schema._get_node(key)
         if isinstance(sub_schema, DictConfig) and not sub_schema._is_none():
-            _check_keys(node[key], sub_schema, full)
+            _check_keys(node[key], sub_schema, full, root)
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ then forwards of [pending token] + a tree of n nodes (a binary tree: it needs th
 the trees `auto` sends do) for every n up to the planner's ceiling, `repeats` rounds over all sizes,
 the median kept; the cache is rolled back after each forward. `load_or_measure` caches the result
 on disk, keyed by the target's fingerprint, device, dtype, torch thread count, sizes and context
-length ($SPECDEC_HOME/profiles, else ~/.cache/specdec/profiles); `specdec profile` redoes it.
+length ($SPECDEC_HOME/profiles, else ~/.cache/specdec/profiles); `specdec profile` redoes it. A file
+that is not a valid profile (check_profile) is measured again; a folder that cannot be written leaves
+the profile measured in memory, with a warning (measured again at every load).
 
 Every size is timed and kept as measured, not forced to grow with n: the cost of a forward is not
 monotone in its rows. On the 2-core CPU the pycode target was measured on, 15 rounds gave (x a
@@ -18,13 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch
+
+from .errors import ConfigError
 
 
 def profile_sizes(max_nodes: int) -> tuple[int, ...]:
@@ -70,6 +76,15 @@ def _now(device: torch.device) -> float:
 def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int) -> CostProfile:
     """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
     cache of context_len tokens, with the real Verifier; as measured (not monotone, see above)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"measure_verify_costs: repeats={repeats!r}; it must be an integer >= 1 "
+                          f"(rounds over every size, the median of each kept)")
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+        raise ConfigError(f"measure_verify_costs: context_len={context_len!r}; it must be an integer >= 1 "
+                          f"(tokens in the cache while measuring)")
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        raise ConfigError(f"measure_verify_costs: sizes={list(sizes)!r}; give tree sizes as integers >= 0, "
+                          f"e.g. profile_sizes(max_nodes)")
     from .tree import CandidateTree
     from .verifier import Verifier
     verifier = Verifier(target)
@@ -110,23 +125,100 @@ def profile_dir() -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(home)), "profiles")
 
 
-def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
-                    refresh: bool = False) -> CostProfile:
-    """The cached profile of this target on this device (measured now when absent or refresh)."""
-    key = profile_key(target, sizes, context_len)
-    path = os.path.join(profile_dir(), f"verify-{key}.json")
-    if not refresh and os.path.isfile(path):
-        try:
-            with open(path) as f:
-                data = json.load(f)
-            return CostProfile(tuple(data["sizes"]), tuple(data["seconds"]), data["context_len"], key)
-        except (OSError, ValueError, KeyError):
-            pass                                             # unreadable: measure again
-    profile = measure_verify_costs(target, sizes, context_len, repeats)
-    profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key)
+def profile_path(key: str) -> str:
+    return os.path.join(profile_dir(), f"verify-{key}.json")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_profile(data, sizes: Sequence[int] | None = None) -> str | None:
+    """What makes `data` (a profile file's JSON) unusable, or None when it is a valid profile (of
+    these `sizes` when given): a mapping with `sizes` (ascending integers >= 0, at least two: the
+    cost is interpolated between them), `seconds` (as many finite timings > 0: a zero, negative or
+    NaN cost would make verifying look free or never worth it) and `context_len` (an integer >= 0)."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    missing = [k for k in ("sizes", "seconds", "context_len") if k not in data]
+    if missing:
+        return f"missing key(s) {', '.join(missing)}"
+    measured, seconds = data["sizes"], data["seconds"]
+    if not isinstance(measured, list) or len(measured) < 2 or not all(_is_int(n) and n >= 0 for n in measured):
+        return f"'sizes' must be a list of at least two integers >= 0, got {measured!r}"
+    if any(b <= a for a, b in zip(measured, measured[1:])):
+        return f"'sizes' must be ascending, got {measured!r}"
+    if sizes is not None and list(measured) != list(sizes):
+        return f"'sizes' {measured!r} are not the sizes asked for, {list(sizes)!r}"
+    if not isinstance(seconds, list) or len(seconds) != len(measured):
+        return f"'seconds' must be a list of {len(measured)} timings (one per size), got {seconds!r}"
+    if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+               for t in seconds):
+        return f"'seconds' must be finite timings > 0, got {seconds!r}"
+    if not _is_int(data["context_len"]) or data["context_len"] < 0:
+        return f"'context_len' must be an integer >= 0, got {data['context_len']!r}"
+    return None
+
+
+def read_profile(path: str, key: str, sizes: Sequence[int] | None = None) -> CostProfile | None:
+    """The profile stored at `path`; None when there is none, or (with a warning naming the file)
+    when it cannot be read or is not a valid profile."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        problem = check_profile(data, sizes)
+    except (OSError, ValueError) as exc:
+        problem = f"unreadable ({exc})"
+    if problem is not None:
+        warnings.warn(f"cost profile {path} is not valid: {problem}; measuring it again "
+                      f"(`specdec profile` redoes it; deleting the file does too)", stacklevel=3)
+        return None
+    return CostProfile(tuple(data["sizes"]), tuple(float(t) for t in data["seconds"]), data["context_len"], key)
+
+
+def store_profile(profile: CostProfile, path: str) -> None:
+    """Write the profile atomically (a reader never sees half a file); OSError when the folder
+    cannot be made or written."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(asdict(profile), f)
-    os.replace(tmp, path)                                    # atomic: a reader never sees half a file
+    try:
+        with open(tmp, "w") as f:
+            json.dump(asdict(profile), f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def measure_and_store(target, sizes: Sequence[int], context_len: int,
+                      repeats: int) -> tuple[CostProfile, str, OSError | None]:
+    """Measure the profile now and store it where `load_or_measure` reads it: (profile, its path,
+    the OSError that kept it from being stored, or None)."""
+    key = profile_key(target, sizes, context_len)
+    path = profile_path(key)
+    profile = measure_verify_costs(target, sizes, context_len, repeats)
+    profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key)
+    try:
+        store_profile(profile, path)
+    except OSError as exc:
+        return profile, path, exc
+    return profile, path, None
+
+
+def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
+                    refresh: bool = False) -> CostProfile:
+    """The cached profile of this target on this device (measured now when absent, not valid, or
+    refresh). A profile that cannot be stored is used all the same, with one warning."""
+    if not refresh:
+        key = profile_key(target, sizes, context_len)
+        cached = read_profile(profile_path(key), key, sizes)
+        if cached is not None:
+            return cached
+    profile, path, store_error = measure_and_store(target, sizes, context_len, repeats)
+    if store_error is not None:
+        warnings.warn(f"could not store the cost profile in {path} ({store_error.strerror or store_error}): "
+                      f"using the one measured now (measured again at every load); set SPECDEC_HOME to a "
+                      f"writable folder to keep it", stacklevel=2)
     return profile

@@ -1,6 +1,8 @@
 """Loading Hugging Face models and tokenizers, with errors that say what to do."""
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -36,11 +38,13 @@ def _check_model_dir(path: str, role: str, key: str) -> None:
                              f"the folder of a Hugging Face checkpoint (config.json + weights); nothing is "
                              f"downloaded from a model hub")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ModelLoadError(f"{role} model folder {path!r} has no config.json: is it a Hugging Face checkpoint?")
+        raise ModelLoadError(f"{role} model folder {path!r} has no config.json: is it a Hugging Face checkpoint? "
+                             f"Give {key}= the folder that holds config.json and the weights")
 
 
 def load_model(path: str, role: str, device: torch.device, dtype: torch.dtype, key: str | None = None):
-    """`key`: the config key that names this folder, for hints (default "<role>.path")."""
+    """`key`: the key the calling command takes for this folder, named in hints (default "<role>.path",
+    a generation config's; the training commands take `target=`, the bench `models.target=`)."""
     from transformers import AutoModelForCausalLM
     _check_model_dir(path, role, key or f"{role}.path")
     try:
@@ -57,6 +61,24 @@ def load_tokenizer(path: str, role: str = "target", key: str | None = None):
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"could not load a tokenizer from {path!r} ({role}): {exc}. "
                              f"Put the tokenizer files in the model folder or set {key or role + '.tokenizer'}=PATH") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_class) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_keyword(model) -> str:
+    """The keyword the model's forward takes its KV cache by: `cache` where Transformers has renamed
+    it (there `past_key_values` is deprecated and warns on every forward), `past_key_values` before."""
+    return _cache_keyword(type(model))
+
+
+def cache_kwargs(model, cache) -> dict:
+    """{cache_keyword(model): cache}, for a forward call (eager code: a compiled forward looks the
+    keyword up once, outside the trace)."""
+    return {_cache_keyword(type(model)): cache}
 
 
 def output_vocab_size(model) -> int:

@@ -9,7 +9,7 @@ import sys
 def main(argv: list[str]) -> int:
     from .api import load
     from .config import parse_overrides
-    from .costmodel import load_or_measure, profile_sizes
+    from .costmodel import measure_and_store, profile_sizes
     parser = argparse.ArgumentParser(prog="specdec profile", description=__doc__)
     parser.add_argument("config", help="a shipped config name (auto, medusa, ...) or a YAML path")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. target.path=... draft.path=...")
@@ -24,12 +24,18 @@ def main(argv: list[str]) -> int:
         sizes, context = sd.strategy.profile_setup(sd.target)
     else:
         sizes, context = profile_sizes(auto.max_nodes), auto.profile_context
-    profile = load_or_measure(sd.target, sizes, context, auto.profile_repeats, refresh=True)
+    profile, path, store_error = measure_and_store(sd.target, sizes, context, auto.profile_repeats)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}), context {profile.context_len} tokens, "
           f"profile {profile.key}:")
     print("nodes  seconds    x plain step")
     for n, seconds, relative in zip(profile.sizes, profile.seconds, profile.relative()):
         print(f"{n:5d}  {seconds:.5f}  {relative:6.2f}")
+    if store_error is None:
+        print(f"profile written to {path}")
+    else:
+        print(f"specdec profile: could not store the profile in {path} ({store_error.strerror or store_error}): "
+              f"`auto` will measure it again at every load; set SPECDEC_HOME to a writable folder and run "
+              f"this again", file=sys.stderr)
     if sd.config.strategy == "auto":
         sd.strategy.costs = profile
     out = sd.generate(args.prompt, max_new_tokens=args.max_new_tokens)
@@ -43,7 +49,7 @@ def main(argv: list[str]) -> int:
     sizes_chosen = getattr(sd.strategy, "tree_sizes", None)
     if sizes_chosen is not None:
         print(f"tree sizes chosen per step: {sizes_chosen}")
-    return 0
+    return 0 if store_error is None else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch
 
 from .cache import commit_rows, new_cache
 from .compiled import StaticForward
-from .models import AttentionLayout, attention_layout
+from .models import AttentionLayout, attention_layout, cache_kwargs
 from .tree import CandidateTree, tree_attention_mask, tree_position_ids, with_pending_root
 
 
@@ -83,7 +83,7 @@ class Verifier:
         if self.static is not None:
             out = self.static.run(ids, tuple(range(-1, len(token_ids) - 1)), 0, feature_layers is not None)
         else:
-            out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+            out = self.model(input_ids=ids, **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1,
                              output_hidden_states=feature_layers is not None)
         self.prefix_len = len(token_ids)
         if feature_layers is None:
@@ -106,7 +106,7 @@ class Verifier:
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device)
             positions = tree_position_ids(parents, self.prefix_len, self.device)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True,
+                         **cache_kwargs(self.model, self.cache), use_cache=True,
                          output_hidden_states=feature_layers is not None)
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden)

@@ -87,6 +87,23 @@ def _ema_pair(old: tuple[float, float] | None, new: tuple[float, float], weight:
     return new if old is None else (_ema(old[0], new[0], weight), _ema(old[1], new[1], weight))
 
 
+def _check_arguments(**values) -> None:
+    """Refuse what AutoConfig's limits refuse (setting(..., min=, above=)), for an Auto built
+    directly: a bad value is named, not clamped or left to fail later (a zero prior divides by
+    zero, zero repeats have no median)."""
+    import dataclasses
+    from specdec.config import _limit_problem
+    from specdec.errors import ConfigError
+    fields = {f.name: f for f in dataclasses.fields(AutoConfig)}
+    for name, value in values.items():
+        integer = isinstance(fields[name].default, int)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"Auto({name}={value!r}): expected {'an integer' if integer else 'a number'}")
+        problem = _limit_problem(value, fields[name].metadata.get("limits", {}))
+        if problem is not None:
+            raise ConfigError(f"Auto({name}={value!r}): {problem} (the same limits as the auto.{name} setting)")
+
+
 class Auto:
     name = "auto"
 
@@ -96,13 +113,15 @@ class Auto:
                  profile_context: int = AutoConfig.profile_context, profile_repeats: int = AutoConfig.profile_repeats,
                  draft_cost_s: float | None = None, adapt_costs: bool = True,
                  sampled_confidence: bool = AutoConfig.sampled_confidence):
+        _check_arguments(max_nodes=max_nodes, explore_every=explore_every, calibration_prior=calibration_prior,
+                         profile_context=profile_context, profile_repeats=profile_repeats)
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
         self.drafter = drafter
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
         self.feature_layers = getattr(drafter, "feature_layers", None)
         self.costs = costs
         self.max_nodes = int(max_nodes)
-        self.explore_every = max(int(explore_every), 1)
+        self.explore_every = int(explore_every)
         self.calibrator = Calibrator(prior=calibration_prior)
         self.profile = profile
         self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)

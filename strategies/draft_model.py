@@ -21,7 +21,7 @@ from specdec.cache import commit_rows, new_cache
 from specdec.config import setting
 from specdec.coupled import coupled_proposals, coupled_scores
 from specdec.errors import ConfigError
-from specdec.models import check_same_tokenizer, output_vocab_size
+from specdec.models import cache_kwargs, check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_masks, tree_position_ids
@@ -130,7 +130,7 @@ class DraftModel:
     def _logits(self, input_ids: torch.Tensor, mask=None, positions=None, last_only: bool = False) -> torch.Tensor:
         """[L, V] draft logits of every input row ([1, V]: the last row's only)."""
         out = self.draft(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+                         **cache_kwargs(self.draft, self.cache), use_cache=True, logits_to_keep=1 if last_only else 0)
         logits = out.logits[0].float()                                 # [L, Vd]
         if logits.shape[-1] > self.vocab:
             logits = logits[:, : self.vocab]
@@ -288,7 +288,7 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     tok_path = cfg.draft.path
     draft_tokenizer = None
     if os.path.isfile(os.path.join(tok_path, "tokenizer.json")) or os.path.isfile(os.path.join(tok_path, "tokenizer_config.json")):
-        draft_tokenizer = load_tokenizer(tok_path, "draft")
+        draft_tokenizer = load_tokenizer(tok_path, "draft", key="draft.path")
     d = cfg.draft
     return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,

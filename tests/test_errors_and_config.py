@@ -293,8 +293,8 @@ def test_unknown_config_name():
 
 
 @pytest.mark.parametrize("overrides, phrases", [
-    ({"draft.num_token": 3}, ("unknown config key 'draft.num_token'", "did you mean 'num_tokens'", "valid keys")),
-    ({"generation.temprature": 0.5}, ("'generation.temprature'", "did you mean 'temperature'")),
+    ({"draft.num_token": 3}, ("unknown config key 'draft.num_token'", "did you mean 'draft.num_tokens'", "valid keys")),
+    ({"generation.temprature": 0.5}, ("'generation.temprature'", "did you mean 'generation.temperature'")),
     ({"strategi": "draft_model"}, ("unknown config key 'strategi'", "did you mean 'strategy'")),
     ({"target.path.sub": "x"}, ("target.path",)),
 ])
@@ -390,7 +390,7 @@ def test_train_heads_hints_name_its_own_keys(tmp_path, capsys):
 def test_bad_values_through_load(folders):
     with raises(ConfigError, "bad value for 'generation.temperature': -1.0; it must be >= 0"):
         specdec.load("autoregressive", **{"target.path": folders["target"], "generation.temperature": -1})
-    with raises(ConfigError, "did you mean 'num_tokens'"):
+    with raises(ConfigError, "did you mean 'draft.num_tokens'"):
         specdec.load("draft_model", **{"target.path": folders["target"], "draft.num_token": 3})
 
 
@@ -421,7 +421,7 @@ def test_yaml_config_files(tmp_path):
     assert cfg.draft.num_tokens == 5 and cfg.generation.top_k == 7
     bad_key = tmp_path / "bad_key.yaml"
     bad_key.write_text("draft:\n  num_tokenz: 3\n")
-    with raises(ConfigError, "unknown config key 'draft.num_tokenz'", "did you mean 'num_tokens'"):
+    with raises(ConfigError, "unknown config key 'draft.num_tokenz'", "did you mean 'draft.num_tokens'"):
         load_spec_config(str(bad_key))
     bad_value = tmp_path / "bad_value.yaml"
     bad_value.write_text("generation:\n  top_p: 2.0\n")
@@ -493,7 +493,7 @@ def test_cli_bad_key_returns_2(folders, capsys):
                      "--prompt", "def f", "--no-stream"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "unknown config key 'draft.num_token'" in err and "did you mean 'num_tokens'" in err
+    assert "unknown config key 'draft.num_token'" in err and "did you mean 'draft.num_tokens'" in err
 
 
 @pytest.mark.parametrize("argv, phrase", [

@@ -1,0 +1,57 @@
+"""Ctrl-C during training: the trainers save a checkpoint of the last finished step and raise
+TrainingInterrupted; the command prints how to resume and exits 130 (the shell's code for SIGINT)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import sys
+import threading
+
+EXIT_INTERRUPTED = 130
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training; the checkpoint of the last finished step is written (a
+    KeyboardInterrupt still, so a program calling the trainer stops as it would have)."""
+
+    def __init__(self, step: int, steps: int, checkpoint: str):
+        super().__init__(f"training interrupted after step {step} of {steps}; checkpoint {checkpoint}")
+        self.step, self.steps, self.checkpoint = step, steps, checkpoint
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Hold a Ctrl-C back until the block has run, so that the parameters and the optimizer are
+    never saved half updated. Only where Python's own SIGINT handler is in place (the main thread,
+    no handler of the caller's): elsewhere the block runs as it is."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def resume_command(prefix: str, argv: list[str], output_dir: str) -> str:
+    """The command line that resumes a run: the same arguments with output_dir made absolute (a
+    run with the checkpoint's output_dir resumes from it, from any folder)."""
+    args = [a for a in argv if not a.startswith("output_dir=")]
+    return " ".join([prefix, shlex.join(args + [f"output_dir={os.path.abspath(output_dir)}"])]).strip()
+
+
+def report_interrupt(stop: KeyboardInterrupt, prefix: str, argv: list[str], output_dir: str | None) -> int:
+    """Print what was saved and how to resume (standard error); returns the exit code, 130."""
+    if isinstance(stop, TrainingInterrupted):
+        print(f"\ninterrupted after step {stop.step} of {stop.steps}: checkpoint saved in {stop.checkpoint}\n"
+              f"resume with: {resume_command(prefix, argv, output_dir)}", file=sys.stderr)
+    else:
+        print("\ninterrupted before any training step ran: nothing new was saved", file=sys.stderr)
+    return EXIT_INTERRUPTED
