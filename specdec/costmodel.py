@@ -10,11 +10,9 @@ that is not a valid profile (check_profile) is measured again; a folder that can
 the profile measured in memory, with a warning (measured again at every load).
 
 Every size is timed and kept as measured, not forced to grow with n: the cost of a forward is not
-monotone in its rows. On the 2-core CPU the pycode target was measured on, 15 rounds gave (x a
-plain step) 1.31 / 1.43 / 1.43 for 1 / 2 / 3 nodes but 1.19 / 1.16 for 4 / 5, and the same for 8 and
-11 nodes: the matmul kernels change with the row count. The planner scans every size, so it picks
-the cheap ones. (Profiles of a few sizes made non-decreasing - "the cheapest size at or above" -
-priced 1-3 nodes like 4 and let it verify 2 nodes for the cost of 4.)
+monotone in its rows (the matmul kernels change with the row count; benchmarks/results/defaults.md
+has a CPU's profile). The planner scans every size, so it picks the cheap ones; a profile made
+non-decreasing would price small trees like the next cheap size up.
 """
 from __future__ import annotations
 
