@@ -3,7 +3,7 @@ rule fires inside an accepted run."""
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -13,6 +13,7 @@ from .sampling import SamplingParams, TorchRandom, logits_to_probs
 from .stopping import StopRules
 from .errors import StrategyError
 from .processing import LogitsProcessing
+from .tree import CandidateTree
 from .types import DecodeState, Stats, StepResult
 from .verifier import Verifier
 
@@ -51,6 +52,68 @@ def check_depth(tree, max_depth: int, strategy) -> None:
                             f"tokens left: a strategy must read state.max_depth and propose no deeper")
 
 
+class Decoding:
+    """One sequence's decoding between verify forwards: its state, strategy, stop rules and stats.
+    `propose` asks the strategy for a tree; `settle` takes the target's outputs for [pending] + that
+    tree (one row of a batch, or a forward of its own) and accepts, cuts at a stop rule, observes.
+    decode() runs one; specdec.batch runs many side by side over one batched forward."""
+
+    def __init__(self, strategy, prompt_ids: list[int], prompt_hidden, sampling: SamplingParams, stop: StopRules,
+                 rng: TorchRandom, stats: Stats, noise: GumbelNoise | None, processing: LogitsProcessing,
+                 clock: _Clock, start: float):
+        self.strategy, self.sampling, self.stop, self.stats = strategy, sampling, stop, stats
+        self.noise, self.processing, self.rng, self.clock, self.start = noise, processing, rng, clock, start
+        self.state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
+                                 rng=rng, max_depth=stop.max_new_tokens - 1,
+                                 eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise)
+        t = clock()
+        strategy.reset(self.state)
+        stats.draft_time_s += clock() - t
+        self.proposed_at = 0.0
+
+    def propose(self) -> CandidateTree:
+        t0 = self.clock()
+        tree = self.strategy.propose(self.state)
+        check_depth(tree, self.state.max_depth, self.strategy)
+        self.proposed_at = t0
+        self.stats.draft_time_s += self.clock() - t0
+        return tree
+
+    def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
+               verify_time_s: float, commit: Callable[[list[int]], None]) -> tuple[list[int], str | None]:
+        """(new tokens, finish reason or None) after the target's `logits` [1 + N, V] (and `hidden`
+        [1 + N, F]) for [pending] + tree; `commit` keeps the accepted rows' KV (row 0 = pending)."""
+        state, stats = self.state, self.stats
+        target_logits = self.processing.tree_rows(logits, state.token_ids, tree)   # the generation_config's law
+        if self.sampling.greedy:
+            verdict = accept_greedy(tree, target_logits.argmax(dim=-1))
+        elif self.noise is not None:  # coupled sampler: the greedy walk over the noisy argmaxes
+            verdict = accept_greedy(tree, coupled_target_tokens(target_logits, tree, len(state.token_ids), self.noise))
+        else:
+            verdict = accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
+        kept_rows = [0] + [node + 1 for node in verdict.accepted]
+        commit(kept_rows)
+
+        run = verdict.path_tokens(tree) + [verdict.next_token]
+        keep, reason = self.stop.cut(state.token_ids[state.prompt_len:], run)
+        run = run[:keep]
+        stats.target_forwards += 1
+        stats.proposed_nodes += tree.num_nodes
+        stats.accepted_lengths.append(len(verdict.accepted))
+        stats.new_tokens += len(run)
+        stats.verify_time_s += verify_time_s
+        committed_before = len(state.token_ids)
+        state.token_ids.extend(run)
+        if reason is None:
+            state.max_depth = self.stop.max_new_tokens - state.num_generated - 1
+            t3 = self.clock()
+            self.strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before,
+                                                    None if hidden is None else hidden[kept_rows]))
+            stats.draft_time_s += self.clock() - t3
+        stats.total_time_s = self.clock() - self.start
+        return run, reason
+
+
 def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: SamplingParams,
            stop: StopRules, generator: torch.Generator, stats: Stats,
            noise: GumbelNoise | None = None,
@@ -70,48 +133,14 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     prompt_hidden = verifier.prefill(prompt_ids[:-1], layers)
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
-    state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
-                        rng=rng, max_depth=stop.max_new_tokens - 1,
-                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise)
-    t = clock()
-    strategy.reset(state)
-    stats.draft_time_s += clock() - t
+    sequence = Decoding(strategy, prompt_ids, prompt_hidden, sampling, stop, rng, stats, noise, processing, clock,
+                        start)
     while True:
-        t0 = clock()
-        tree = strategy.propose(state)
-        check_depth(tree, state.max_depth, strategy)
+        tree = sequence.propose()                                          # the strategy's guesses
         t1 = clock()
-        out = verifier.forward(state.token_ids[-1], tree, layers)
-        t2 = clock()
-        target_logits = processing.tree_rows(out.logits, state.token_ids, tree)   # the generation_config's law
-        if sampling.greedy:
-            verdict = accept_greedy(tree, target_logits.argmax(dim=-1))
-        elif noise is not None:       # coupled sampler: the greedy walk over the noisy argmaxes
-            verdict = accept_greedy(tree, coupled_target_tokens(target_logits, tree, len(state.token_ids), noise))
-        else:
-            verdict = accept_sampling(tree, logits_to_probs(target_logits, sampling), rng)
-        verifier.commit([0] + [node + 1 for node in verdict.accepted])
-
-        run = verdict.path_tokens(tree) + [verdict.next_token]
-        generated = state.token_ids[state.prompt_len:]
-        keep, reason = stop.cut(generated, run)
-        run = run[:keep]
-        stats.target_forwards += 1
-        stats.proposed_nodes += tree.num_nodes
-        stats.accepted_lengths.append(len(verdict.accepted))
-        stats.new_tokens += len(run)
-        stats.verify_time_s += t2 - t1
-        committed_before = len(state.token_ids)
-        state.token_ids.extend(run)
+        out = verifier.forward(sequence.state.token_ids[-1], tree, layers)   # one target forward
+        # accept, keep the accepted path's KV, cut at a stop rule, let the strategy observe
+        run, reason = sequence.settle(tree, out.logits, out.hidden, clock() - t1, verifier.commit)
+        yield run, reason
         if reason is not None:
-            stats.draft_time_s += t1 - t0
-            stats.total_time_s = clock() - start
-            yield run, reason
             return
-        state.max_depth = stop.max_new_tokens - state.num_generated - 1
-        hidden = None if out.hidden is None else out.hidden[[0] + [node + 1 for node in verdict.accepted]]
-        t3 = clock()
-        strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before, hidden))
-        stats.draft_time_s += (t1 - t0) + (clock() - t3)
-        stats.total_time_s = clock() - start
-        yield run, None
