@@ -8,14 +8,15 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .arguments import as_int, check_flag, check_generation_args, check_text, check_token_ids
+from .arguments import as_int, check_flag, check_int, check_generation_args, check_text, check_token_ids
 from .config import GenerationDefaults, load_spec_config
 from .coupled import make_noise
 from .errors import InputError
-from .loop import decode
+from .batch import BatchOutput, Job, batch_output, decode_batch
+from .loop import Decoding, _Clock, decode
 from .processing import LogitsProcessing
 from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
-from .sampling import SamplingParams, make_generator, resolve_seed
+from .sampling import SamplingParams, TorchRandom, make_generator, resolve_seed
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
 from .verifier import Verifier
@@ -136,6 +137,25 @@ CONCURRENCY_GUARD = True
 
 
 @dataclass
+class _Request:
+    """One prompt's checked arguments and what its decoding needs (Speculator._prepare)."""
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    rules: StopRules
+    generator: torch.Generator
+    noise: object
+    processing: LogitsProcessing
+    stats: Stats
+
+    def room(self, strategy) -> int:
+        """Cache entries to plan for: prompt + new tokens + the largest forward (pending + tree)."""
+        return len(self.prompt_ids) + self.rules.max_new_tokens + tree_rows_bound(strategy)
+
+
+DEFAULT_BATCH_SIZE = 16      # rows at once when generate() is given a list and no batch_size
+
+
+@dataclass
 class _Call:
     """What one generate()/stream() call runs on: the Speculator's own verifier and strategy when
     no other call holds them (`own`), else copies with per-call state of their own."""
@@ -204,9 +224,6 @@ class Speculator:
                 raise InputError("a text prompt needs a tokenizer: pass one to Speculator or give token ids")
             ids = self.tokenizer(check_text(prompt, "the prompt"))["input_ids"]
         elif isinstance(prompt, torch.Tensor) or hasattr(prompt, "__array__"):   # torch tensor / numpy array
-            if prompt.ndim == 2 and prompt.shape[0] != 1:
-                raise InputError(f"batch size {prompt.shape[0]} > 1 is not supported yet: call generate once per "
-                                 f"prompt")
             if prompt.ndim > 2:
                 raise InputError(f"a prompt {type(prompt).__name__} of shape {tuple(prompt.shape)} is not supported: "
                                  f"give one sequence of ids, shape [n] or [1, n]")
@@ -214,16 +231,12 @@ class Speculator:
             if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
                 raise InputError(f"the prompt {type(prompt).__name__} has dtype {prompt.dtype}: token ids must be "
                                  f"integers")
-        elif isinstance(prompt, Sequence) and prompt and all(isinstance(p, (str, list, tuple)) for p in prompt):
-            if len(prompt) > 1:
-                raise InputError(f"batch size {len(prompt)} > 1 is not supported yet: call generate once per prompt")
-            return self._prompt_ids(prompt[0])          # a batch of one
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
             ids = check_token_ids(prompt, "prompt")
         else:
             raise InputError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
-            raise InputError("the prompt is empty: give at least one token")
+            raise InputError("the prompt is empty: give at least one token (a batch: at least one prompt)")
         vocab = self.target.get_input_embeddings().num_embeddings
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
@@ -262,8 +275,8 @@ class Speculator:
                                       for name, value in given.items()})
 
     # ------------------------------------------------------------------ generation
-    def _open(self, prompt, stop_token_ids, ignore_eos, **given) -> Stream:
-        """Check every argument, then start a call on a verifier and strategy of its own."""
+    def _prepare(self, prompt, stop_token_ids, ignore_eos, given: dict) -> "_Request":
+        """Check one prompt and its arguments and build what its decoding needs."""
         args = self._generation_args(given)
         prompt_ids = self._prompt_ids(prompt)
         self._check_length(len(prompt_ids), args["max_new_tokens"])
@@ -279,20 +292,99 @@ class Speculator:
         seed = resolve_seed(args["seed"])     # once: the generator and the coupled noise share it
         generator = make_generator(seed, self.verifier.device)
         noise = make_noise(args["sampler"], seed, sampling, output_vocab_size(self.target), self.verifier.device)
-        stats = Stats(seed=None if sampling.greedy else seed)
         # built before the call starts: an unsupported generation_config fails here, not mid-stream
         processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
+        return _Request(prompt_ids, sampling, rules, generator, noise, processing,
+                        Stats(seed=None if sampling.greedy else seed))
+
+    def _open(self, prompt, stop_token_ids, ignore_eos, **given) -> Stream:
+        """Check every argument, then start a call on a verifier and strategy of its own."""
+        if self._batch_of(prompt) is not None:
+            raise InputError("stream() takes one prompt; give a list of prompts to generate() to run them as a "
+                             "batch")
+        request = self._prepare(prompt, stop_token_ids, ignore_eos, given)
         call = self._acquire()
         # the target's KV cache, sized once: prompt + new tokens + the largest forward (pending + tree)
-        call.verifier.reserve(len(prompt_ids) + args["max_new_tokens"] + tree_rows_bound(call.strategy))
-        steps = decode(call.verifier, call.strategy, prompt_ids, sampling, rules, generator, stats, noise,
-                       processing, self.profile)
-        return Stream(self, steps, stats, call)
+        call.verifier.reserve(request.room(call.strategy))
+        steps = decode(call.verifier, call.strategy, request.prompt_ids, request.sampling, request.rules,
+                       request.generator, request.stats, request.noise, request.processing, self.profile)
+        return Stream(self, steps, request.stats, call)
+
+    # ------------------------------------------------------------------ batches
+    @staticmethod
+    def _batch_of(prompt) -> list | None:
+        """The prompts of a batch call (a list of strings or of id lists, or a [B, n] tensor with
+        B > 1), else None (one prompt)."""
+        if isinstance(prompt, torch.Tensor) or hasattr(prompt, "__array__"):
+            return list(prompt) if getattr(prompt, "ndim", 1) == 2 and prompt.shape[0] > 1 else None
+        if isinstance(prompt, (list, tuple)) and prompt and all(
+                isinstance(p, str) or (isinstance(p, (list, tuple)) or hasattr(p, "__array__")) for p in prompt):
+            return list(prompt)
+        return None
+
+    def _generate_batch(self, prompts: list, batch_size, stop_token_ids, ignore_eos, given: dict) -> BatchOutput:
+        per_row = {"max_new_tokens": False, "seed": False, "stop": False}
+        for name in per_row:
+            value = given[name]
+            if name == "stop":
+                rowwise = isinstance(value, (list, tuple)) and any(isinstance(v, (list, tuple)) or v is None
+                                                                   for v in value)
+            else:
+                rowwise = isinstance(value, (list, tuple))
+            if rowwise and len(value) != len(prompts):
+                raise InputError(f"{name} holds {len(value)} values for {len(prompts)} prompts: give one per prompt, "
+                                 f"or one value for all")
+            per_row[name] = rowwise
+        if batch_size is None:
+            batch_size = min(len(prompts), DEFAULT_BATCH_SIZE)
+        batch_size = check_int(batch_size, "batch_size", 1)
+        requests = []
+        for i, prompt in enumerate(prompts):
+            row_args = {name: (value[i] if per_row.get(name) else value) for name, value in given.items()}
+            try:
+                requests.append(self._prepare(prompt, stop_token_ids, ignore_eos, row_args))
+            except InputError as exc:
+                raise InputError(f"prompt {i}: {exc}") from None
+        strategy = self.strategy
+        jobs = [Job(i, r.prompt_ids, self._row_start(r), r.room(strategy), r.stats) for i, r in enumerate(requests)]
+        clock = _Clock(self.verifier.device, self.profile)
+        token_ids: list[list[int]] = [[] for _ in prompts]
+        reasons: list[str | None] = [None] * len(prompts)
+        steps = decode_batch(self.verifier, strategy, jobs, batch_size, clock)
+        start, forwards = clock(), 0
+        while True:
+            with self._serial():
+                step = next(steps, None)
+            if step is None:
+                break
+            forwards += 1
+            for index, run, reason in step:
+                token_ids[index].extend(run)
+                reasons[index] = reason or reasons[index]
+        outputs = [GenerationOutput(text=self._decode_text(ids), token_ids=ids, stats=r.stats,
+                                    finish_reason=reason or "length")
+                   for ids, r, reason in zip(token_ids, requests, reasons)]
+        return batch_output(outputs, clock() - start, forwards)
+
+    def _row_start(self, request: "_Request"):
+        """How a batch row starts: a Decoding on a per-call copy of the strategy."""
+        from .strategies import per_call
+
+        def start(prompt_hidden, stats: Stats) -> Decoding:
+            clock = _Clock(self.verifier.device, self.profile)
+            stats.profiled = clock.exact
+            return Decoding(per_call(self.strategy), request.prompt_ids, prompt_hidden, request.sampling,
+                            request.rules, TorchRandom(request.generator), stats, request.noise, request.processing,
+                            clock, clock() - stats.prefill_time_s)
+        return start
+
+    def _decode_text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                  top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-                 sampler: str = _UNSET) -> GenerationOutput:
+                 sampler: str = _UNSET, batch_size: int | None = None) -> GenerationOutput | BatchOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
         (128, 0.0, 0, 1.0, None, None, "rejection" without a config). seed=None draws a fresh
@@ -300,7 +392,17 @@ class Speculator:
         (greedy ignores the seed). Returns the new tokens only, their
         text and statistics. sampler (temperature > 0): "rejection" (lossless rejection sampling) or
         "coupled" (Gumbel-max noise keyed by (seed, position): every strategy gives the same text for
-        the same seed)."""
+        the same seed).
+        A list of prompts (strings or id lists, any lengths) runs as a batch: one target forward per
+        step over up to `batch_size` rows (default: all, at most 16), a finished row's slot taken by the
+        next prompt; it returns one output per prompt, in order (a BatchOutput: a list with the
+        batch's totals in `.stats`). max_new_tokens and seed may then be lists (one per prompt), and
+        stop a list of lists."""
+        prompts = self._batch_of(prompt)
+        if prompts is not None:
+            return self._generate_batch(prompts, batch_size, stop_token_ids, ignore_eos,
+                                        dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                             top_p=top_p, seed=seed, stop=stop, sampler=sampler))
         stream = self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                             sampler=sampler)

@@ -115,14 +115,12 @@ def test_prompt_longer_than_context(arch):
     assert len(sd.generate(list(range(3, 13)), max_new_tokens=6, ignore_eos=True).token_ids) == 6
 
 
-def test_batch_size_above_one(sd):
-    with raises(InputError, "batch size 2", "not supported yet"):
-        sd.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=2)
-    with raises(InputError, "batch size 2", "not supported yet"):
-        sd.generate(["def f", "def g"], max_new_tokens=2)
-    with raises(InputError, "batch size 3", "not supported yet"):
+def test_a_batch_is_a_list_of_outputs_and_stream_takes_one_prompt(sd):
+    outs = sd.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=2, ignore_eos=True)
+    assert [len(out.token_ids) for out in outs] == [2, 2]
+    with raises(InputError, "stream() takes one prompt", "generate()"):
         list(sd.stream(["a", "b", "c"], max_new_tokens=2))
-    # one row is fine
+    # one row of a 2-D tensor is one prompt
     assert len(sd.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, ignore_eos=True).token_ids) == 2
 
 

@@ -1,0 +1,259 @@
+"""Many prompts at once: rows side by side, one target forward per step over all of them.
+
+Each row is a Decoding of its own (specdec.loop): its committed tokens, strategy state (a per-call
+copy of the Speculator's strategy), stop rules, random stream and stats. A step asks every row's
+strategy for its tree, runs ONE forward of the target over [B, 1 + largest tree] (each row its
+pending token, its tree, padding after it), then settles each row with its own rows of the output:
+acceptance, commit of its accepted path at its own fill level, stop rules, observe. A row that
+finishes hands its slot to the next waiting prompt (continuous batching inside one call).
+
+The ragged batch lives in the KV cache (RowLayer): one buffer per layer for all rows, each row with
+its own fill; a forward writes row b's new entries right after its own fill, and the attention mask
+hides from row b every slot past its own entries (stale rows, other rows' longer histories, the
+padding). Positions are per row (fill + depth). Padding rows hang off the pending token (they see
+the prefix, it and themselves, so their softmax is valid) and are never committed. A prompt is
+prefilled on its own (a single-row verifier: no padded prefill) and copied into its slot.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .compiled import padded_parents
+from .loop import Decoding, feature_layers
+from .models import AttentionLayout, cache_kwargs, check_cacheable
+from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root
+from .types import GenerationOutput, Stats
+from .verifier import Verifier
+
+
+class RowLayer(DynamicLayer):
+    """One layer's keys and values for B rows of different lengths: buffers [B, heads, capacity, dim]
+    (keys and values apart: their head sizes may differ). Before a forward the batch sets
+    `write_at` [B] (each row's fill) and `width` (the key length the forward attends over); an
+    update writes row b's R entries at write_at[b] .. write_at[b] + R and returns the buffers up to
+    `width`."""
+
+    def __init__(self):
+        super().__init__()
+        self.key_buffer = self.value_buffer = None
+        self.write_at: torch.Tensor | None = None     # [B] long
+        self.width = 0
+        self.wanted_capacity = 0                      # slots to allocate at the first update, if no row had KV
+        self.is_initialized = True                    # buffers come from add_row, not from an update
+
+    def allocate(self, rows: int, capacity: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> None:
+        """Buffers of `rows` rows and `capacity` slots shaped after a row's keys / values [1, H, L, D],
+        the filled slots of the old buffers kept."""
+        keys = like_keys.new_zeros(rows, like_keys.shape[1], capacity, like_keys.shape[-1])
+        values = like_values.new_zeros(rows, like_values.shape[1], capacity, like_values.shape[-1])
+        if self.key_buffer is not None:
+            kept_rows, kept_slots = min(rows, self.key_buffer.shape[0]), min(capacity, self.key_buffer.shape[2])
+            keys[:kept_rows, :, :kept_slots] = self.key_buffer[:kept_rows, :, :kept_slots]
+            values[:kept_rows, :, :kept_slots] = self.value_buffer[:kept_rows, :, :kept_slots]
+        self.key_buffer, self.value_buffer = keys, values
+        self.keys, self.values = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        batch, _, new, _ = key_states.shape                                               # [B, H, R, D]
+        if self.key_buffer is None:          # every row so far had an empty prefix: shapes known only now
+            self.allocate(batch, self.wanted_capacity, key_states, value_states)
+        slots = self.write_at[:, None] + torch.arange(new, device=key_states.device)      # [B, R]
+        rows = torch.arange(batch, device=key_states.device)[:, None].expand(batch, new)  # [B, R]
+        self.key_buffer[rows, :, slots] = key_states.transpose(1, 2)                      # [B, R, H, D]
+        self.value_buffer[rows, :, slots] = value_states.transpose(1, 2)
+        self.keys = self.key_buffer[:, :, : self.width]
+        self.values = self.value_buffer[:, :, : self.width]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.width
+
+    def keep(self, row: int, fill: int, slots: torch.Tensor) -> None:
+        """Commit of one row: its entries at `slots` [K] move to fill .. fill + K."""
+        self.key_buffer[row, :, fill: fill + len(slots)] = self.key_buffer[row].index_select(1, slots)
+        self.value_buffer[row, :, fill: fill + len(slots)] = self.value_buffer[row].index_select(1, slots)
+
+
+class BatchVerifier:
+    """The target's forward over a ragged batch: rows added from prefilled single-row verifiers,
+    one forward for all rows' [pending] + trees, each row's commit at its own fill."""
+
+    def __init__(self, model, layout: AttentionLayout):
+        self.model, self.layout = model, layout
+        self.cache = DynamicCache(config=model.config)
+        self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
+        self.fills: list[int] = []          # per row: committed entries in the cache (all but its pending token)
+
+    @property
+    def rows(self) -> int:
+        return len(self.fills)
+
+    @property
+    def capacity(self) -> int:
+        buffer = self.cache.layers[0].key_buffer
+        return 0 if buffer is None else buffer.shape[2]
+
+    def _reserve(self, rows: int, slots: int, like: Sequence[DynamicLayer] | None = None) -> None:
+        """Room for `rows` rows of `slots` entries: allocated once, grown by doubling. Shapes come
+        from the buffers or from `like` (a row's layers); with neither (only empty prefixes so far)
+        the first forward allocates."""
+        allocated = self.cache.layers[0].key_buffer is not None
+        if allocated and rows <= self.rows and slots <= self.capacity:
+            return
+        capacity = self.capacity if allocated and slots <= self.capacity else max(slots, 2 * self.capacity)
+        for index, layer in enumerate(self.cache.layers):
+            source = layer if allocated else (like[index] if like is not None else None)
+            if source is None or source.keys is None:
+                layer.wanted_capacity = max(layer.wanted_capacity, capacity)
+                continue
+            layer.allocate(max(rows, self.rows), capacity, source.keys[:1], source.values[:1])
+
+    def set_row(self, row: int, prefilled: Verifier, room: int) -> None:
+        """Row `row` (== rows: a new last row) takes the KV of a prefilled single-row verifier,
+        with room for `room` entries in all (prompt + new tokens + the largest forward)."""
+        fill = prefilled.prefix_len
+        source_layers = prefilled.cache.layers
+        self._reserve(row + 1, max(room, fill), source_layers)
+        for layer, source in zip(self.cache.layers, source_layers):
+            if fill and layer.key_buffer is not None:
+                layer.key_buffer[row, :, :fill] = source.keys[0, :, :fill]
+                layer.value_buffer[row, :, :fill] = source.values[0, :, :fill]
+        if row == self.rows:
+            self.fills.append(fill)
+        else:
+            self.fills[row] = fill
+
+    def drop_rows(self, keep: Sequence[int]) -> None:
+        """Keep only the rows `keep` (ascending), in that order: the batch shrinks as prompts run out."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.model.device)
+        for layer in self.cache.layers:
+            layer.key_buffer = layer.key_buffer.index_select(0, index)
+            layer.value_buffer = layer.value_buffer.index_select(0, index)
+        self.fills = [self.fills[row] for row in keep]
+
+    @torch.inference_mode()
+    def forward(self, pending: Sequence[int], trees: Sequence[CandidateTree],
+                layers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [B, R, V], features [B, R, F] or None) for every row's [pending] + tree, padded to
+        R = 1 + the largest tree."""
+        device, dtype = self.model.device, self.model.dtype
+        width_rows = 1 + max(tree.num_nodes for tree in trees)
+        self._reserve(self.rows, max(self.fills) + width_rows)
+        width = max(self.fills) + width_rows
+        input_ids = torch.zeros(self.rows, width_rows, dtype=torch.long, device=device)  # [B, R]
+        masks, positions = [], []
+        for row, (token, tree, fill) in enumerate(zip(pending, trees, self.fills)):
+            input_ids[row, 0] = token
+            input_ids[row, 1: 1 + tree.num_nodes] = tree.tokens.to(device)
+            parents = padded_parents(with_pending_root(tree.parents), width_rows)
+            masks.append(tree_masks(self.layout, parents, fill, dtype, device, capacity=width))
+            positions.append(tree_position_ids(parents, fill, device))                    # [1, R]
+        if isinstance(masks[0], dict):
+            mask = {kind: torch.cat([m[kind] for m in masks]) for kind in masks[0]}     # [B, 1, R, K] per kind
+        else:
+            mask = torch.cat(masks)                                                        # [B, 1, R, K]
+        write_at = torch.tensor(self.fills, dtype=torch.long, device=device)
+        for layer in self.cache.layers:
+            layer.write_at, layer.width = write_at, width
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
+                         **cache_kwargs(self.model, self.cache), use_cache=True,
+                         output_hidden_states=layers is not None)
+        hidden = None if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+        return out.logits, hidden
+
+    def commit(self, row: int, kept_rows: Sequence[int]) -> None:
+        """Keep rows `kept_rows` of row `row`'s last forward (0 = its pending token) after its fill."""
+        fill = self.fills[row]
+        slots = torch.tensor([fill + r for r in kept_rows], dtype=torch.long, device=self.model.device)
+        for layer in self.cache.layers:
+            layer.keep(row, fill, slots)
+        self.fills[row] = fill + len(kept_rows)
+
+
+@dataclass
+class Job:
+    """One prompt of a batch call and everything its Decoding needs, built by the Speculator."""
+    index: int
+    prompt_ids: list[int]
+    start: Callable[[torch.Tensor | None, Stats], Decoding]   # prompt features, stats -> its Decoding
+    room: int                       # cache entries it may need: prompt + new tokens + the largest forward
+    stats: Stats = field(default_factory=Stats)
+
+
+@dataclass
+class _Slot:
+    job: Job
+    decoding: Decoding
+
+
+def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: int,
+                 clock: Callable[[], float]) -> Iterator[list[tuple[int, list[int], str | None]]]:
+    """Yield, once per batched target forward, (job index, new tokens, finish reason or None) of
+    every row; at most `batch_size` rows run at once, a finished row's slot taken by the next
+    waiting job."""
+    layers = feature_layers(strategy)
+    batch = BatchVerifier(verifier.model, verifier.layout)
+    waiting = deque(jobs)
+    active: list[_Slot] = []
+
+    def start(row: int) -> _Slot:
+        """The next waiting job in slot `row`: its prompt prefilled alone, copied into the batch."""
+        job = waiting.popleft()
+        single = verifier.for_call()
+        single.reserve(len(job.prompt_ids))
+        started = clock()
+        prompt_hidden = single.prefill(job.prompt_ids[:-1], layers)
+        job.stats.prefill_time_s = clock() - started
+        batch.set_row(row, single, job.room)
+        return _Slot(job, job.start(prompt_hidden, job.stats))
+
+    while waiting or active:
+        while waiting and len(active) < batch_size:
+            active.append(start(len(active)))
+        trees = [slot.decoding.propose() for slot in active]
+        t1 = clock()
+        logits, hidden = batch.forward([slot.decoding.state.token_ids[-1] for slot in active], trees, layers)
+        verify_s = (clock() - t1) / len(active)             # each row's share of the forward
+        step, finished = [], []
+        for row, (slot, tree) in enumerate(zip(active, trees)):
+            rows = 1 + tree.num_nodes
+            run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
+                                               verify_s, lambda kept, row=row: batch.commit(row, kept))
+            step.append((slot.job.index, run, reason))
+            if reason is not None:
+                finished.append(row)
+        yield step
+        done = []
+        for row in finished:
+            if waiting:                                     # the next prompt takes the freed slot
+                active[row] = start(row)
+            else:
+                done.append(row)
+        if done:
+            keep = [row for row in range(len(active)) if row not in done]
+            if keep:
+                batch.drop_rows(keep)
+            active = [active[row] for row in keep]
+
+
+def batch_output(outputs: list[GenerationOutput], wall_s: float, forwards: int) -> "BatchOutput":
+    totals = Stats(new_tokens=sum(o.stats.new_tokens for o in outputs), target_forwards=forwards,
+                   proposed_nodes=sum(o.stats.proposed_nodes for o in outputs), total_time_s=wall_s)
+    for out in outputs:
+        totals.accepted_lengths.extend(out.stats.accepted_lengths)
+    return BatchOutput(outputs, totals)
+
+
+class BatchOutput(list):
+    """generate(list of prompts)'s result: one GenerationOutput per prompt, in order; `.stats` holds
+    the batch's totals (new tokens of all rows, batched target forwards, the call's wall time)."""
+
+    def __init__(self, outputs: list[GenerationOutput], stats: Stats):
+        super().__init__(outputs)
+        self.stats = stats
