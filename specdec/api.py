@@ -262,7 +262,7 @@ class Speculator:
                                       for name, value in given.items()})
 
     # ------------------------------------------------------------------ generation
-    def _open(self, prompt, stop_token_ids, ignore_eos, **given) -> Stream:
+    def _open(self, prompt, stop_token_ids, ignore_eos, cache_scope=None, **given) -> Stream:
         """Check every argument, then start a call on a verifier and strategy of its own."""
         args = self._generation_args(given)
         prompt_ids = self._prompt_ids(prompt)
@@ -270,6 +270,9 @@ class Speculator:
         stop_ids = () if stop_token_ids is None else check_token_ids(
             [stop_token_ids] if as_int(stop_token_ids) is not None else stop_token_ids, "stop_token_ids")
         ignore_eos = check_flag(ignore_eos, "ignore_eos")
+        if cache_scope is not None and not isinstance(cache_scope, str):
+            raise InputError(f"cache_scope must be a string (or None for the configured scope), got "
+                             f"{type(cache_scope).__name__}")
         if args["stop"] and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
         sampling = SamplingParams(args["temperature"], args["top_k"], args["top_p"])
@@ -286,13 +289,13 @@ class Speculator:
         # the target's KV cache, sized once: prompt + new tokens + the largest forward (pending + tree)
         call.verifier.reserve(len(prompt_ids) + args["max_new_tokens"] + tree_rows_bound(call.strategy))
         steps = decode(call.verifier, call.strategy, prompt_ids, sampling, rules, generator, stats, noise,
-                       processing, self.profile)
+                       processing, self.profile, cache_scope)
         return Stream(self, steps, stats, call)
 
     def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                  top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-                 sampler: str = _UNSET) -> GenerationOutput:
+                 sampler: str = _UNSET, cache_scope: str | None = None) -> GenerationOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
         (128, 0.0, 0, 1.0, None, None, "rejection" without a config). seed=None draws a fresh
@@ -300,8 +303,9 @@ class Speculator:
         (greedy ignores the seed). Returns the new tokens only, their
         text and statistics. sampler (temperature > 0): "rejection" (lossless rejection sampling) or
         "coupled" (Gumbel-max noise keyed by (seed, position): every strategy gives the same text for
-        the same seed)."""
-        stream = self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
+        the same seed). cache_scope (strategies that learn across calls, suffix): a call drafts only from
+        the outputs of earlier calls with the same scope (None: the config's suffix.scope)."""
+        stream = self._open(prompt, stop_token_ids, ignore_eos, cache_scope, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                             sampler=sampler)
         while stream._advance() is not None:
@@ -312,13 +316,13 @@ class Speculator:
     def stream(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-               sampler: str = _UNSET) -> Stream:
+               sampler: str = _UNSET, cache_scope: str | None = None) -> Stream:
         """Yield the new text piece by piece, as each verify step accepts a run of tokens. The
         pieces join to the text `generate` returns with the same arguments; the returned Stream's
         `.stats` and `.finish_reason` fill as it goes."""
         if self.tokenizer is None:
             raise InputError("stream() yields text and needs a tokenizer; use generate() with token ids")
-        return self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
+        return self._open(prompt, stop_token_ids, ignore_eos, cache_scope, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                             sampler=sampler)
 

@@ -55,7 +55,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
            stop: StopRules, generator: torch.Generator, stats: Stats,
            noise: GumbelNoise | None = None,
            processing: LogitsProcessing | None = None,
-           profile: bool = False) -> Iterator[tuple[list[int], str | None]]:
+           profile: bool = False, cache_scope: str | None = None) -> Iterator[tuple[list[int], str | None]]:
     """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes.
     With `noise` (the coupled sampler) the target's token at each position is its Gumbel-max
     sample there, and acceptance is the greedy walk over those tokens. The engine reads the
@@ -72,7 +72,8 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                         generator=generator, max_depth=stop.max_new_tokens - 1,
-                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise, rng=rng)
+                        eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise, rng=rng,
+                        cache_scope=cache_scope)
     t = clock()
     strategy.reset(state)
     stats.draft_time_s += clock() - t
@@ -104,7 +105,11 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
         committed_before = len(state.token_ids)
         state.token_ids.extend(run)
         if reason is not None:
-            stats.draft_time_s += t1 - t0
+            t3 = clock()
+            finish = getattr(strategy, "finish", None)   # optional: what a strategy keeps of a finished call
+            if finish is not None:
+                finish(state)
+            stats.draft_time_s += (t1 - t0) + (clock() - t3)
             stats.total_time_s = clock() - start
             yield run, reason
             return

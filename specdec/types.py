@@ -32,6 +32,8 @@ class DecodeState:
     #   interface: uniforms, bernoulli, categorical, sample_without_replacement,
     #   draw_without_replacement); the loop makes one per
     #   call; None here means a TorchRandom on `generator`
+    cache_scope: str | None = None        # the call's cache scope (generate(..., cache_scope=)): strategies
+    #   that learn across calls (suffix) draft only from what calls of the same scope produced
 
     def __post_init__(self):
         if self.rng is None:
