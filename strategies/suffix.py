@@ -52,7 +52,7 @@ class SuffixConfig:
     max_depth: int = setting(24, min=2)                # suffix tree depth: longest match + its continuation
     max_nodes: int = setting(16, min=1)                # node budget of one proposal
     max_spec_factor: float = setting(1.0, above=0.0)   # a match of m tokens drafts at most factor * m + offset nodes
-    max_spec_offset: float = setting(0.0)
+    max_spec_offset: float = setting(0.0, min=-64.0, max=64.0)   # (Arctic allows a negative offset)
     min_token_prob: float = setting(0.1, min=0.0, max=1.0)   # drop nodes whose path probability is lower
     tree: bool = True                                  # False: a single path (Arctic Inference's path mode)
     max_cached_tokens: int = setting(200_000, min=0)   # outputs kept across calls (all scopes); 0: no cross-call cache
