@@ -146,6 +146,7 @@ class _Request:
     noise: object
     processing: LogitsProcessing
     stats: Stats
+    cache_scope: str | None = None
 
     def room(self, strategy) -> int:
         """Cache entries to plan for: prompt + new tokens + the largest forward (pending + tree)."""
@@ -275,7 +276,7 @@ class Speculator:
                                       for name, value in given.items()})
 
     # ------------------------------------------------------------------ generation
-    def _prepare(self, prompt, stop_token_ids, ignore_eos, given: dict) -> "_Request":
+    def _prepare(self, prompt, stop_token_ids, ignore_eos, cache_scope, given: dict) -> "_Request":
         """Check one prompt and its arguments and build what its decoding needs."""
         args = self._generation_args(given)
         prompt_ids = self._prompt_ids(prompt)
@@ -283,6 +284,9 @@ class Speculator:
         stop_ids = () if stop_token_ids is None else check_token_ids(
             [stop_token_ids] if as_int(stop_token_ids) is not None else stop_token_ids, "stop_token_ids")
         ignore_eos = check_flag(ignore_eos, "ignore_eos")
+        if cache_scope is not None and not isinstance(cache_scope, str):
+            raise InputError(f"cache_scope must be a string (or None for the configured scope), got "
+                             f"{type(cache_scope).__name__}")
         if args["stop"] and self.tokenizer is None:
             raise InputError("stop strings need a tokenizer")
         sampling = SamplingParams(args["temperature"], args["top_k"], args["top_p"])
@@ -295,19 +299,20 @@ class Speculator:
         # built before the call starts: an unsupported generation_config fails here, not mid-stream
         processing = LogitsProcessing.for_generation(self.target, prompt_ids, args["max_new_tokens"])
         return _Request(prompt_ids, sampling, rules, generator, noise, processing,
-                        Stats(seed=None if sampling.greedy else seed))
+                        Stats(seed=None if sampling.greedy else seed), cache_scope)
 
-    def _open(self, prompt, stop_token_ids, ignore_eos, **given) -> Stream:
+    def _open(self, prompt, stop_token_ids, ignore_eos, cache_scope=None, **given) -> Stream:
         """Check every argument, then start a call on a verifier and strategy of its own."""
         if self._batch_of(prompt) is not None:
             raise InputError("stream() takes one prompt; give a list of prompts to generate() to run them as a "
                              "batch")
-        request = self._prepare(prompt, stop_token_ids, ignore_eos, given)
+        request = self._prepare(prompt, stop_token_ids, ignore_eos, cache_scope, given)
         call = self._acquire()
         # the target's KV cache, sized once: prompt + new tokens + the largest forward (pending + tree)
         call.verifier.reserve(request.room(call.strategy))
         steps = decode(call.verifier, call.strategy, request.prompt_ids, request.sampling, request.rules,
-                       request.generator, request.stats, request.noise, request.processing, self.profile)
+                       request.generator, request.stats, request.noise, request.processing, self.profile,
+                       request.cache_scope)
         return Stream(self, steps, request.stats, call)
 
     # ------------------------------------------------------------------ batches
@@ -322,7 +327,8 @@ class Speculator:
             return list(prompt)
         return None
 
-    def _generate_batch(self, prompts: list, batch_size, stop_token_ids, ignore_eos, given: dict) -> BatchOutput:
+    def _generate_batch(self, prompts: list, batch_size, stop_token_ids, ignore_eos, cache_scope,
+                        given: dict) -> BatchOutput:
         per_row = {"max_new_tokens": False, "seed": False, "stop": False}
         for name in per_row:
             value = given[name]
@@ -342,7 +348,7 @@ class Speculator:
         for i, prompt in enumerate(prompts):
             row_args = {name: (value[i] if per_row.get(name) else value) for name, value in given.items()}
             try:
-                requests.append(self._prepare(prompt, stop_token_ids, ignore_eos, row_args))
+                requests.append(self._prepare(prompt, stop_token_ids, ignore_eos, cache_scope, row_args))
             except InputError as exc:
                 raise InputError(f"prompt {i}: {exc}") from None
         strategy = self.strategy
@@ -375,7 +381,7 @@ class Speculator:
             stats.profiled = clock.exact
             return Decoding(per_call(self.strategy), request.prompt_ids, prompt_hidden, request.sampling,
                             request.rules, TorchRandom(request.generator), stats, request.noise, request.processing,
-                            clock, clock() - stats.prefill_time_s)
+                            clock, clock() - stats.prefill_time_s, request.cache_scope)
         return start
 
     def _decode_text(self, token_ids: list[int]) -> str:
@@ -384,7 +390,8 @@ class Speculator:
     def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                  top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-                 sampler: str = _UNSET, batch_size: int | None = None) -> GenerationOutput | BatchOutput:
+                 sampler: str = _UNSET, batch_size: int | None = None,
+                 cache_scope: str | None = None) -> GenerationOutput | BatchOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
         (128, 0.0, 0, 1.0, None, None, "rejection" without a config). seed=None draws a fresh
@@ -400,10 +407,10 @@ class Speculator:
         stop a list of lists."""
         prompts = self._batch_of(prompt)
         if prompts is not None:
-            return self._generate_batch(prompts, batch_size, stop_token_ids, ignore_eos,
+            return self._generate_batch(prompts, batch_size, stop_token_ids, ignore_eos, cache_scope,
                                         dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                              top_p=top_p, seed=seed, stop=stop, sampler=sampler))
-        stream = self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
+        stream = self._open(prompt, stop_token_ids, ignore_eos, cache_scope, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                             sampler=sampler)
         while stream._advance() is not None:
@@ -414,13 +421,13 @@ class Speculator:
     def stream(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,
                top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-               sampler: str = _UNSET) -> Stream:
+               sampler: str = _UNSET, cache_scope: str | None = None) -> Stream:
         """Yield the new text piece by piece, as each verify step accepts a run of tokens. The
         pieces join to the text `generate` returns with the same arguments; the returned Stream's
         `.stats` and `.finish_reason` fill as it goes."""
         if self.tokenizer is None:
             raise InputError("stream() yields text and needs a tokenizer; use generate() with token ids")
-        return self._open(prompt, stop_token_ids, ignore_eos, max_new_tokens=max_new_tokens,
+        return self._open(prompt, stop_token_ids, ignore_eos, cache_scope, max_new_tokens=max_new_tokens,
                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                             sampler=sampler)
 

@@ -60,12 +60,13 @@ class Decoding:
 
     def __init__(self, strategy, prompt_ids: list[int], prompt_hidden, sampling: SamplingParams, stop: StopRules,
                  rng: TorchRandom, stats: Stats, noise: GumbelNoise | None, processing: LogitsProcessing,
-                 clock: _Clock, start: float):
+                 clock: _Clock, start: float, cache_scope: str | None = None):
         self.strategy, self.sampling, self.stop, self.stats = strategy, sampling, stop, stats
         self.noise, self.processing, self.rng, self.clock, self.start = noise, processing, rng, clock, start
         self.state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                                  rng=rng, max_depth=stop.max_new_tokens - 1,
-                                 eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise)
+                                 eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise,
+                                 cache_scope=cache_scope)
         t = clock()
         strategy.reset(self.state)
         stats.draft_time_s += clock() - t
@@ -104,12 +105,14 @@ class Decoding:
         stats.verify_time_s += verify_time_s
         committed_before = len(state.token_ids)
         state.token_ids.extend(run)
+        t3 = self.clock()
         if reason is None:
             state.max_depth = self.stop.max_new_tokens - state.num_generated - 1
-            t3 = self.clock()
             self.strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before,
                                                     None if hidden is None else hidden[kept_rows]))
-            stats.draft_time_s += self.clock() - t3
+        elif callable(finish := getattr(self.strategy, "finish", None)):   # optional: what a strategy keeps
+            finish(state)                                                   # of a finished call (suffix)
+        stats.draft_time_s += self.clock() - t3
         stats.total_time_s = self.clock() - self.start
         return run, reason
 
@@ -118,7 +121,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
            stop: StopRules, generator: torch.Generator, stats: Stats,
            noise: GumbelNoise | None = None,
            processing: LogitsProcessing | None = None,
-           profile: bool = False) -> Iterator[tuple[list[int], str | None]]:
+           profile: bool = False, cache_scope: str | None = None) -> Iterator[tuple[list[int], str | None]]:
     """Yield (new tokens, finish reason or None) once per verify step; `stats` fills as it goes.
     With `noise` (the coupled sampler) the target's token at each position is its Gumbel-max
     sample there, and acceptance is the greedy walk over those tokens. The engine reads the
@@ -134,7 +137,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     sequence = Decoding(strategy, prompt_ids, prompt_hidden, sampling, stop, rng, stats, noise, processing, clock,
-                        start)
+                        start, cache_scope)
     while True:
         tree = sequence.propose()                                          # the strategy's guesses
         t1 = clock()

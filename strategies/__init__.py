@@ -10,6 +10,7 @@ REGISTRY = {
     "autoregressive": "specdec.strategies.autoregressive",
     "draft_model": "specdec.strategies.draft_model",
     "prompt_lookup": "specdec.strategies.prompt_lookup",
+    "suffix": "specdec.strategies.suffix",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "auto": "specdec.strategies.auto",

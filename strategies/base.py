@@ -25,7 +25,9 @@ class Strategy(Protocol):
         StrategyError (specdec.loop.check_depth) rather than cut it behind the strategy's back."""
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        """The verdict of the last step; state.token_ids already holds the new tokens."""
+        """The verdict of the last step; state.token_ids already holds the new tokens. Not called
+        after the step a stop rule ends: a strategy that keeps something of a finished call (suffix)
+        may define `finish(state)`, which the loop calls once then, with all the new tokens."""
 
 
 def per_call(strategy):

@@ -19,6 +19,7 @@ from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
+from specdec.strategies.suffix import Suffix
 from specdec.verifier import Verifier
 
 PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n    x = x + 1",
@@ -42,11 +43,12 @@ def strategy(name: str, target):
         "draft_adaptive": lambda: DraftModel(noisy_copy(target), num_tokens=3, adaptive=True),
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
+        "suffix": lambda: Suffix(),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "medusa", "eagle",
-              "auto"]
+              "auto", "suffix"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:

@@ -23,11 +23,12 @@ from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.planner import Calibrator
 from specdec.strategies.prompt_lookup import PromptLookup
+from specdec.strategies.suffix import Suffix
 
 THREADS, CALLS = 8, 4
 PROMPTS = ["def parse(text):\n    return text", "class Foo:\n    x = 1\n    y = 2", "for i in range(10):\n    print(i)",
            "import os\nimport sys\n", "a = b = c = 1; a = b = c", "while True:\n    pass"]
-STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto"]
+STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto", "suffix"]
 
 
 def _target():
@@ -53,6 +54,7 @@ def build(name: str) -> Speculator:
         "medusa": lambda: Medusa(_heads(target), max_nodes=6, top_k=2),
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
+        "suffix": lambda: Suffix(),
     }[name]()
     return Speculator(target, char_tokenizer(), strategy)
 
@@ -78,10 +80,10 @@ def call(sd: Speculator, job: dict) -> tuple:
 
 
 def comparable(name: str, job: dict) -> bool:
-    """Whether a call's output is fixed by its arguments alone: everywhere except auto under the
-    rejection sampler, whose tree (and so which sample a seed gives) follows what it has learned
-    from earlier calls; its law is the target's all the same (tests/test_mixed_law.py)."""
-    return not (name == "auto" and job["temperature"] > 0 and job.get("sampler") == "rejection")
+    """Whether a call's output is fixed by its arguments alone: everywhere except auto and suffix
+    under the rejection sampler, whose trees (and so which sample a seed gives) follow what they
+    learned from earlier calls; their law is the target's all the same (the exact-law tests)."""
+    return not (name in ("auto", "suffix") and job["temperature"] > 0 and job.get("sampler") == "rejection")
 
 
 def slow_steps(sd: Speculator):

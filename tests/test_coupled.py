@@ -425,3 +425,22 @@ def test_sampler_must_be_a_name():
     for bad in (np.array(["coupled", "x"]), np.array(["coupled"]), 1):
         with pytest.raises(InputError, match="sampler must be one of rejection, coupled"):
             Speculator(target, None, Autoregressive()).generate(PROMPT, max_new_tokens=2, temperature=1.0, sampler=bad)
+
+
+def test_suffix_reproduces_autoregressive(arch):
+    """suffix's cache holds the texts of other seeds (partly the same text) and, for the last seed,
+    that seed's own text: drafts are then accepted in full, in part or not at all, and the text is
+    autoregressive's for every seed."""
+    from specdec.strategies.suffix import Suffix
+    target = with_output_bias(target_of(arch), token=7, bias=3.0 if arch == "gpt2" else 5.0)
+    strategy = Suffix(max_spec_factor=4.0, max_nodes=8)
+    kinds = Counter()
+    for seed in (0, 1, 2, 3):
+        expected = autoregressive(target, PROMPT, seed, n=32)
+        if seed == 3:
+            strategy.cache.add("default", PROMPT[-3:] + expected)
+        tokens, step_kinds = run(target, strategy, PROMPT, seed, n=32)
+        assert tokens == expected
+        kinds += step_kinds
+        strategy.cache.add("default", PROMPT[-3:] + tokens)
+    assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds

@@ -148,6 +148,37 @@ def test_prompt_lookup_law_is_the_targets():
     assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01   # lookups were kept
 
 
+class FrozenSuffix:
+    """A Suffix whose cross-call cache does not learn from the enumerated calls (they replay one
+    call many times): the law is that of drafting from a fixed global tree."""
+
+    @staticmethod
+    def make(outputs, **settings):
+        from specdec.strategies.suffix import Suffix
+        suffix = Suffix(**settings)
+        for tokens in outputs:
+            suffix.cache.add("default", tokens)
+        suffix.finish = lambda state: None
+        return suffix
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_suffix_law_is_the_targets_when_the_cache_disagrees(tree):
+    """The global tree holds outputs continuing the prompt's end with tokens the target finds
+    unlikely (and, less often, one it finds likely): point-mass drafts, several branches in tree
+    mode, rejected or accepted, and the law is still the target's."""
+    likely = int(model_dist(TARGET, PROMPT, TOP2)(()).argmax())
+    unlikely = [t for t in range(V) if t != likely]
+    outputs = [PROMPT[-2:] + [unlikely[0], unlikely[1]]] * 3 + [PROMPT[-2:] + [unlikely[2], likely]] * 2 + \
+        [PROMPT[-2:] + [likely, unlikely[0]]]
+    suffix = FrozenSuffix.make(outputs, max_spec_factor=2.0, max_nodes=4, min_token_prob=0.0, tree=tree)
+    sd = Speculator(TARGET, None, suffix)
+    law = generation_law(sd, PROMPT, NEW, TOP2)
+    assert_lossless(law, PROMPT, TOP2)
+    assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01   # a draft was kept sometimes
+    assert probability(law, lambda tokens, accepted: accepted[0] == 0) > 0.01  # and rejected sometimes
+
+
 # ---------------------------------------------------------------------- negative controls
 def test_negative_control_always_accept_verifier():
     sd = Speculator(TARGET, None, DraftModel(DRAFT, num_tokens=2))
