@@ -96,6 +96,9 @@ def shrink(values: dict) -> dict:
             values[key] = WINDOW
         elif isinstance(value, list) and old_layers and len(value) == old_layers and old_layers > layers:
             values[key] = [value[i] for i in picks] if picks else value[:layers]
+    if "kv_lora_rank" in values and "num_key_value_heads" in values:   # latent attention: one KV head per head
+        values["num_key_value_heads"] = values.get("num_attention_heads", SIZES["num_attention_heads"])
+        values["head_dim"] = values.get("qk_rope_head_dim", values.get("head_dim"))
     for key in ("rope_scaling", "rope_parameters"):      # keep rope defaults sized for the new head_dim
         if isinstance(values.get(key), dict):
             values[key] = {k: v for k, v in values[key].items() if k in ("rope_type", "rope_theta", "type")}
