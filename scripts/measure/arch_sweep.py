@@ -96,6 +96,8 @@ def shrink(values: dict) -> dict:
             values[key] = WINDOW
         elif isinstance(value, list) and old_layers and len(value) == old_layers and old_layers > layers:
             values[key] = [value[i] for i in picks] if picks else value[:layers]
+    if values.get("is_decoder") is False:       # encoders with a causal-LM head attend causally only as decoders
+        values["is_decoder"] = True
     if "kv_lora_rank" in values and "num_key_value_heads" in values:   # latent attention: one KV head per head
         values["num_key_value_heads"] = values.get("num_attention_heads", SIZES["num_attention_heads"])
         values["head_dim"] = values.get("qk_rope_head_dim", values.get("head_dim"))
