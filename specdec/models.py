@@ -172,10 +172,14 @@ def attention_layout(model) -> AttentionLayout:
 
 def check_causal(model, role: str = "target") -> None:
     """Refuse an encoder loaded without is_decoder=True (BERT, RoBERTa, ... with a causal-LM head):
-    its attention sees both ways, so a token's KV depends on the tokens after it."""
-    if getattr(model.config, "is_decoder", None) is False:
+    its attention sees both ways, so a token's KV depends on the tokens after it. Read from the
+    self-attention modules' own `is_causal` (config.is_decoder is False on causal LMs too)."""
+    both_ways = [m for m in model.modules() if getattr(m, "is_causal", True) is False
+                 and not getattr(m, "is_cross_attention", False)]
+    if both_ways:
         raise IncompatibleModelsError(
-            f"the {role} model ({type(model).__name__}) was loaded with is_decoder=False: its attention sees "
+            f"the {role} model ({type(model).__name__}) attends both ways ({type(both_ways[0]).__name__}."
+            f"is_causal is False; for an encoder: loaded with is_decoder=False): its attention sees "
             f"both ways, which no KV cache can reproduce token by token. Load it as a decoder "
             f"(from_pretrained(..., is_decoder=True)) or use a causal LM")
 
