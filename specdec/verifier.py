@@ -74,10 +74,9 @@ class Verifier:
         if self.static is not None:
             out = self.static.run(ids, tuple(range(-1, len(token_ids) - 1)), 0, feature_layers is not None)
         else:
-            mask = torch.ones_like(ids)                                    # as generate() passes them (see forward)
-            positions = torch.arange(len(token_ids), device=self.device)[None]
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
-                             use_cache=True, logits_to_keep=1,
+            positions = torch.arange(len(token_ids), device=self.device)[None]       # as generate() passes them
+            out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=1,
                              output_hidden_states=feature_layers is not None)
         self.prefix_len = len(token_ids)
         if feature_layers is None:
@@ -94,11 +93,11 @@ class Verifier:
         if self.static is not None:
             return self._static_forward(input_ids, tree, feature_layers)
         if tree.is_chain:   # a chain is causal: the model builds its own mask(s), windows included
-            # from a 2-D mask and explicit positions, as generate() passes them: given none, some models
-            # attend both ways (BERT as a decoder) or derive other positions (RoBERTa)
-            end = self.prefix_len + input_ids.shape[1]
-            mask = torch.ones(1, end, dtype=torch.long, device=self.device)                  # [1, prefix + 1 + N]
-            positions = torch.arange(self.prefix_len, end, device=self.device)[None]          # [1, 1 + N]
+            # with explicit positions, as generate() passes them: given none, some models derive other
+            # positions (RoBERTa: from the input ids). No 2-D mask: an all-ones one costs a host read
+            # inside transformers' mask building
+            mask = None
+            positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
         else:
             parents = with_pending_root(tree.parents)
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device)

@@ -43,7 +43,7 @@ def test_every_architecture_identical_or_refused(arch):
 @pytest.mark.parametrize("arch, verdict", [
     ("deepseek_v3", "identical"),    # latent attention: keys wider than values in one KV buffer
     ("roberta", "identical"),        # positions derived from input ids unless given, as generate() gives them
-    ("bert", "identical"),           # no causal mask unless given a 2-D one, as generate() gives it
+    ("bert", "identical"),           # an encoder loaded as a decoder (is_decoder=True)
     ("gemma2", "identical"),         # sliding and full layers
     ("bloom", "refused"),            # ALiBi built from a 2-D mask: a 4-D tree mask raises inside it
     ("mpt", "refused"),              # ALiBi by key index: a tree forward is silently wrong
