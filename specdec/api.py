@@ -303,9 +303,12 @@ class Speculator:
 
     def _open(self, prompt, stop_token_ids, ignore_eos, cache_scope=None, **given) -> Stream:
         """Check every argument, then start a call on a verifier and strategy of its own."""
-        if self._batch_of(prompt) is not None:
+        prompts = self._batch_of(prompt)
+        if prompts is not None and len(prompts) > 1:
             raise InputError("stream() takes one prompt; give a list of prompts to generate() to run them as a "
                              "batch")
+        if prompts is not None:                 # a batch of one
+            prompt = prompts[0]
         request = self._prepare(prompt, stop_token_ids, ignore_eos, cache_scope, given)
         call = self._acquire()
         # the target's KV cache, sized once: prompt + new tokens + the largest forward (pending + tree)

@@ -2,7 +2,9 @@
 the whole cache on every forward), and the commit of the accepted rows of the last forward.
 
 Keys and values of a layer share one buffer [2, B, heads, capacity, head_dim], so a commit moves
-both with one gather and one copy per layer, its index built once on the device per commit."""
+both with one gather and one copy per layer, its index built once on the device per commit. Where
+keys are wider than values (multi-head latent attention: DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite),
+head_dim is the wider of the two and the narrower one is a view of its first columns."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -17,12 +19,18 @@ SPARE_SLOTS = 256        # room a BufferedLayer leaves after its first update wh
 
 
 def _kv_buffer(key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> torch.Tensor:
-    """[2, B, heads, capacity, head_dim]: keys at [0], values at [1]."""
-    if key_states.shape[:2] + key_states.shape[3:] != value_states.shape[:2] + value_states.shape[3:]:
+    """[2, B, heads, capacity, max(key dim, value dim)]: keys at [0], values at [1] (see _kv_views)."""
+    if key_states.shape[:2] != value_states.shape[:2]:
         raise NotImplementedError(f"keys {tuple(key_states.shape)} and values {tuple(value_states.shape)} differ in "
-                                  f"shape: specdec's KV buffer holds both in one tensor and needs equal head sizes")
+                                  f"batch or heads: specdec's KV buffer holds both in one tensor")
     batch, heads = key_states.shape[:2]
-    return key_states.new_empty(2, batch, heads, capacity, key_states.shape[-1])
+    return key_states.new_empty(2, batch, heads, capacity, max(key_states.shape[-1], value_states.shape[-1]))
+
+
+def _kv_views(kv_buffer: torch.Tensor, key_dim: int, value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and value buffers [B, heads, capacity, dim] inside a kv_buffer: views, the narrower
+    one its first columns (the padding columns are moved by commits, never read)."""
+    return kv_buffer[0, ..., :key_dim], kv_buffer[1, ..., :value_dim]
 
 
 def _move_rows(kv_buffer: torch.Tensor, slots: torch.Tensor, prefix_len: int) -> None:
@@ -58,7 +66,7 @@ class BufferedLayer(DynamicLayer):
         if self.length:
             kv_buffer[:, :, :, : self.length] = self.kv_buffer[:, :, :, : self.length]
         self.kv_buffer = kv_buffer
-        self.key_buffer, self.value_buffer = kv_buffer[0], kv_buffer[1]
+        self.key_buffer, self.value_buffer = _kv_views(kv_buffer, key_states.shape[-1], value_states.shape[-1])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -114,9 +122,9 @@ class SlotLayer(StaticLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self.batch_size, self.num_heads = key_states.shape[:2]
-        self.k_head_dim = self.v_head_dim = key_states.shape[-1]
+        self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
         self.kv_buffer = _kv_buffer(key_states, value_states, self.max_cache_len).zero_()
-        self.keys, self.values = self.kv_buffer[0], self.kv_buffer[1]
+        self.keys, self.values = _kv_views(self.kv_buffer, self.k_head_dim, self.v_head_dim)
         if not torch.compiler.is_compiling():     # fixed addresses: no recompiles, CUDA graphs allowed
             for tensor in (self.kv_buffer, self.keys, self.values):
                 torch._dynamo.mark_static_address(tensor)

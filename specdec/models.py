@@ -187,7 +187,69 @@ def attention_layout(model) -> AttentionLayout:
             f"the target ({type(model).__name__}) mixes {' and '.join(sorted(set(types)))} layers but its "
             f"forward does not take one attention mask per layer type: specdec cannot give its layers "
             f"their windows in a tree forward")
-    return AttentionLayout(tuple(types), windows, by_type)
+    layout = AttentionLayout(tuple(types), windows, by_type)
+    check_tree_forward(model, layout)
+    return layout
+
+
+def check_causal(model, role: str = "target") -> None:
+    """Refuse an encoder loaded without is_decoder=True (BERT, RoBERTa, ... with a causal-LM head):
+    its attention sees both ways, so a token's KV depends on the tokens after it. Read from the
+    self-attention modules' own `is_causal` (config.is_decoder is False on causal LMs too)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model     # not a vision / audio tower
+    both_ways = [m for m in (decoder or model).modules() if getattr(m, "is_causal", True) is False
+                 and not getattr(m, "is_cross_attention", False)]
+    if both_ways:
+        raise IncompatibleModelsError(
+            f"the {role} model ({type(model).__name__}) attends both ways ({type(both_ways[0]).__name__}."
+            f"is_causal is False; for an encoder: loaded with is_decoder=False): its attention sees "
+            f"both ways, which no KV cache can reproduce token by token. Load it as a decoder "
+            f"(from_pretrained(..., is_decoder=True)) or use a causal LM")
+
+
+@torch.inference_mode()
+def check_tree_forward(model, layout: AttentionLayout) -> None:
+    """Run the smallest tree (two siblings under one token) through the model with the tree's 4-D
+    mask and position ids, and compare the second sibling's logits with a plain forward over its
+    own path. Models that build attention biases from a 2-D mask (ALiBi in BLOOM), reshape the mask
+    themselves (OpenAI GPT, XLM) or ignore it would otherwise raise deep inside transformers or,
+    worse, verify trees silently wrong. Compared in fp32 only (lower precisions differ in rounding).
+    Called through model.forward: forward hooks on the model (a benchmark's forward meter) do not
+    see this probe."""
+    from .tree import tree_position_ids
+    check_causal(model)
+    vocab = model.get_input_embeddings().num_embeddings
+    tokens = [min(i, vocab - 1) for i in (3, 4, 5)]
+    parents = (-1, 0, 0)                          # token 0, then two children of it
+    device = model.device
+    ids = torch.tensor([tokens], device=device)
+    masks = {w: _tree_mask(parents, model.dtype, device, w) for w in set(layout.windows.values())}
+    mask = {t: masks[w] for t, w in layout.windows.items()} if layout.by_type else next(iter(masks.values()))
+    what = (f"the target ({type(model).__name__}, model_type {model.config.model_type!r}) cannot verify a tree "
+            f"of candidates in one forward")
+    try:
+        tree_logits = model.forward(input_ids=ids, attention_mask=mask, position_ids=tree_position_ids(parents, 0, device),
+                                    use_cache=False).logits[0, 2]
+    except Exception as exc:  # noqa: BLE001 - re-raised as what the model lacks
+        raise IncompatibleModelsError(
+            f"{what}: its forward does not take a 4-D attention mask with position ids "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); use plain model.generate()") from exc
+    path_ids = torch.tensor([[tokens[0], tokens[2]]], device=device)
+    path_logits = model.forward(input_ids=path_ids, attention_mask=torch.ones_like(path_ids),   # as generate() calls it
+                                position_ids=torch.arange(2, device=device)[None], use_cache=False).logits[0, 1]
+    finite = bool(torch.isfinite(tree_logits).all() and torch.isfinite(path_logits).all())   # NaN: a kernel that
+    # cannot run here (compiled flex attention on a CPU), refused with its own message where it is used
+    if finite and model.dtype == torch.float32 and not torch.allclose(tree_logits.float(), path_logits.float(),
+                                                           atol=1e-3, rtol=1e-3):
+        raise IncompatibleModelsError(
+            f"{what}: with a tree's 4-D attention mask and position ids its logits differ from a plain forward "
+            f"over the same path (by {float((tree_logits - path_logits).abs().max()):.3g}), so it ignores the "
+            f"mask or the positions; use plain model.generate()")
+
+
+def _tree_mask(parents, dtype, device, window):
+    from .tree import tree_attention_mask
+    return tree_attention_mask(parents, 0, dtype, device, window)
 
 
 def _takes_mask_per_type(model) -> bool:

@@ -12,8 +12,8 @@ import torch
 
 from .cache import commit_rows, new_cache
 from .compiled import StaticForward
-from .models import AttentionLayout, attention_layout, cache_kwargs
-from .tree import CandidateTree, tree_attention_mask, tree_position_ids, with_pending_root
+from .models import attention_layout, cache_kwargs
+from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root
 
 
 @dataclass
@@ -27,18 +27,6 @@ def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:
     `hidden_states` tuple: 0 = embeddings, -1 = last layer post final norm) side by side.
     F = len(layers) * H; layers (-1,) is what the lm_head reads."""
     return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
-
-
-def tree_masks(layout: AttentionLayout, parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
-               device: torch.device):
-    """The attention mask(s) of a tree forward: one [1, 1, N, prefix_len + N] mask when every layer
-    attends alike, else {layer type: mask} (Hugging Face's per-type mask mapping), each layer type
-    with its own sliding window."""
-    by_window = {window: tree_attention_mask(parents, prefix_len, dtype, device, window)
-                 for window in set(layout.windows.values())}
-    if not layout.by_type:
-        return next(iter(by_window.values()))
-    return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
 
 
 class Verifier:
@@ -83,7 +71,9 @@ class Verifier:
         if self.static is not None:
             out = self.static.run(ids, tuple(range(-1, len(token_ids) - 1)), 0, feature_layers is not None)
         else:
-            out = self.model(input_ids=ids, **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1,
+            positions = torch.arange(len(token_ids), device=self.device)[None]       # as generate() passes them
+            out = self.model(input_ids=ids, position_ids=positions, **cache_kwargs(self.model, self.cache),
+                             use_cache=True, logits_to_keep=1,
                              output_hidden_states=feature_layers is not None)
         self.prefix_len = len(token_ids)
         if feature_layers is None:
@@ -100,7 +90,11 @@ class Verifier:
         if self.static is not None:
             return self._static_forward(input_ids, tree, feature_layers)
         if tree.is_chain:   # a chain is causal: the model builds its own mask(s), windows included
-            mask, positions = None, None
+            # with explicit positions, as generate() passes them: given none, some models derive other
+            # positions (RoBERTa: from the input ids). No 2-D mask: an all-ones one costs a host read
+            # inside transformers' mask building
+            mask = None
+            positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
         else:
             parents = with_pending_root(tree.parents)
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device)
