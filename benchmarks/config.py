@@ -78,6 +78,8 @@ class BenchConfig:
     readme: Optional[str] = None        # another README to rewrite (default: benchmarks/README.md)
     progress: bool = True
     threads: Optional[int] = None       # torch.set_num_threads; None = torch's default (1 helps on a busy machine)
+    batch_sizes: List[int] = field(default_factory=list)   # non-empty: the batch benchmark (benchmarks/batch.py):
+    #                                     every prompt at once through generate(list, batch_size=B), per B
 
 
 def load_bench_config(name_or_path: str, overrides: dict | list | None = None) -> BenchConfig:

@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
     context = context_length(target, tokenizer) or 10 ** 9
     prompt_sets = build_prompt_sets(cfg.prompts, tokenizer, context - cfg.max_new_tokens)
+    if cfg.batch_sizes:
+        return _batch_main(cfg, argv, rows, reference, baseline, prompt_sets, device, dtype, notes, console)
     records = run_all(rows, reference, prompt_sets, cfg, meter, device, console)
     meter.close()
 
@@ -146,6 +148,31 @@ def main(argv: list[str] | None = None) -> int:
                       f"speculative decoding must be lossless — see the 'same' column[/]")
         return 3
     return 0
+
+
+def _batch_main(cfg, argv, rows, reference, baseline, prompt_sets, device, dtype, notes, console) -> int:
+    """The batch benchmark (a preset with batch_sizes): every prompt of every set in one list."""
+    from .batch import batch_plot, batch_rows, batch_table, run_batches
+    prompts = [p.token_ids for prompts in prompt_sets.values() for p in prompts]
+    rows = batch_rows(rows)
+    records = run_batches(rows, prompts, cfg, console)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    plots = batch_plot(records, cfg.output_dir)
+    table = batch_table(records, reference.label, baseline)
+    machine = machine_info(device, dtype)
+    command = "specdec bench " + shlex.join(argv)
+    when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    write_json(os.path.join(cfg.output_dir, "results.json"),
+               {"command": command, "date": when, "settings": as_plain(cfg), "machine": machine, "notes": notes,
+                "records": records, "plots": [os.path.basename(p) for p in plots]})
+    with open(os.path.join(cfg.output_dir, "results.md"), "w") as fh:
+        fh.write(f"# `{cfg.name}` benchmark\n\n`{command}` — {when}\n\nMachine: {machine_line(machine)}\n\n"
+                 f"{len(prompts)} prompts, {cfg.max_new_tokens} new tokens each; total tokens/s of the whole list.\n\n")
+        fh.write("".join(f"* note: {n}\n" for n in notes) + "\n" + table + "\n")
+    console.print(table, markup=False, highlight=False, soft_wrap=True)
+    console.print(f"results in {cfg.output_dir}/")
+    wrong = [r for r in records if r["identical"] is False]
+    return 3 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -142,3 +142,22 @@ def test_noise_prompts_are_shuffled_code_windows():
     assert sorted(noise.token_ids) != noise.token_ids                 # not sorted, not the identity order
     again = build_prompt_sets(cfg.prompts, char_tokenizer(), 400)["noise"][0]
     assert again.token_ids == noise.token_ids                          # seeded
+
+
+def test_batch_preset_runs_every_row_at_every_batch_size(tiny_family, tmp_path):
+    """The batch benchmark end to end on tiny models: every row (ours and HF's batched generate())
+    at each batch size and temperature, greedy outputs the same as our batched autoregressive."""
+    out = tmp_path / "batch"
+    code = main(["batch", f"models.target={tiny_family / 'target'}", f"models.draft={tiny_family / 'draft'}",
+                 f"output_dir={out}", "prompts.num=2", "prompts.tokens=24", "max_new_tokens=8",
+                 "batch_sizes=[1,3]", "warmup_tokens=2", "threads=1"])
+    assert code == 0
+    with open(out / "results.json") as fh:
+        records = json.load(fh)["records"]
+    labels = {r["row"] for r in records}
+    assert {"autoregressive", "prompt_lookup", "HF generate() batched"} <= labels
+    assert {(r["batch_size"], r["temperature"]) for r in records} == {(1, 0.0), (3, 0.0), (1, 0.8), (3, 0.8)}
+    greedy = [r for r in records if r["temperature"] == 0]
+    assert greedy and all(r["identical"] for r in greedy)
+    assert all(r["new_tokens"] == 4 * 8 for r in records)          # 2 sets x 2 prompts x 8 tokens
+    assert os.path.isfile(out / "batch_tokens_per_second.png") and "× HF batched" in (out / "results.md").read_text()
