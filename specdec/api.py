@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from .arguments import as_int, check_flag, check_int, check_generation_args, check_text, check_token_ids
 from .config import GenerationDefaults, load_spec_config
@@ -330,8 +332,8 @@ class Speculator:
             return list(prompt)
         return None
 
-    def _generate_batch(self, prompts: list, batch_size, stop_token_ids, ignore_eos, cache_scope,
-                        given: dict) -> BatchOutput:
+    def _generate_batch(self, prompts: list, batch_size, stop_token_ids, ignore_eos, cache_scope, on_output,
+                        progress: bool, given: dict) -> BatchOutput:
         per_row = {"max_new_tokens": False, "seed": False, "stop": False}
         for name in per_row:
             value = given[name]
@@ -358,21 +360,25 @@ class Speculator:
         jobs = [Job(i, r.prompt_ids, self._row_start(r), r.room(strategy), r.stats) for i, r in enumerate(requests)]
         clock = _Clock(self.verifier.device, self.profile)
         token_ids: list[list[int]] = [[] for _ in prompts]
-        reasons: list[str | None] = [None] * len(prompts)
+        outputs: list[GenerationOutput | None] = [None] * len(prompts)
         steps = decode_batch(self.verifier, strategy, jobs, batch_size, clock)
         start, forwards = clock(), 0
-        while True:
-            with self._serial():
-                step = next(steps, None)
-            if step is None:
-                break
-            forwards += 1
-            for index, run, reason in step:
-                token_ids[index].extend(run)
-                reasons[index] = reason or reasons[index]
-        outputs = [GenerationOutput(text=self._decode_text(ids), token_ids=ids, stats=r.stats,
-                                    finish_reason=reason or "length")
-                   for ids, r, reason in zip(token_ids, requests, reasons)]
+        with tqdm(total=len(prompts), unit="prompt", disable=not progress, file=sys.stderr) as bar:
+            while True:
+                with self._serial():
+                    step = next(steps, None)
+                if step is None:
+                    break
+                forwards += 1
+                for index, run, reason in step:
+                    token_ids[index].extend(run)
+                    if reason is not None:
+                        outputs[index] = GenerationOutput(text=self._decode_text(token_ids[index]),
+                                                          token_ids=token_ids[index], stats=requests[index].stats,
+                                                          finish_reason=reason)
+                        bar.update(1)
+                        if on_output is not None:
+                            on_output(index, outputs[index])
         return batch_output(outputs, clock() - start, forwards)
 
     def _row_start(self, request: "_Request"):
@@ -394,7 +400,7 @@ class Speculator:
                  top_p: float = _UNSET, seed: int | None = _UNSET, stop: str | Sequence[str] | None = _UNSET,
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
                  sampler: str = _UNSET, batch_size: int | None = None,
-                 cache_scope: str | None = None) -> GenerationOutput | BatchOutput:
+                 cache_scope: str | None = None, on_output=None, progress: bool = False) -> GenerationOutput | BatchOutput:
         """Generate up to max_new_tokens after `prompt` (a string or a list of token ids).
         temperature 0 = greedy. Arguments not given take the loaded config's `generation:` values
         (128, 0.0, 0, 1.0, None, None, "rejection" without a config). seed=None draws a fresh
@@ -407,10 +413,12 @@ class Speculator:
         step over up to `batch_size` rows (default: all, at most 16), a finished row's slot taken by the
         next prompt; it returns one output per prompt, in order (a BatchOutput: a list with the
         batch's totals in `.stats`). max_new_tokens and seed may then be lists (one per prompt), and
-        stop a list of lists."""
+        stop a list of lists. on_output(index, output) is called as each prompt finishes (in the
+        order they finish); progress=True shows a progress bar over the prompts."""
         prompts = self._batch_of(prompt)
         if prompts is not None:
-            return self._generate_batch(prompts, batch_size, stop_token_ids, ignore_eos, cache_scope,
+            return self._generate_batch(prompts, batch_size, stop_token_ids, ignore_eos, cache_scope, on_output,
+                                        progress,
                                         dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                              top_p=top_p, seed=seed, stop=stop, sampler=sampler))
         stream = self._open(prompt, stop_token_ids, ignore_eos, cache_scope, max_new_tokens=max_new_tokens,

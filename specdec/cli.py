@@ -8,10 +8,75 @@ import sys
 from .errors import SpecDecError
 
 
+def _read_prompts_file(path: str) -> list[dict]:
+    """A JSONL file of {"prompt": "...", and optionally "max_new_tokens", "seed", "stop"} lines."""
+    import json
+    from .errors import InputError
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = [(n, line) for n, line in enumerate(fh, 1) if line.strip()]
+    except OSError as exc:
+        raise InputError(f"--prompts-file {path!r} cannot be read: {exc.strerror or exc}") from None
+    rows = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--prompts-file {path!r} line {n} is not JSON ({exc.msg}): each line must be an "
+                             f"object like {{\"prompt\": \"def f(\"}}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise InputError(f"--prompts-file {path!r} line {n} has no \"prompt\" string: each line must be an object "
+                             f"like {{\"prompt\": \"def f(\"}}")
+        unknown = set(row) - {"prompt", "max_new_tokens", "seed", "stop"}
+        if unknown:
+            raise InputError(f"--prompts-file {path!r} line {n}: unknown key(s) {sorted(unknown)}; a line may hold "
+                             f"prompt, max_new_tokens, seed and stop")
+        rows.append(row)
+    if not rows:
+        raise InputError(f"--prompts-file {path!r} holds no prompts")
+    return rows
+
+
+def _generate_file(sd, args) -> int:
+    """--prompts-file: every prompt through one batched call; one JSON line per prompt as it finishes
+    (its index in the file, text, finish reason, stats), flushed at once so Ctrl-C keeps them."""
+    import json
+    rows = _read_prompts_file(args.prompts_file)
+    defaults = sd.config.generation
+    per_row = {key: [row.get(key, getattr(defaults, key)) for row in rows] for key in ("max_new_tokens", "seed")}
+    stops = [row.get("stop", list(defaults.stop)) for row in rows]
+    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    written = 0
+
+    def write(index, out):
+        nonlocal written
+        sink.write(json.dumps({"index": index, "text": out.text, "finish_reason": out.finish_reason,
+                               "stats": out.stats.as_dict()}) + "\n")
+        sink.flush()
+        written += 1
+
+    try:
+        outs = sd.generate([row["prompt"] for row in rows], batch_size=args.batch_size, stop=stops,
+                           on_output=write, progress=True, **per_row)
+    except KeyboardInterrupt:
+        print(f"specdec generate: interrupted (Ctrl-C) after {written} of {len(rows)} prompts; their lines are "
+              f"written", file=sys.stderr)
+        return 130
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+    stats = outs.stats
+    print(f"[{sd.config.strategy}] {len(rows)} prompts, {stats.new_tokens} tokens, {stats.target_forwards} batched "
+          f"target forwards, {stats.tokens_per_second:.1f} tokens/s", file=sys.stderr)
+    return 0
+
+
 def _generate(args) -> int:
     from .api import load
     from .config import parse_overrides
     sd = load(args.config, **parse_overrides(args.overrides))
+    if args.prompts_file:
+        return _generate_file(sd, args)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if args.echo:
         sys.stdout.write(prompt)
@@ -58,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--prompt", help="the prompt (default: read standard input)")
     gen.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     gen.add_argument("--no-stream", action="store_true", help="print the completion once, at the end")
+    gen.add_argument("--prompts-file", help="a JSONL file, one {\"prompt\": ...} object a line (optionally "
+                     "max_new_tokens, seed, stop): all run as one batch, one JSON line out per prompt")
+    gen.add_argument("--batch-size", type=int, default=None, help="rows at once with --prompts-file (default 16)")
+    gen.add_argument("--output", help="with --prompts-file: write the JSON lines here instead of standard output")
     sub.add_parser("train-heads", help="train Medusa-style heads (or, with train_eagle, an EAGLE drafter) for a target model", add_help=False)
     sub.add_parser("bench", help="benchmark strategies against Hugging Face generate()", add_help=False)
     sub.add_parser("check", help="check losslessness and speed-up on your model", add_help=False)
