@@ -44,7 +44,7 @@ from specdec.verifier import features as layer_features
 from .data import fixed_windows, sample_windows, token_streams
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle_io import save_eagle
-from .interrupt import EXIT_INTERRUPTED, TrainingInterrupted, deferred_interrupt, report_interrupt
+from .interrupt import EXIT_INTERRUPTED, deferred_interrupt, report_interrupt, stop_training
 from .io import atomic_write, target_fingerprint
 from .train import _fmt, corpus_files, load_checkpoint, save_checkpoint
 
@@ -437,13 +437,11 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
             if on_step is not None:
                 on_step(step, metrics)
     except KeyboardInterrupt:
-        bar.close()
-        if step == step_began:                  # stopped before its update: the step is redone on resume
-            generator.set_state(rng_before)
-        if ddp.main:                            # no collective here: the other ranks are stopping too
-            save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step,
-                            history=history, losses=losses, elapsed_s=time.perf_counter() - started)
-        raise TrainingInterrupted(step, cfg.steps, checkpoint) from None
+        def save():
+            if ddp.main:                        # no collective here: the other ranks are stopping too
+                save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step,
+                                history=history, losses=losses, elapsed_s=time.perf_counter() - started)
+        stop_training(bar, step, step_began, generator, rng_before, save, cfg.steps, checkpoint)
     bar.close()
     final = evaluate(step)
     if ddp.main:

@@ -21,6 +21,18 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step, self.steps, self.checkpoint = step, steps, checkpoint
 
 
+def stop_training(bar, step: int, step_began: int, generator, rng_before, save, steps: int, checkpoint: str):
+    """What both trainers do on Ctrl-C: close the progress bar; a step stopped before its update
+    gives the window sampler its state back (the step is redone on resume, as an uninterrupted run
+    would draw it); `save()` writes the checkpoint of the last finished step; then raise
+    TrainingInterrupted."""
+    bar.close()
+    if step == step_began:
+        generator.set_state(rng_before)
+    save()
+    raise TrainingInterrupted(step, steps, checkpoint) from None
+
+
 @contextlib.contextmanager
 def deferred_interrupt():
     """Hold a Ctrl-C back until the block has run, so that the parameters and the optimizer are

@@ -30,7 +30,7 @@ from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
-from .interrupt import TrainingInterrupted, deferred_interrupt, report_interrupt
+from .interrupt import deferred_interrupt, report_interrupt, stop_training
 from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
 
@@ -275,11 +275,9 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
             if on_step is not None:
                 on_step(step, metrics)
     except KeyboardInterrupt:
-        bar.close()
-        if step == step_began:                  # stopped before its update: the step is redone on resume
-            generator.set_state(rng_before)
-        save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
-        raise TrainingInterrupted(step, cfg.steps, checkpoint) from None
+        stop_training(bar, step, step_began, generator, rng_before,
+                      lambda: save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step,
+                                              history=history), cfg.steps, checkpoint)
     bar.close()
     final = evaluate(step)
     extra["train_time_s"] = extra.get("train_time_s", 0) + (time.perf_counter() - started)
