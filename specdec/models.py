@@ -189,6 +189,7 @@ def attention_layout(model) -> AttentionLayout:
             f"their windows in a tree forward")
     layout = AttentionLayout(tuple(types), windows, by_type)
     check_tree_forward(model, layout)
+    check_own_window(model, layout)
     return layout
 
 
@@ -245,6 +246,33 @@ def check_tree_forward(model, layout: AttentionLayout) -> None:
             f"{what}: with a tree's 4-D attention mask and position ids its logits differ from a plain forward "
             f"over the same path (by {float((tree_logits - path_logits).abs().max()):.3g}), so it ignores the "
             f"mask or the positions; use plain model.generate()")
+
+
+def check_own_window(model, layout: AttentionLayout) -> None:
+    """A sliding-window model must apply its window in its own attention mask: specdec keeps every
+    entry in the cache and lets chains (and prefills) use the model's own masks. A model whose
+    window lives only in Hugging Face's cache (old entries dropped, the mask unwindowed: moshi)
+    attends differently with and without a cache, so no speculative run can match generate():
+    refused. Probed in fp32 over a sequence longer than the window."""
+    sized = {w for w in layout.windows.values() if w is not None}
+    if not sized or model.dtype != torch.float32:
+        return
+    window = min(sized)
+    vocab = model.get_input_embeddings().num_embeddings
+    length = window + 3
+    ids = (torch.arange(length, device=model.device)[None] * 7 + 3) % vocab                # [1, L]
+    positions = torch.arange(length, device=model.device)[None]
+    parents = tuple(range(-1, length - 1))                                                 # a chain
+    masks = {w: _tree_mask(parents, model.dtype, model.device, w) for w in set(layout.windows.values())}
+    mask = {t: masks[w] for t, w in layout.windows.items()} if layout.by_type else next(iter(masks.values()))
+    own = model.forward(input_ids=ids, position_ids=positions, use_cache=False).logits[0, -1]
+    windowed = model.forward(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits[0, -1]
+    if torch.isfinite(own).all() and not torch.allclose(own.float(), windowed.float(), atol=1e-3, rtol=1e-3):
+        raise IncompatibleModelsError(
+            f"the target ({type(model).__name__}, model_type {model.config.model_type!r}) has a sliding window "
+            f"of {window} tokens that its own attention mask does not apply (Hugging Face applies it only by "
+            f"dropping old cache entries), so it attends differently with and without a cache and no "
+            f"speculative run can match its generate(); use plain model.generate()")
 
 
 def _tree_mask(parents, dtype, device, window):

@@ -17,9 +17,8 @@ from specdec import Speculator  # noqa: E402
 from specdec.errors import IncompatibleModelsError  # noqa: E402
 from specdec.strategies.autoregressive import Autoregressive  # noqa: E402
 
-# Architectures transformers builds here but generate() itself cannot run from a tiny config, or
-# that specdec still verifies wrong (known, reported in the sweep's table): not held against specdec.
-KNOWN_FAILURES = {"moshi": "its sliding window lives in the cache alone (the mask has none); specdec keeps all KV"}
+# Architectures that specdec still verifies wrong (known, reported in the sweep's table): none now.
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def assert_identical_or_refused(arch: str) -> arch_sweep.Row:
@@ -48,6 +47,7 @@ def test_every_architecture_identical_or_refused(arch):
     ("bloom", "refused"),            # ALiBi built from a 2-D mask: a 4-D tree mask raises inside it
     ("mpt", "refused"),              # ALiBi by key index: a tree forward is silently wrong
     ("mamba", "refused"),            # a recurrent state, no KV
+    ("moshi", "refused"),            # its window lives in HF's cache alone, not in its mask
 ])
 def test_representatives(arch, verdict):
     row = assert_identical_or_refused(arch)
