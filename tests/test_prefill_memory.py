@@ -155,3 +155,39 @@ def test_static_prefill_keeps_the_last_rows_logits():
     finally:
         watch.close()
     assert [f["logits"] for f in watch.forwards] == [(1, 1, VOCAB)] * 4     # 64 tokens, 16 per chunk
+
+
+def test_drafters_catch_up_in_chunks(monkeypatch):
+    """The drafters feed a long prompt PREFILL_CHUNK rows per forward (here 5) and end where one
+    forward over the whole prompt ends: the same logits for the pending token's children."""
+    import specdec.strategies.draft_model as draft_module
+    import specdec.strategies.eagle as eagle_module
+    from eagle_helpers import state_for
+    target = sliding_model("mistral")
+    prompt = long_prompt()
+    drafter_forwards, draft_forwards = [], []
+
+    def roots():
+        eagle = Eagle(random_drafter(target, (1, -1)), max_nodes=4, top_k=2, depth=2)
+        eagle.bind(target, None)
+        handle = eagle.drafter.register_forward_hook(lambda *_: drafter_forwards.append(1))
+        eagle.reset(state_for(prompt, Verifier(target).prefill(prompt[:-1], eagle.feature_layers)))
+        eagle_logits = eagle.catch_up(prompt)[1]
+        handle.remove()
+        draft = DraftModel(noisy_copy(target, noise=0.15), num_tokens=2)
+        draft.bind(target, None)
+        draft.reset(state_for(prompt, None))
+        handle = draft.draft.register_forward_hook(lambda *_: draft_forwards.append(1))
+        draft_logits = draft._catch_up(prompt)
+        handle.remove()
+        return eagle_logits, draft_logits
+
+    whole = roots()
+    assert len(drafter_forwards) == len(draft_forwards) == 1
+    for module in (eagle_module, draft_module):
+        monkeypatch.setattr(module, "PREFILL_CHUNK", 5)
+    chunked = roots()
+    assert len(drafter_forwards) == 1 + 13                    # eagle: 63 prompt features, 5 per forward
+    assert len(draft_forwards) == 1 + 13                      # draft model: 64 tokens (the pending one too)
+    torch.testing.assert_close(chunked[0], whole[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked[1], whole[1], rtol=1e-5, atol=1e-5)
