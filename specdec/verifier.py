@@ -28,6 +28,10 @@ class TreeOutput:
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
+# prompt rows per drafter forward when a drafter catches up on a prompt (draft model, EAGLE): it runs
+# on top of the target's whole KV cache and the prompt's features, so with a quarter of the prefill's
+# chunk its activations stay below the target prefill's last chunk
+CATCH_UP_CHUNK = PREFILL_CHUNK // 4
 
 
 def hidden_request(layers: Sequence[int] | None) -> list[int] | bool:

@@ -51,7 +51,7 @@ from specdec.sampling import logits_to_probs
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
-from specdec.verifier import PREFILL_CHUNK
+from specdec.verifier import CATCH_UP_CHUNK
 
 @dataclass
 class EagleConfig:
@@ -175,7 +175,7 @@ class Eagle:
 
     # ------------------------------------------------------------------ the committed rows
     def catch_up(self, token_ids: list[int]):
-        """Feed the committed rows not in the drafter's cache yet (one forward per PREFILL_CHUNK rows:
+        """Feed the committed rows not in the drafter's cache yet (one forward per CATCH_UP_CHUNK rows:
         a long prompt's peak activations are bounded by the chunk); returns the last row's (out [H],
         logits [V]) - the parent of the tree - or None before any feature."""
         if self.unfed:
@@ -185,7 +185,7 @@ class Eagle:
             if len(token_ids) - 1 - self.fed < n:
                 raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
                                    f"(expected one fewer feature than tokens)")
-            for part in features.split(PREFILL_CHUNK):                                   # [m, F] each
+            for part in features.split(CATCH_UP_CHUNK):                                 # [m, F] each
                 m = part.shape[0]
                 rows = torch.arange(self.fed, self.fed + m, device=self.device)          # [m]
                 tokens = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + m], device=self.device)

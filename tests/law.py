@@ -143,13 +143,16 @@ def generation_law(speculator, prompt: list[int], max_new_tokens: int, params, *
                    explore_zero: bool = False) -> dict:
     """Exact law of (new tokens, accepted lengths per step) of speculator.generate(prompt, ...)
     under sampling `params` (EOS ignored): the real strategy, verifier and loop, every random draw
-    enumerated. Marginalize with `token_law`."""
+    enumerated. Marginalize with `token_law`. `speculator` may also be a function making a fresh
+    one per run: a strategy that learns across calls (auto's calibration) must start each replayed
+    run from the same state."""
     from unittest import mock
     current = []
 
     def run(rng):
         current[:] = [rng]
-        out = speculator.generate(prompt, max_new_tokens=max_new_tokens, temperature=params.temperature,
+        sd = speculator() if callable(speculator) and not hasattr(speculator, "generate") else speculator
+        out = sd.generate(prompt, max_new_tokens=max_new_tokens, temperature=params.temperature,
                                   top_k=params.top_k, top_p=params.top_p, ignore_eos=True)
         return tuple(out.token_ids), tuple(out.stats.accepted_lengths)
 

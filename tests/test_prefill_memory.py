@@ -158,7 +158,7 @@ def test_static_prefill_keeps_the_last_rows_logits():
 
 
 def test_drafters_catch_up_in_chunks(monkeypatch):
-    """The drafters feed a long prompt PREFILL_CHUNK rows per forward (here 5) and end where one
+    """The drafters feed a long prompt CATCH_UP_CHUNK rows per forward (here 5) and end where one
     forward over the whole prompt ends: the same logits for the pending token's children."""
     import specdec.strategies.draft_model as draft_module
     import specdec.strategies.eagle as eagle_module
@@ -185,7 +185,7 @@ def test_drafters_catch_up_in_chunks(monkeypatch):
     whole = roots()
     assert len(drafter_forwards) == len(draft_forwards) == 1
     for module in (eagle_module, draft_module):
-        monkeypatch.setattr(module, "PREFILL_CHUNK", 5)
+        monkeypatch.setattr(module, "CATCH_UP_CHUNK", 5)
     chunked = roots()
     assert len(drafter_forwards) == 1 + 13                    # eagle: 63 prompt features, 5 per forward
     assert len(draft_forwards) == 1 + 13                      # draft model: 64 tokens (the pending one too)
