@@ -21,7 +21,7 @@ from .models import context_length, load_model, load_tokenizer, output_vocab_siz
 from .sampling import SamplingParams, TorchRandom, make_generator, resolve_seed
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
-from .verifier import Verifier
+from .verifier import PREFILL_CHUNK, Verifier
 
 
 class _Unset:
@@ -190,7 +190,8 @@ class Speculator:
         self.profile = bool(config.profile) if config is not None else False   # exact time split on a GPU
         if compile is None:     # `compile: true` in the config: the verify forward compiled, static shapes
             compile = bool(config.compile) if config is not None else False
-        self.verifier = Verifier(self.target, compile=compile)
+        prefill_chunk = int(config.prefill_chunk) if config is not None else PREFILL_CHUNK
+        self.verifier = Verifier(self.target, compile=compile, prefill_chunk=prefill_chunk)
         self.context = context_length(self.target, tokenizer)
         self._step_lock = threading.RLock()     # one verify step at a time (re-entrant: a stream dropped mid-step)
         self._calls_lock = threading.RLock()    # who holds self.verifier / self.strategy

@@ -29,7 +29,7 @@ from .loop import Decoding, feature_layers
 from .models import AttentionLayout, cache_kwargs, check_cacheable
 from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root
 from .types import GenerationOutput, Stats
-from .verifier import Verifier
+from .verifier import Verifier, hidden_request
 
 
 class RowLayer(DynamicLayer):
@@ -163,7 +163,7 @@ class BatchVerifier:
             layer.write_at, layer.width = write_at, width
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
                          **cache_kwargs(self.model, self.cache), use_cache=True,
-                         output_hidden_states=layers is not None)
+                         output_hidden_states=hidden_request(layers))
         hidden = None if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         return out.logits, hidden
 

@@ -77,21 +77,22 @@ class StaticForward:
     def capacity(self) -> int:
         return self.cache.layers[0].max_cache_len if self.cache is not None else 0
 
-    def _model_forward(self, input_ids, position_ids, mask, output_hidden_states: bool):
-        """The model's own forward, without its module hooks (what is compiled)."""
+    def _model_forward(self, input_ids, position_ids, mask, output_hidden_states, logits_to_keep: int = 0):
+        """The model's own forward, without its module hooks (what is compiled).
+        output_hidden_states: False, or the hidden_states indices to record (verifier.hidden_request)."""
         return type(self.model).forward(self.model, input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                         **{self.cache_keyword: self.cache}, use_cache=True,
-                                        output_hidden_states=output_hidden_states)
+                                        output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
 
-    def _call(self, forward, input_ids, position_ids, mask, output_hidden_states: bool):
+    def _call(self, forward, input_ids, position_ids, mask, output_hidden_states, logits_to_keep: int = 0):
         """model(...) through its __call__ with `forward` doing the work: the module's hooks (a
         benchmark's forward meter, say) run as usual, eagerly, outside the compiled graph."""
         saved = self.model.__dict__.get("forward")
         self.model.forward = lambda **kw: forward(kw["input_ids"], kw["position_ids"], kw["attention_mask"],
-                                                  kw["output_hidden_states"])
+                                                  kw["output_hidden_states"], kw["logits_to_keep"])
         try:
             return self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                              output_hidden_states=output_hidden_states)
+                              output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
         finally:
             if saved is None:
                 del self.model.forward
@@ -119,10 +120,14 @@ class StaticForward:
                 layer.kv_buffer[:, :, :, :prefix_len] = old_layer.kv_buffer[:, :, :, :prefix_len]
 
     def run(self, input_ids: torch.Tensor, parents: Sequence[int], prefix_len: int,
-            output_hidden_states: bool):
+            output_hidden_states, last_logits_only: bool = False):
         """One forward of the rows `input_ids` [1, R] (tree `parents`, written after prefix_len
         committed entries): compiled when R fits a bucket, padded to it; eager otherwise.
-        Returns the model output; its rows beyond R are padding."""
+        Returns the model output; its rows beyond R are padding. output_hidden_states: False or
+        the hidden_states indices to record. last_logits_only (a prefill, which reads no logits):
+        an eager forward computes the lm_head on its last row only instead of a [R, V] block per
+        prompt chunk; a compiled one (R <= the largest bucket) keeps every row, so prefills and
+        verify steps share one graph per bucket."""
         rows = input_ids.shape[1]
         bucket = bucket_rows(rows, self.buckets)
         size = bucket or rows
@@ -138,7 +143,8 @@ class StaticForward:
         positions = tree_position_ids(parents, prefix_len, device)                        # [1, R]
         self.cache.write_start.fill_(prefix_len)
         if bucket is None or not self.cache.layers[0].is_initialized:   # the first write allocates: eager
-            return self._call(self._model_forward, input_ids, positions, mask, output_hidden_states)
+            return self._call(self._model_forward, input_ids, positions, mask, output_hidden_states,
+                              1 if last_logits_only else 0)
         self.compiled_rows.add(bucket)
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()

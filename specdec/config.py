@@ -61,6 +61,8 @@ class EngineConfig:
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     dtype: str = setting("auto", choices=("auto", "float32", "float16", "bfloat16"))
     compile: bool = False               # verify forward compiled with static shapes (README: compile)
+    prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
+    #                                     long prompt is bounded by the chunk (greedy output unchanged)
     target: TargetConfig = field(default_factory=TargetConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around

@@ -88,7 +88,14 @@ def exponential_race(probs: torch.Tensor, count: int, generator: torch.Generator
     replacement (the Gumbel-top-k trick in exponential form). It is the algorithm of
     torch.multinomial(replacement=False) step for step - same generator use, same tokens - minus
     its argument checks, which read values back to the host (a device sync on a GPU)."""
-    race = probs / torch.empty_like(probs).exponential_(1, generator=generator)      # [V]
+    return race_winners(probs, torch.empty_like(probs).exponential_(1, generator=generator), count)
+
+
+def race_winners(probs: torch.Tensor, noise: torch.Tensor, count: int) -> torch.Tensor:
+    """[count] the tokens of the largest probs / noise [V], largest first: the exponential race
+    run on the noise `noise` (exponential_race's draw; tests/law.py hands it a noise of each
+    outcome it enumerates)."""
+    race = probs / noise                                                             # [V]
     if count == 1:
         return race.argmax(dim=-1, keepdim=True)
     return race.topk(count).indices

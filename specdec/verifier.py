@@ -1,7 +1,12 @@
 """The verifier: one forward of the unmodified target over [pending token] + tree, on top of its
 KV cache, then the commit of the accepted path. It never knows which strategy proposed the tree.
 With compile=True the forward runs over a fixed-size cache with static shapes, compiled per bucket
-size (specdec.compiled)."""
+size (specdec.compiled).
+
+Memory on long prompts: the prefill feeds the prompt in chunks of `prefill_chunk` tokens (peak
+activations bounded by the chunk, not the prompt) and computes the lm_head on the last row only;
+target features come from the layers asked for alone (`hidden_request`), never from a tuple of
+every layer's hidden states."""
 from __future__ import annotations
 
 import copy
@@ -22,6 +27,21 @@ class TreeOutput:
     hidden: torch.Tensor | None        # [1 + N, F] target features (see `features`), when asked
 
 
+PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
+# prompt rows per drafter forward when a drafter catches up on a prompt (draft model, EAGLE): it runs
+# on top of the target's whole KV cache and the prompt's features, so with a quarter of the prefill's
+# chunk its activations stay below the target prefill's last chunk
+CATCH_UP_CHUNK = PREFILL_CHUNK // 4
+
+
+def hidden_request(layers: Sequence[int] | None) -> list[int] | bool:
+    """The model's `output_hidden_states` argument for features of `layers`: the indices themselves.
+    Hugging Face models built on `capture_outputs` (transformers 5) then record those layers only,
+    the others' entries of `hidden_states` being None; an older forward reads the list as True and
+    returns every layer (the same features, more memory)."""
+    return False if layers is None else list(layers)
+
+
 def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:
     """[L, F] target features of one sequence: the hidden states of `layers` (indices into HF's
     `hidden_states` tuple: 0 = embeddings, -1 = last layer post final norm) side by side.
@@ -30,8 +50,11 @@ def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:
 
 
 class Verifier:
-    def __init__(self, model, compile: bool = False):
+    def __init__(self, model, compile: bool = False, prefill_chunk: int = PREFILL_CHUNK):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (prompt tokens per prefill forward), got {prefill_chunk}")
         self.model = model
+        self.prefill_chunk = int(prefill_chunk)
         self.layout = attention_layout(model)     # refuses attention it cannot verify trees on
         self.cache = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
@@ -58,7 +81,8 @@ class Verifier:
     @torch.inference_mode()
     def prefill(self, token_ids: Sequence[int], feature_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """Start a new sequence: put the KV entries of `token_ids` (all committed tokens but the
-        pending one) in a fresh cache. With feature_layers, return their features [len, F]."""
+        pending one) in a fresh cache, `prefill_chunk` tokens per forward. With feature_layers,
+        return their features [len, F]."""
         self.prefix_len = 0
         if self.static is not None:
             self.static.start(self.capacity or len(token_ids) + 1)
@@ -67,18 +91,28 @@ class Verifier:
             self.cache = new_cache(self.model, "target", self.capacity)
         if not len(token_ids):
             return None
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)     # [1, P]
+        hidden = []
+        for start in range(0, ids.shape[1], self.prefill_chunk):
+            chunk = ids[:, start: start + self.prefill_chunk]                           # [1, C]
+            out = self._prefill_chunk(chunk, feature_layers)
+            if feature_layers is not None:
+                hidden.append(features(out.hidden_states, feature_layers)[: chunk.shape[1]])   # [C, F]
+            del out                        # the next chunk's peak does not hold this one's outputs
+            self.prefix_len += chunk.shape[1]
+        return torch.cat(hidden) if feature_layers is not None else None
+
+    def _prefill_chunk(self, chunk: torch.Tensor, feature_layers: Sequence[int] | None):
+        """One prefill forward of `chunk` [1, C] after the prefix_len entries in the cache; the
+        logits of its last row only (the prefill reads none)."""
         if self.static is not None:
-            out = self.static.run(ids, tuple(range(-1, len(token_ids) - 1)), 0, feature_layers is not None)
-        else:
-            positions = torch.arange(len(token_ids), device=self.device)[None]       # as generate() passes them
-            out = self.model(input_ids=ids, position_ids=positions, **cache_kwargs(self.model, self.cache),
-                             use_cache=True, logits_to_keep=1,
-                             output_hidden_states=feature_layers is not None)
-        self.prefix_len = len(token_ids)
-        if feature_layers is None:
-            return None
-        return features(out.hidden_states, feature_layers)[: len(token_ids)]
+            rows = chunk.shape[1]
+            return self.static.run(chunk, tuple(range(-1, rows - 1)), self.prefix_len, hidden_request(feature_layers),
+                                   last_logits_only=True)
+        positions = torch.arange(self.prefix_len, self.prefix_len + chunk.shape[1], device=self.device)[None]
+        return self.model(input_ids=chunk, position_ids=positions, **cache_kwargs(self.model, self.cache),  # as
+                          use_cache=True, logits_to_keep=1,                                         # generate() does
+                          output_hidden_states=hidden_request(feature_layers))
 
     @torch.inference_mode()
     def forward(self, pending_token: int, tree: CandidateTree,
@@ -101,14 +135,14 @@ class Verifier:
             positions = tree_position_ids(parents, self.prefix_len, self.device)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **cache_kwargs(self.model, self.cache), use_cache=True,
-                         output_hidden_states=feature_layers is not None)
+                         output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden)
 
     def _static_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
                         feature_layers: Sequence[int] | None) -> TreeOutput:
         rows = input_ids.shape[1]
-        out = self.static.run(input_ids, with_pending_root(tree.parents), self.prefix_len, feature_layers is not None)
+        out = self.static.run(input_ids, with_pending_root(tree.parents), self.prefix_len, hidden_request(feature_layers))
         logits = out.logits[0, :rows]                                              # [1 + N, V], padding dropped
         hidden = features(out.hidden_states, feature_layers)[:rows] if feature_layers is not None else None
         if self.static.mode == "reduce-overhead":     # CUDA graph outputs are overwritten by the next replay

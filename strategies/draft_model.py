@@ -26,6 +26,7 @@ from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
 from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_masks, tree_position_ids
 from specdec.types import DecodeState, StepResult
+from specdec.verifier import CATCH_UP_CHUNK
 
 
 @dataclass
@@ -140,9 +141,11 @@ class DraftModel:
         return logits
 
     def _catch_up(self, token_ids: list[int]) -> torch.Tensor:
-        """Feed the committed tokens the draft has not seen (at least the pending one)."""
+        """Feed the committed tokens the draft has not seen (at least the pending one), CATCH_UP_CHUNK
+        tokens per forward (a long prompt's peak activations are bounded by the chunk)."""
         new = torch.tensor([token_ids[self.cached:]], dtype=torch.long, device=self.draft.device)
-        logits = self._logits(new, last_only=True)[-1]                 # the lm_head on the last row only
+        for chunk in new.split(CATCH_UP_CHUNK, dim=1):                 # [1, C] each
+            logits = self._logits(chunk, last_only=True)[-1]            # the lm_head on the last row only
         self.cached = len(token_ids)
         return logits
 

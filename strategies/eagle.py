@@ -51,6 +51,7 @@ from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree, tree_visibility
 from specdec.types import DecodeState, StepResult
+from specdec.verifier import CATCH_UP_CHUNK
 
 @dataclass
 class EagleConfig:
@@ -174,21 +175,23 @@ class Eagle:
 
     # ------------------------------------------------------------------ the committed rows
     def catch_up(self, token_ids: list[int]):
-        """Feed the committed rows not in the drafter's cache yet (one forward); returns the last
-        row's (out [H], logits [V]) - the parent of the tree - or None before any feature."""
+        """Feed the committed rows not in the drafter's cache yet (one forward per CATCH_UP_CHUNK rows:
+        a long prompt's peak activations are bounded by the chunk); returns the last row's (out [H],
+        logits [V]) - the parent of the tree - or None before any feature."""
         if self.unfed:
             features = torch.cat(self.unfed).to(device=self.device, dtype=self._dtype())     # [n, F]
             self.unfed = []
             n = features.shape[0]
-            rows = torch.arange(self.fed, self.fed + n, device=self.device)              # [n]
-            tokens = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + n], device=self.device)
-            if tokens.numel() != n:
+            if len(token_ids) - 1 - self.fed < n:
                 raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
                                    f"(expected one fewer feature than tokens)")
-            g = self.drafter.input_features(features)
-            out, _, _, _ = self.drafter(g[None], tokens[None], rows[None], with_logits=False, cache=self.kv,
-                                        start=self.fed)
-            self.fed += n
+            for part in features.split(CATCH_UP_CHUNK):                                 # [m, F] each
+                m = part.shape[0]
+                rows = torch.arange(self.fed, self.fed + m, device=self.device)          # [m]
+                tokens = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + m], device=self.device)
+                out, _, _, _ = self.drafter(self.drafter.input_features(part)[None], tokens[None], rows[None],
+                                            with_logits=False, cache=self.kv, start=self.fed)
+                self.fed += m
             self.root = (out[0, -1], self.drafter.lm_head(out[0, -1]).float())    # only the last row's logits
         return self.root
 

@@ -1,9 +1,21 @@
 """Exact output laws by enumeration, for the lossless tests.
 
 `enumerate_law(fn)` runs `fn(rng)` once per possible sequence of random outcomes, where `rng` has
-the interface of specdec.sampling.TorchRandom (uniforms(n), bernoulli(p), categorical(probs)), and returns the
-exact probability of each value `fn` returns. Target "models" here are conditional tables:
-`target_dist(context: tuple[int, ...]) -> probs [V]`.
+the interface of specdec.sampling.TorchRandom (uniforms(n), bernoulli(p, uniform), categorical(probs),
+draw_without_replacement(probs, k)), and returns the exact probability of each value `fn` returns.
+Target "models" here are conditional tables: `target_dist(context: tuple[int, ...]) -> probs [V]`.
+
+The branches production takes are the ones enumerated:
+* acceptance draws a step's uniforms up front (`uniforms(n)`) and hands them back one per trial,
+  `bernoulli(prob, uniform)`. Here each uniform is a handle (its index, as the value) to an interval
+  [lo, hi) of [0, 1) it is known to lie in; a trial splits it at prob (True: u < prob, as
+  TorchRandom.bernoulli decides) with its exact conditional probability. Two trials on one uniform
+  are therefore correlated here exactly as in production, and a point of the chosen side is checked
+  against TorchRandom.bernoulli itself.
+* the drafters' `draw_without_replacement` is the exponential race (specdec.sampling): the race's
+  outcomes (which tokens finish first, in order) are enumerated with their probabilities - those of
+  successive draws without replacement, the race's known law - and the production race
+  (`race_winners`) runs on a noise of that outcome and must return those tokens, on probs' device.
 """
 from __future__ import annotations
 
@@ -11,6 +23,11 @@ from collections import defaultdict
 from typing import Callable
 
 import torch
+
+from specdec import sampling
+from specdec.sampling import TorchRandom
+
+_PRODUCTION = TorchRandom(torch.Generator())      # its bernoulli(prob, uniform) decides as production does
 
 
 class LawError(AssertionError):
@@ -30,6 +47,7 @@ class _Replay:
         self.pos = 0
         self.weight = 1.0
         self.draws = 0            # how many random draws the run made
+        self.intervals: list[tuple[float, float]] = []     # uniform i lies in [lo, hi) (what its trials said)
 
     def _next(self, options):
         self.draws += 1
@@ -40,16 +58,30 @@ class _Replay:
             return value
         raise _Branch(options)
 
-    def uniforms(self, n: int) -> None:
-        """TorchRandom draws a step's uniforms up front; here every trial is enumerated instead."""
-        return None
+    def uniforms(self, n: int) -> torch.Tensor:
+        """[n] handles of n fresh uniforms on [0, 1): their indices, as the values."""
+        first = len(self.intervals)
+        self.intervals += [(0.0, 1.0)] * n
+        return torch.arange(first, first + n, dtype=torch.float64)
 
     def bernoulli(self, prob, uniform=None) -> bool:
         prob = float(prob)
         if prob != prob:
             raise LawError("bernoulli(NaN): an acceptance probability is NaN")
-        prob = min(max(prob, 0.0), 1.0)
-        return self._next([(True, prob), (False, 1.0 - prob)])
+        if uniform is None:          # a draw of its own
+            prob = min(max(prob, 0.0), 1.0)
+            return self._next([(True, prob), (False, 1.0 - prob)])
+        handle = int(uniform)
+        if handle != uniform or not 0 <= handle < len(self.intervals):
+            raise LawError(f"bernoulli(uniform={uniform}): not a handle uniforms() gave out")
+        lo, hi = self.intervals[handle]
+        below = min(max((prob - lo) / (hi - lo), 0.0), 1.0) if hi > lo else float(lo < prob)
+        outcome = self._next([(True, below), (False, 1.0 - below)])
+        lo, hi = (lo, min(hi, max(prob, lo))) if outcome else (max(lo, min(prob, hi)), hi)
+        self.intervals[handle] = (lo, hi)
+        if hi > lo and _PRODUCTION.bernoulli(prob, (lo + hi) / 2) != outcome:
+            raise LawError(f"TorchRandom.bernoulli({prob}, {(lo + hi) / 2}) disagrees with the side it lies on")
+        return outcome
 
     def categorical(self, probs: torch.Tensor) -> int:
         probs = probs.detach().cpu().double()
@@ -71,8 +103,19 @@ class _Replay:
         return drawn
 
     def draw_without_replacement(self, probs: torch.Tensor, count: int) -> torch.Tensor:
-        """sample_without_replacement's draws as a tensor on probs' device (the drafters' form)."""
-        return torch.tensor(self.sample_without_replacement(probs, count), dtype=torch.long, device=probs.device)
+        """The exponential race of TorchRandom.draw_without_replacement: its outcome enumerated as
+        successive draws, then production's race_winners run on a noise with that outcome."""
+        drawn = self.sample_without_replacement(probs, count)
+        if len(drawn) != count:
+            raise LawError(f"draw_without_replacement of {count} from {int((probs > 0).sum())} possible tokens")
+        finish = torch.ones_like(probs, dtype=torch.float64)                    # [V] probs / noise: the race
+        finish[drawn] = torch.arange(count + 1, 1, -1, dtype=torch.float64)      # the drawn finish first, in order
+        noise = torch.where(probs > 0, probs.double() / finish, torch.ones_like(finish)).to(probs.dtype)
+        winners = sampling.race_winners(probs, noise, count)
+        if winners.tolist() != drawn or winners.device != probs.device:
+            raise LawError(f"race_winners gave {winners.tolist()} on {winners.device} for a noise where {drawn} "
+                           f"finish first")
+        return winners
 
 
 def enumerate_law(fn: Callable, explore_zero: bool = False) -> dict:
@@ -100,13 +143,16 @@ def generation_law(speculator, prompt: list[int], max_new_tokens: int, params, *
                    explore_zero: bool = False) -> dict:
     """Exact law of (new tokens, accepted lengths per step) of speculator.generate(prompt, ...)
     under sampling `params` (EOS ignored): the real strategy, verifier and loop, every random draw
-    enumerated. Marginalize with `token_law`."""
+    enumerated. Marginalize with `token_law`. `speculator` may also be a function making a fresh
+    one per run: a strategy that learns across calls (auto's calibration) must start each replayed
+    run from the same state."""
     from unittest import mock
     current = []
 
     def run(rng):
         current[:] = [rng]
-        out = speculator.generate(prompt, max_new_tokens=max_new_tokens, temperature=params.temperature,
+        sd = speculator() if callable(speculator) and not hasattr(speculator, "generate") else speculator
+        out = sd.generate(prompt, max_new_tokens=max_new_tokens, temperature=params.temperature,
                                   top_k=params.top_k, top_p=params.top_p, ignore_eos=True)
         return tuple(out.token_ids), tuple(out.stats.accepted_lengths)
 

@@ -127,3 +127,22 @@ def test_monte_carlo_through_the_real_loop_matches_the_target(monkeypatch):
     monkeypatch.setattr(specdec.loop, "accept_sampling", lambda tree, probs, rng, tokens=None: always_accept(tree, probs, rng))
     wrong = total_variation(_first_tokens_law(speculator, runs, 3, 2, temperature), exact)
     assert wrong > bound, wrong
+
+
+# ---------------------------------------------------------------------- the real loop and verifier
+@pytest.mark.parametrize("params", [SamplingParams(0.8, top_k=3),
+                                    pytest.param(SamplingParams(1.0), marks=pytest.mark.slow)], ids=["t0.8-top3", "t1"])
+def test_exact_law_through_the_loop_and_verifier(params):
+    """Speculator.generate with eagle, every draw enumerated (tests/law.py): the target rows come
+    from the verifier's tree forward, the features the drafter reads from the prefill and the
+    verify steps, and trees of a second step follow the first step's verdict."""
+    from law import generation_law, laws_close, model_dist, token_law
+    model = small_target()
+    speculator = Speculator(model, None, Eagle(random_drafter(model, seed=1), max_nodes=3, top_k=2, depth=2,
+                                               **WHOLE_TREE))
+    law = generation_law(speculator, PROMPT, 3, params)
+    tokens, expected = token_law(law), sequence_law(model_dist(model, PROMPT, params), 3)
+    assert abs(sum(tokens.values()) - 1) < 1e-6
+    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
+    steps = {accepted for (_, accepted) in law}
+    assert any(a[0] > 0 for a in steps) and any(len(a) > 1 for a in steps), "kept drafts, and second steps"

@@ -202,3 +202,27 @@ def test_negative_control_draft_that_lies_about_its_distribution():
     tokens = token_law(generation_law(sd, PROMPT, NEW, TOP2))
     assert not laws_close(tokens, target_law(PROMPT, TOP2))
     assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.02
+
+
+# ---------------------------------------------------------------------- the production branches
+def test_negative_control_one_uniform_for_every_trial():
+    """The enumeration follows the step's pre-drawn uniforms (tests/law.py): acceptance that reused
+    one uniform for every trial of a step (correlated coins) must show in the law."""
+    import law
+    real = law._Replay.uniforms
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, num_tokens=2))      # the depth-2 coin follows the depth-1 one
+    with mock.patch.object(law._Replay, "uniforms", lambda self, n: real(self, 1).repeat(n)):
+        tokens = token_law(generation_law(sd, PROMPT, NEW, TOP2))
+    assert total_variation(tokens, target_law(PROMPT, TOP2)) > 1e-3
+
+
+def test_negative_control_race_that_keeps_the_slowest():
+    """The drafters' sibling draws run production's exponential race on the enumerated outcomes: a
+    race that ranked the wrong way round is caught."""
+    from specdec import sampling
+    from law import LawError
+    real = sampling.race_winners
+    sd = Speculator(TARGET, None, DraftModel(DRAFT, branching=[2]))
+    with mock.patch.object(sampling, "race_winners", lambda probs, noise, count: real(-probs, noise, count)):
+        with pytest.raises(LawError, match="race_winners"):
+            generation_law(sd, PROMPT, NEW, TOP2)

@@ -129,3 +129,58 @@ def test_negative_control_siblings_claimed_independent():
                          PROMPT, 2, ALL)
     tokens, expected = token_law(law), target_law(ALL, 2)
     assert total_variation(tokens, expected) > 1e-3, "a wrong sibling law must show in the output law"
+
+
+# ---------------------------------------------------------------------- a learning planner, a sampled-tree drafter
+class CountingEagle:
+    """Eagle whose propose calls are recorded with the context they drafted after."""
+
+    def __new__(cls, drafter, log, **tree):
+        from specdec.strategies.eagle import Eagle
+
+        class Counted(Eagle):
+            def propose(self, state):
+                log.append(tuple(state.token_ids))
+                return super().propose(state)
+
+        return Counted(drafter, **tree)
+
+
+class PlanLog(Auto):
+    """Auto recording, per step: the context, whether the drafter was called, the candidates it
+    planned over (the merged tree's tokens and parents) and the nodes it kept."""
+
+    def __init__(self, *args, log, calls, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log, self.calls = log, calls
+
+    def propose(self, state):
+        before = len(self.calls)
+        tree = super().propose(state)
+        merged = self.pending.merged
+        candidates = (tuple(merged.tokens.tolist()), tuple(merged.parents))
+        self.log.append((tuple(state.token_ids), len(self.calls) > before, candidates, tuple(self.pending.keep)))
+        return tree
+
+
+def test_learning_planner_with_a_sampled_tree_drafter_keeps_the_law():
+    """auto with eagle's sampled trees (siblings without replacement from the drafter's real
+    distributions) beside lookup point masses, and a calibration that learns from every verdict
+    (prior 0.1: one observation moves it): what step 2 verifies may depend on what step 1
+    accepted. A fresh strategy per enumerated run (what it learned in one run must not
+    leak into the next); fixed costs (wall time would make the plan random)."""
+    from eagle_helpers import random_drafter
+    log, calls = [], []
+
+    def speculator():
+        drafter = CountingEagle(random_drafter(TARGET, seed=2), calls, max_nodes=2, top_k=2, depth=2,
+                                sampled_top_k=None, sampled_depth=None)
+        strategy = PlanLog(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=2), drafter,
+                           costs=CostProfile((0, 1), (1.0, 1.2), 0, "linear"), adapt_costs=False,
+                           draft_cost_s=0.0, explore_every=1, calibration_prior=0.1, log=log, calls=calls)
+        return Speculator(TARGET, None, strategy)
+
+    law = generation_law(speculator, PROMPT, 3, TOP3)
+    assert_lossless(law, TOP3, 3)
+    assert any(called for _, called, _, _ in log), "precondition: the drafter's sampled trees were verified"
+    assert any(len(keep) < len(candidates[0]) for _, _, candidates, keep in log), "precondition: the planner pruned"
