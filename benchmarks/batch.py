@@ -109,17 +109,19 @@ def batch_plot(records: list[dict], output_dir: str) -> list[str]:
     import matplotlib.pyplot as plt
     temperatures = sorted({r["temperature"] for r in records})
     fig, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.5), squeeze=False)
+    labels = sorted(dict.fromkeys(r["row"] for r in records))
+    colors = {label: f"C{i}" for i, label in enumerate(labels)}          # one color per row in every panel
     for ax, temperature in zip(axes[0], temperatures):
         at_t = [r for r in records if r["temperature"] == temperature]
-        for label in dict.fromkeys(r["row"] for r in at_t):
+        for label in labels:
             points = sorted((r["batch_size"], r["tokens_per_second"]) for r in at_t if r["row"] == label)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label, color=colors[label])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
         ax.set_ylabel("total tokens/s")
         ax.set_title(f"temperature {temperature:g}")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(output_dir, "batch_tokens_per_second.png")
     fig.savefig(path, dpi=110)
