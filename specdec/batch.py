@@ -216,6 +216,8 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
     while waiting or active:
         while waiting and len(active) < batch_size:
             active.append(start(len(active)))
+        for slot in active:
+            slot.decoding.state.batch_size = len(active)
         trees = [slot.decoding.propose() for slot in active]
         t1 = clock()
         logits, hidden = batch.forward([slot.decoding.state.token_ids[-1] for slot in active], trees, layers)

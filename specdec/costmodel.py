@@ -71,9 +71,12 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int) -> CostProfile:
+def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int,
+                         batch: int = 1) -> CostProfile:
     """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
-    cache of context_len tokens, with the real Verifier; as measured (not monotone, see above)."""
+    cache of context_len tokens, with the real Verifier; as measured (not monotone, see above).
+    batch > 1: the batched forward (specdec.batch) of `batch` rows, each with a tree of that size:
+    as the batch grows the forward turns compute-bound and tree nodes cost more."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"measure_verify_costs: repeats={repeats!r}; it must be an integer >= 1 "
                           f"(rounds over every size, the median of each kept)")
@@ -85,6 +88,8 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
                           f"e.g. profile_sizes(max_nodes)")
     from .tree import CandidateTree
     from .verifier import Verifier
+    if batch > 1:
+        return _measure_batched(target, sizes, context_len, repeats, batch)
     verifier = Verifier(target)
     vocab = target.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(0)
@@ -106,7 +111,35 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
     return CostProfile(tuple(sizes), tuple(seconds), context_len)
 
 
-def profile_key(target, sizes: Sequence[int], context_len: int) -> str:
+def _measure_batched(target, sizes: Sequence[int], context_len: int, repeats: int, batch: int) -> CostProfile:
+    """measure_verify_costs for `batch` rows: one prompt prefilled, copied into every row; each
+    forward writes after the rows' fills and commits nothing, so the next one starts from the same
+    cache."""
+    from .batch import BatchVerifier
+    from .tree import CandidateTree
+    from .verifier import Verifier
+    single = Verifier(target)
+    vocab = target.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
+    single.prefill(prompt[:-1])
+    batched = BatchVerifier(target, single.layout)
+    for row in range(batch):
+        batched.set_row(row, single, context_len + max(sizes) + 1)
+    trees = {n: [CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n))] * batch
+             for n in sizes}
+    pending = [prompt[-1]] * batch
+    batched.forward(pending, trees[max(sizes)], None)         # warm-up
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            start = _now(target.device)
+            batched.forward(pending, trees[n], None)
+            times[n].append(_now(target.device) - start)
+    return CostProfile(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes), context_len)
+
+
+def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1) -> str:
     """What a profile depends on: the target's weights (heads.io's fingerprint), device, dtype,
     torch threads, sizes and context length."""
     from .heads.io import target_identity
@@ -114,6 +147,8 @@ def profile_key(target, sizes: Sequence[int], context_len: int) -> str:
     parts = [identity["architecture"], identity["hidden_size"], identity["vocab_size"],
              [round(x, 5) for x in identity["fingerprint"]], sum(p.numel() for p in target.parameters()),
              str(target.device), str(target.dtype), torch.get_num_threads(), list(sizes), context_len]
+    if batch > 1:                     # batch-1 keys stay as they were: profiles on disk stay valid
+        parts.append(batch)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -191,12 +226,12 @@ def store_profile(profile: CostProfile, path: str) -> None:
 
 
 def measure_and_store(target, sizes: Sequence[int], context_len: int,
-                      repeats: int) -> tuple[CostProfile, str, OSError | None]:
+                      repeats: int, batch: int = 1) -> tuple[CostProfile, str, OSError | None]:
     """Measure the profile now and store it where `load_or_measure` reads it: (profile, its path,
     the OSError that kept it from being stored, or None)."""
-    key = profile_key(target, sizes, context_len)
+    key = profile_key(target, sizes, context_len, batch)
     path = profile_path(key)
-    profile = measure_verify_costs(target, sizes, context_len, repeats)
+    profile = measure_verify_costs(target, sizes, context_len, repeats, batch)
     profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key)
     try:
         store_profile(profile, path)
@@ -206,15 +241,16 @@ def measure_and_store(target, sizes: Sequence[int], context_len: int,
 
 
 def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
-                    refresh: bool = False) -> CostProfile:
+                    refresh: bool = False, batch: int = 1) -> CostProfile:
     """The cached profile of this target on this device (measured now when absent, not valid, or
-    refresh). A profile that cannot be stored is used all the same, with one warning."""
+    refresh), for verify forwards of `batch` rows. A profile that cannot be stored is used all the
+    same, with one warning."""
     if not refresh:
-        key = profile_key(target, sizes, context_len)
+        key = profile_key(target, sizes, context_len, batch)
         cached = read_profile(profile_path(key), key, sizes)
         if cached is not None:
             return cached
-    profile, path, store_error = measure_and_store(target, sizes, context_len, repeats)
+    profile, path, store_error = measure_and_store(target, sizes, context_len, repeats, batch)
     if store_error is not None:
         warnings.warn(f"could not store the cost profile in {path} ({store_error.strerror or store_error}): "
                       f"using the one measured now (measured again at every load); set SPECDEC_HOME to a "

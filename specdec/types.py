@@ -30,6 +30,8 @@ class DecodeState:
     noise: GumbelNoise | None = None      # the coupled sampler's noise (None: rejection sampler or
     #   greedy). Drafters then propose specdec.coupled.coupled_proposals(draft logits, positions,
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
+    batch_size: int = 1                   # rows verified together this step (generate(list)): strategies that
+    #   price their trees (auto) use the verify cost of a forward of that many rows
     cache_scope: str | None = None        # the call's cache scope (generate(..., cache_scope=)): strategies
     #   that learn across calls (suffix) draft only from what calls of the same scope produced
 

@@ -120,6 +120,9 @@ class Auto:
         self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
         self.feature_layers = getattr(drafter, "feature_layers", None)
         self.costs = costs
+        self.batch_size = 1                   # rows of this step's verify forward (its costs: costs_at)
+        self.batch_costs: dict[int, CostProfile] = {}   # batch size > 1 -> its profile (shared by per-call copies)
+        self.target = None
         self.max_nodes = int(max_nodes)
         self.explore_every = int(explore_every)
         self.calibrator = Calibrator(prior=calibration_prior)
@@ -160,6 +163,19 @@ class Auto:
                 self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats)
             else:                             # a guess: a node costs a tenth of a plain step
                 self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+        self.target = target
+
+    def costs_at(self, batch: int) -> CostProfile:
+        """The verify costs for forwards of `batch` rows: the profile of that batch size, measured the
+        first time a batch of that size runs (cached on disk like the batch-1 one). As the batch grows
+        the forward turns compute-bound, tree nodes cost more, and the planner drafts less or nothing."""
+        if batch <= 1 or not self.profile or self.target is None:
+            return self.costs
+        if batch not in self.batch_costs:
+            sizes, context = self.profile_setup(self.target)
+            sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
+            self.batch_costs[batch] = load_or_measure(self.target, sparse, context, self.profile_repeats, batch=batch)
+        return self.batch_costs[batch]
 
     def for_call(self) -> "Auto":
         """Auto for a call that overlaps another: lookup and drafter with per-call state of their
@@ -189,10 +205,11 @@ class Auto:
         self.pending = None                   # what propose decided, for observe
 
     def verify_cost(self, num_nodes: int) -> float:
-        return self.cost_scale * self.costs.verify_cost(num_nodes)
+        return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes)
 
     def propose(self, state: DecodeState) -> CandidateTree:
         self.step += 1
+        self.batch_size = state.batch_size
         paths, lookup_nodes = [], 0
         if self.lookup is not None:
             paths, lookup_nodes = self.lookup.propose_paths(state), self.lookup.max_nodes
@@ -236,7 +253,7 @@ class Auto:
     def observe(self, state: DecodeState, result: StepResult) -> None:
         merged, source, keys, keep, neural_tree, proposed_at, context = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
-        predicted = self.costs.verify_cost(len(keep))
+        predicted = self.costs_at(self.batch_size).verify_cost(len(keep))
         if predicted > 0 and self.adapt_costs:
             self.cost_scale = min(max(_ema(self.cost_scale, elapsed / predicted, 0.1), 0.2), 5.0)
         accepted = [keep[node] for node in result.accepted]  # indices in the merged tree

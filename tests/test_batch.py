@@ -224,3 +224,29 @@ def test_a_tensor_batch_and_a_batch_of_one():
     assert [o.token_ids for o in outs] == [hf_greedy(sd.target, row.tolist(), 6, eos_token_id=None) for row in ids]
     one = sd.generate(["def f"], max_new_tokens=5, ignore_eos=True)
     assert len(one) == 1 and one[0].token_ids == sd.generate("def f", max_new_tokens=5, ignore_eos=True).token_ids
+
+
+def test_auto_prices_trees_at_the_batch_size_it_runs(tmp_path, monkeypatch):
+    """In a batch of B rows auto plans with the verify cost of a forward of B rows (measured the
+    first time that batch size runs, cached on disk under its own key), and stays lossless."""
+    from specdec import costmodel
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    strategy = Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=True, profile_context=8,
+                    max_nodes=4, profile_repeats=1)
+    sd = Speculator(target, char_tokenizer(), strategy)
+    measured = []
+    real = costmodel.measure_verify_costs
+    monkeypatch.setattr(costmodel, "measure_verify_costs",
+                        lambda *args, **kwargs: measured.append(kwargs.get("batch", args[4] if len(args) > 4 else 1))
+                        or real(*args, **kwargs))
+    outs = sd.generate(PROMPTS[:3], max_new_tokens=LENGTHS[:3], ignore_eos=True)
+    for prompt, out, n in zip(PROMPTS, outs, LENGTHS):
+        assert out.token_ids == hf_greedy(target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
+    assert 3 in measured and 3 in strategy.batch_costs                  # the full batch's profile
+    assert all(b > 1 for b in measured)                                 # batch 1's was measured at load
+    keys = {costmodel.profile_key(target, (0, 1), 8, batch) for batch in (1, 3)}
+    assert len(keys) == 2
+    # the batched measurement itself: one timing per size, all positive
+    profile = costmodel.measure_verify_costs(target, (0, 2), 8, 1, batch=2)
+    assert profile.sizes == (0, 2) and all(t > 0 for t in profile.seconds)
