@@ -166,16 +166,18 @@ class Auto:
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
-        """The verify costs for forwards of `batch` rows: the profile of that batch size, measured the
-        first time a batch of that size runs (cached on disk like the batch-1 one). As the batch grows
+        """The verify costs for forwards of `batch` rows: the profile of the next power of two, measured
+        the first time a batch that size runs (cached on disk like the batch-1 one). As the batch grows
         the forward turns compute-bound, tree nodes cost more, and the planner drafts less or nothing."""
         if batch <= 1 or not self.profile or self.target is None:
             return self.costs
-        if batch not in self.batch_costs:
+        bucket = 1 << (batch - 1).bit_length()     # the next power of two: a few profiles serve every size
+        if bucket not in self.batch_costs:
             sizes, context = self.profile_setup(self.target)
             sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
-            self.batch_costs[batch] = load_or_measure(self.target, sparse, context, self.profile_repeats, batch=batch)
-        return self.batch_costs[batch]
+            self.batch_costs[bucket] = load_or_measure(self.target, sparse, context, self.profile_repeats,
+                                                       batch=bucket)
+        return self.batch_costs[bucket]
 
     def for_call(self) -> "Auto":
         """Auto for a call that overlaps another: lookup and drafter with per-call state of their

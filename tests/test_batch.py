@@ -243,7 +243,7 @@ def test_auto_prices_trees_at_the_batch_size_it_runs(tmp_path, monkeypatch):
     outs = sd.generate(PROMPTS[:3], max_new_tokens=LENGTHS[:3], ignore_eos=True)
     for prompt, out, n in zip(PROMPTS, outs, LENGTHS):
         assert out.token_ids == hf_greedy(target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
-    assert 3 in measured and 3 in strategy.batch_costs                  # the full batch's profile
+    assert 4 in measured and 4 in strategy.batch_costs                  # 3 rows: the profile of 4
     assert all(b > 1 for b in measured)                                 # batch 1's was measured at load
     keys = {costmodel.profile_key(target, (0, 1), 8, batch) for batch in (1, 3)}
     assert len(keys) == 2
