@@ -207,7 +207,9 @@ class Auto:
         self.pending = None                   # what propose decided, for observe
 
     def verify_cost(self, num_nodes: int) -> float:
-        return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes)
+        """This row's share of a verify forward with num_nodes nodes per row: the forward of
+        batch_size rows is shared by them, while each row's drafting adds to the step alone."""
+        return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes) / self.batch_size
 
     def propose(self, state: DecodeState) -> CandidateTree:
         self.step += 1
