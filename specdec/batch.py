@@ -7,12 +7,14 @@ pending token, its tree, padding after it), then settles each row with its own r
 acceptance, commit of its accepted path at its own fill level, stop rules, observe. A row that
 finishes hands its slot to the next waiting prompt (continuous batching inside one call).
 
+Prompts that start together are prefilled together: one forward per chunk for the group (the
+chunk shared out between its rows, so prefill_chunk bounds a forward's tokens as for one prompt).
+
 The ragged batch lives in the KV cache (RowLayer): one buffer per layer for all rows, each row with
 its own fill; a forward writes row b's new entries right after its own fill, and the attention mask
 hides from row b every slot past its own entries (stale rows, other rows' longer histories, the
 padding). Positions are per row (fill + depth). Padding rows hang off the pending token (they see
-the prefix, it and themselves, so their softmax is valid) and are never committed. A prompt is
-prefilled on its own (a single-row verifier: no padded prefill) and copied into its slot.
+the prefix, it and themselves, so their softmax is valid) and are never committed.
 """
 from __future__ import annotations
 
@@ -114,20 +116,42 @@ class BatchVerifier:
                 continue
             layer.allocate(max(rows, self.rows), capacity, source.keys[:1], source.values[:1])
 
-    def set_row(self, row: int, prefilled: Verifier, room: int) -> None:
-        """Row `row` (== rows: a new last row) takes the KV of a prefilled single-row verifier,
-        with room for `room` entries in all (prompt + new tokens + the largest forward)."""
-        fill = prefilled.prefix_len
-        source_layers = prefilled.cache.layers
+    def set_row(self, row: int, source_layers: Sequence[DynamicLayer], source_row: int, fill: int, room: int) -> None:
+        """Row `row` (== rows: a new last row) takes the first `fill` KV entries of row `source_row`
+        of `source_layers` (a prefilled verifier's cache layers, or another batch's), with room for
+        `room` entries in all (prompt + new tokens + the largest forward)."""
         self._reserve(row + 1, max(room, fill), source_layers)
         for layer, source in zip(self.cache.layers, source_layers):
             if fill and layer.key_buffer is not None:
-                layer.key_buffer[row, :, :fill] = source.keys[0, :, :fill]
-                layer.value_buffer[row, :, :fill] = source.values[0, :, :fill]
+                keys, values = (source.key_buffer, source.value_buffer) if isinstance(source, RowLayer) \
+                    else (source.keys, source.values)
+                layer.key_buffer[row, :, :fill] = keys[source_row, :, :fill]
+                layer.value_buffer[row, :, :fill] = values[source_row, :, :fill]
         if row == self.rows:
             self.fills.append(fill)
         else:
             self.fills[row] = fill
+
+    @torch.inference_mode()
+    def prefill(self, prompts: Sequence[Sequence[int]], layers: Sequence[int] | None, chunk: int,
+                room: int) -> list[torch.Tensor | None]:
+        """Prefill an empty batch with `prompts` (each a row's committed tokens but its pending one),
+        all rows in one forward per chunk of `chunk` tokens (a row whose prompt is done pads that
+        forward with one throw-away entry after its fill); each row's features [len, F] (None
+        without layers or for an empty prompt). Room for `room` entries per row."""
+        self.fills = [0] * len(prompts)
+        self._reserve(len(prompts), room)
+        hidden: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for start in range(0, max(len(p) for p in prompts), chunk):
+            pieces = [list(p[start: start + chunk]) for p in prompts]
+            trees = [CandidateTree.chain(torch.tensor(piece[1:], dtype=torch.long)) for piece in pieces]
+            _, features = self.forward([piece[0] if piece else 0 for piece in pieces], trees, layers, logits_to_keep=1)
+            for row, piece in enumerate(pieces):
+                if piece:
+                    self.commit(row, list(range(len(piece))))
+                    if features is not None:
+                        hidden[row].append(features[row, :len(piece)])                       # [C, F]
+        return [torch.cat(parts) if parts else None for parts in hidden]
 
     def drop_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows `keep` (ascending), in that order: the batch shrinks as prompts run out."""
@@ -138,10 +162,10 @@ class BatchVerifier:
         self.fills = [self.fills[row] for row in keep]
 
     @torch.inference_mode()
-    def forward(self, pending: Sequence[int], trees: Sequence[CandidateTree],
-                layers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, pending: Sequence[int], trees: Sequence[CandidateTree], layers: Sequence[int] | None,
+                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits [B, R, V], features [B, R, F] or None) for every row's [pending] + tree, padded to
-        R = 1 + the largest tree."""
+        R = 1 + the largest tree (logits_to_keep=k: the last k rows' logits only)."""
         device, dtype = self.model.device, self.model.dtype
         width_rows = 1 + max(tree.num_nodes for tree in trees)
         self._reserve(self.rows, max(self.fills) + width_rows)
@@ -162,7 +186,7 @@ class BatchVerifier:
         for layer in self.cache.layers:
             layer.write_at, layer.width = write_at, width
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
-                         **cache_kwargs(self.model, self.cache), use_cache=True,
+                         **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=logits_to_keep,
                          output_hidden_states=hidden_request(layers))
         hidden = None if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         return out.logits, hidden
@@ -202,20 +226,29 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
     waiting = deque(jobs)
     active: list[_Slot] = []
 
-    def start(row: int) -> _Slot:
-        """The next waiting job in slot `row`: its prompt prefilled alone, copied into the batch."""
-        job = waiting.popleft()
-        single = verifier.for_call()
-        single.reserve(len(job.prompt_ids))
+    def start(rows: list[int]) -> None:
+        """The next waiting jobs in slots `rows`: their prompts prefilled together (one forward per
+        chunk for all of them, in a batch of their own), then copied into the running batch."""
+        group = [waiting.popleft() for _ in rows]
         started = clock()
-        prompt_hidden = single.prefill(job.prompt_ids[:-1], layers)
-        job.stats.prefill_time_s = clock() - started
-        batch.set_row(row, single, job.room)
-        return _Slot(job, job.start(prompt_hidden, job.stats))
+        fresh = BatchVerifier(verifier.model, verifier.layout)
+        # prefill_chunk bounds the tokens of one prefill forward for the whole group, as for one prompt
+        per_row = max(1, verifier.prefill_chunk // len(group))
+        prompt_hidden = fresh.prefill([job.prompt_ids[:-1] for job in group], layers, per_row,
+                                      max(job.room for job in group))
+        share = (clock() - started) / len(group)
+        for i, (row, job) in enumerate(zip(rows, group)):
+            job.stats.prefill_time_s = share
+            batch.set_row(row, fresh.cache.layers, i, fresh.fills[i], job.room)
+            slot = _Slot(job, job.start(prompt_hidden[i], job.stats))
+            if row == len(active):
+                active.append(slot)
+            else:
+                active[row] = slot
 
     while waiting or active:
-        while waiting and len(active) < batch_size:
-            active.append(start(len(active)))
+        if waiting and len(active) < batch_size:
+            start(list(range(len(active), min(batch_size, len(active) + len(waiting)))))
         for slot in active:
             slot.decoding.state.batch_size = len(active)
         trees = [slot.decoding.propose() for slot in active]
@@ -231,12 +264,9 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             if reason is not None:
                 finished.append(row)
         yield step
-        done = []
-        for row in finished:
-            if waiting:                                     # the next prompt takes the freed slot
-                active[row] = start(row)
-            else:
-                done.append(row)
+        refill, done = finished[:len(waiting)], finished[len(waiting):]   # the next prompts take freed slots
+        if refill:
+            start(refill)
         if done:
             keep = [row for row in range(len(active)) if row not in done]
             if keep:

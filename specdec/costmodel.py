@@ -125,7 +125,7 @@ def _measure_batched(target, sizes: Sequence[int], context_len: int, repeats: in
     single.prefill(prompt[:-1])
     batched = BatchVerifier(target, single.layout)
     for row in range(batch):
-        batched.set_row(row, single, context_len + max(sizes) + 1)
+        batched.set_row(row, single.cache.layers, 0, single.prefix_len, context_len + max(sizes) + 1)
     trees = {n: [CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n))] * batch
              for n in sizes}
     pending = [prompt[-1]] * batch

@@ -143,7 +143,7 @@ def test_each_rows_cache_is_its_own_after_ragged_steps():
     for row, prompt in enumerate(rows):
         single = sd.verifier.for_call()
         single.prefill(prompt[:-1])
-        batch.set_row(row, single, 32)
+        batch.set_row(row, single.cache.layers, 0, single.prefix_len, 32)
     trees = [CandidateTree.chain(torch.tensor([1, 2, 3])), CandidateTree.chain(torch.tensor([4, 5, 6]))]
     batch.forward([rows[0][-1], rows[1][-1]], trees, None)
     batch.commit(0, [0])
@@ -168,30 +168,46 @@ def test_a_reused_slot_starts_clean():
             assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
 
 
-def test_one_forward_per_step_and_one_prefill_per_prompt():
-    """Padded rows cost no extra forward: the target runs once per prompt (its prefill) plus once
-    per batched step; the batch's KV is allocated once and grown in steps, not per token."""
+def test_one_forward_per_step_and_prompts_prefilled_together():
+    """Padded rows cost no extra forward: the target runs once per batched step, plus once per
+    group of prompts that start together (their prefill, one forward per chunk for the group);
+    the batch's KV is allocated once and grown in steps, not per token."""
+    from specdec.batch import BatchVerifier, RowLayer
     sd = speculator("draft_chain")
-    calls = []
+    calls, groups, allocations = [], [], []
     handle = sd.target.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
-    allocations = []
-    from specdec.batch import RowLayer
-    real_allocate = RowLayer.allocate
+    real_prefill, real_allocate = BatchVerifier.prefill, RowLayer.allocate
 
-    def counting(self, *args):
+    def prefill(self, prompts, *args):
+        groups.append(len(prompts))
+        return real_prefill(self, prompts, *args)
+
+    def allocate(self, *args):
         allocations.append(1)
         return real_allocate(self, *args)
 
-    RowLayer.allocate = counting
+    BatchVerifier.prefill, RowLayer.allocate = prefill, allocate
     try:
         outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, ignore_eos=True, batch_size=4)
     finally:
-        RowLayer.allocate = real_allocate
+        BatchVerifier.prefill, RowLayer.allocate = real_prefill, real_allocate
         handle.remove()
+    assert sum(groups) == len(PROMPTS) and groups[0] == 4 and len(groups) < len(PROMPTS)
+    assert len(calls) == len(groups) + outs.stats.target_forwards       # prompts shorter than a chunk
     layers = sd.target.config.num_hidden_layers
-    assert len(calls) == len(PROMPTS) + outs.stats.target_forwards
-    assert len(allocations) <= layers * 4          # a handful of growths per layer, not one per step
+    assert len(allocations) <= layers * 3 * (1 + len(groups))          # a few per layer per group, not per step
     assert outs.stats.target_forwards < sum(LENGTHS)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_the_others():
+    """prefill_chunk smaller than the prompts: the group's prefill runs chunk by chunk (rows whose
+    prompt is done pad), and every row is still identical to HF greedy."""
+    sd = speculator("prompt_lookup")
+    sd.verifier.prefill_chunk = 4
+    prompts = [PROMPTS[2], "ab", PROMPTS[0]]
+    outs = sd.generate(prompts, max_new_tokens=10, ignore_eos=True)
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], 10, eos_token_id=None)
 
 
 @pytest.mark.parametrize("prompts, kwargs, phrases", [
