@@ -37,9 +37,8 @@ from torch.nn import functional as F
 from tqdm.auto import tqdm
 
 from specdec.config import build_config, find_config_file
-from specdec.errors import ConfigError, ModelLoadError
+from specdec.errors import ConfigError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
-from specdec.verifier import features as layer_features
 
 from .data import fixed_windows, sample_windows, token_streams
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target

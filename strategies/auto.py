@@ -19,7 +19,7 @@ rows of its own accepted nodes, then one plain step per token committed after th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 import copy
 import time
 from typing import NamedTuple

@@ -209,7 +209,6 @@ class DraftModel:
         """Depth by depth: every node of the level gets its children in one pick (one host read at
         most) and the new level goes through the draft in one forward. Tokens stay on the device."""
         tokens: list[torch.Tensor] = []      # per level: [L] its nodes' tokens
-        paths: list[torch.Tensor] = []       # per level: [L, depth + 1] each node's drafted path
         parents: list[int] = []
         rows: list[torch.Tensor] = []        # per level: [L, V] the distribution each node was drawn from
         level_nodes, level_logits = [-1], logits[None]            # the level to expand: [R, V]

@@ -38,7 +38,7 @@ Host reads: one per depth (the candidates' scores); drafted tokens stay on the d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 import torch
 

@@ -12,7 +12,6 @@ a lookup walks only the few most recent occurrences of the suffix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
 from typing import Collection, Iterator, Sequence
 
 from specdec.config import setting
