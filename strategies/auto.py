@@ -43,6 +43,9 @@ class AutoConfig:
     #                                     first of eagle / medusa / draft_model with a path; "none" = lookup only
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
+    lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
+    #                                     prompt lookup (this call's context) or suffix (also earlier calls' outputs;
+    #                                     the suffix: section configures it)
     profile: bool = True                # measure (or read the cached) verify costs at load; False = a linear guess
     profile_context: int = setting(128, min=1)  # context length of the measurement
     profile_repeats: int = setting(5, min=1)    # rounds over every tree size; the median of each size is kept
@@ -254,6 +257,12 @@ class Auto:
         self.tree_sizes.append(tree.num_nodes)
         return tree
 
+    def finish(self, state: DecodeState) -> None:
+        """The call has finished: parts that keep something of a finished call (suffix) keep it."""
+        for part in (self.lookup, self.drafter):
+            if callable(finish := getattr(part, "finish", None)):
+                finish(state)
+
     def observe(self, state: DecodeState, result: StepResult) -> None:
         merged, source, keys, keep, neural_tree, proposed_at, context = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
@@ -394,7 +403,7 @@ def pick_drafter(cfg) -> str | None:
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     import importlib
-    from .prompt_lookup import from_config as lookup_from_config
+    lookup_from_config = importlib.import_module(f"specdec.strategies.{cfg.auto.lookup_with}").from_config
     name = pick_drafter(cfg)
     drafter = None
     if name is not None and target is not None:

@@ -36,7 +36,7 @@ from typing import Collection, List, Optional, Sequence
 
 from specdec.config import setting
 from specdec.errors import ConfigError
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, root_to_leaf_paths
 from specdec.types import DecodeState, StepResult
 
 from .suffix_tree import SuffixTree
@@ -300,14 +300,27 @@ class Suffix:
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self._catch_up(state)
 
+    # auto's lookup part (strategies/auto.py calls these as it does prompt lookup's)
+    def propose_paths(self, state: DecodeState) -> list[list[int]]:
+        """The drafted tree as token paths, root to leaf (auto merges them with its drafter's)."""
+        self._catch_up(state)
+        if state.max_depth <= 0:
+            return []
+        tokens, parents, _ = self.draft(state.token_ids, state.max_depth, state.eos_token_ids)
+        return [[tokens[node] for node in path] for path in root_to_leaf_paths(parents)]
+
+    def catch_up(self, token_ids: Sequence[int]) -> None:
+        """Add the committed tokens not in this call's tree yet."""
+        done = self.local.num_tokens
+        if len(token_ids) > done:
+            self.local.extend(0, token_ids[done:])
+
     def finish(self, state: DecodeState) -> None:
         """The call has finished (the loop's hook): its output joins its scope's cache."""
         self.cache.add(self.scope, state.token_ids[state.prompt_len:])
 
     def _catch_up(self, state: DecodeState) -> None:
-        done = self.local.num_tokens
-        if len(state.token_ids) > done:
-            self.local.extend(0, state.token_ids[done:])
+        self.catch_up(state.token_ids)
 
     # ------------------------------------------------------------------ drafting
     def draft(self, context: Sequence[int], max_levels: int, eos_token_ids: Collection[int] = ()):

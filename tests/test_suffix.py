@@ -290,3 +290,28 @@ def test_greedy_identity(arch, cached):
     again = sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True)      # now its own output is cached too
     assert again.token_ids == reference
     assert again.stats.tokens_per_forward > 3
+
+
+def test_auto_drafts_from_earlier_calls_with_suffix_as_its_lookup():
+    """auto.lookup_with=suffix: auto's copies come from suffix (this call's context and earlier
+    calls' outputs), priced like prompt lookup's; a repeated request then needs fewer forwards,
+    and every output is HF greedy's."""
+    from conftest import char_tokenizer, hf_greedy, tiny_model
+    from specdec import Speculator
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    from specdec.strategies.auto import Auto
+    from specdec.strategies.suffix import Suffix
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    tokenizer = char_tokenizer()
+    cfg = load_spec_config("auto", {"auto.lookup_with": "suffix", "auto.profile": False})
+    strategy = build_strategy(cfg, target, tokenizer, target.device, target.dtype)
+    assert isinstance(strategy, Auto) and isinstance(strategy.lookup, Suffix)
+    sd = Speculator(target, tokenizer, strategy)
+    prompt = "def parse(text):\n    return text.split()"
+    expected = hf_greedy(target, tokenizer(prompt)["input_ids"], 40, eos_token_id=None)
+    first = sd.generate(prompt, max_new_tokens=40, ignore_eos=True)
+    second = sd.generate(prompt, max_new_tokens=40, ignore_eos=True)
+    assert first.token_ids == expected and second.token_ids == expected
+    assert second.stats.target_forwards < first.stats.target_forwards
+    assert strategy.lookup.cache_stats()["tokens"] >= 40          # the finished calls' outputs, kept
