@@ -57,8 +57,7 @@ class Stream:
     @property
     def text(self) -> str:
         """The new text so far (decoded whole; it may end in an incomplete character)."""
-        tokenizer = self._speculator.tokenizer
-        return tokenizer.decode(self.token_ids, skip_special_tokens=True) if tokenizer is not None else ""
+        return self._speculator._decode_text(self.token_ids)
 
     def _advance(self) -> list[int] | None:
         """Run one verify step: its accepted tokens, or None once generation has finished. Steps
@@ -395,6 +394,7 @@ class Speculator:
         return start
 
     def _decode_text(self, token_ids: list[int]) -> str:
+        """The text of new tokens, as every output reports it (special tokens skipped)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def generate(self, prompt, max_new_tokens: int = _UNSET, temperature: float = _UNSET, top_k: int = _UNSET,

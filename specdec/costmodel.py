@@ -87,56 +87,52 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
         raise ConfigError(f"measure_verify_costs: sizes={list(sizes)!r}; give tree sizes as integers >= 0, "
                           f"e.g. profile_sizes(max_nodes)")
     from .tree import CandidateTree
-    from .verifier import Verifier
-    if batch > 1:
-        return _measure_batched(target, sizes, context_len, repeats, batch)
-    verifier = Verifier(target)
     vocab = target.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
-    verifier.prefill(prompt)
-    prefix = verifier.prefix_len
     trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
-    verifier.forward(prompt[-1], trees[max(sizes)])          # warm-up
-    verifier.commit([])
+    forward, rollback = (_single_forward if batch <= 1 else _batched_forward)(target, prompt, trees, batch)
+    forward(max(sizes))                                      # warm-up
+    rollback()
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):                                 # rounds over all sizes: drift hits every size alike
         for n in sizes:
-            start = _now(verifier.device)
-            verifier.forward(prompt[-1], trees[n])
-            times[n].append(_now(verifier.device) - start)
-            verifier.commit([])                              # roll the cache back to the prefix
-            assert verifier.prefix_len == prefix
+            start = _now(target.device)
+            forward(n)
+            times[n].append(_now(target.device) - start)
+            rollback()
     seconds = [statistics.median(times[n]) for n in sizes]
     return CostProfile(tuple(sizes), tuple(seconds), context_len)
 
 
-def _measure_batched(target, sizes: Sequence[int], context_len: int, repeats: int, batch: int) -> CostProfile:
-    """measure_verify_costs for `batch` rows: one prompt prefilled, copied into every row; each
-    forward writes after the rows' fills and commits nothing, so the next one starts from the same
-    cache."""
+def _single_forward(target, prompt: list[int], trees: dict, batch: int):
+    """(forward of n nodes, roll back) with the real Verifier over a prefill of the prompt; the
+    cache is rolled back to the prefix after each forward."""
+    from .verifier import Verifier
+    verifier = Verifier(target)
+    verifier.prefill(prompt)
+    prefix = verifier.prefix_len
+
+    def rollback():
+        verifier.commit([])
+        assert verifier.prefix_len == prefix
+    return (lambda n: verifier.forward(prompt[-1], trees[n])), rollback
+
+
+def _batched_forward(target, prompt: list[int], trees: dict, batch: int):
+    """(forward of n nodes per row, roll back) for `batch` rows (specdec.batch): one prompt
+    prefilled, copied into every row; a forward writes after the rows' fills and commits nothing,
+    so there is nothing to roll back."""
     from .batch import BatchVerifier
-    from .tree import CandidateTree
     from .verifier import Verifier
     single = Verifier(target)
-    vocab = target.get_input_embeddings().num_embeddings
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
     single.prefill(prompt[:-1])
     batched = BatchVerifier(target, single.layout)
+    room = len(prompt) + max(trees) + 1
     for row in range(batch):
-        batched.set_row(row, single.cache.layers, 0, single.prefix_len, context_len + max(sizes) + 1)
-    trees = {n: [CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n))] * batch
-             for n in sizes}
+        batched.set_row(row, single.cache.layers, 0, single.prefix_len, room)
     pending = [prompt[-1]] * batch
-    batched.forward(pending, trees[max(sizes)], None)         # warm-up
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            start = _now(target.device)
-            batched.forward(pending, trees[n], None)
-            times[n].append(_now(target.device) - start)
-    return CostProfile(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes), context_len)
+    return (lambda n: batched.forward(pending, [trees[n]] * batch, None)), (lambda: None)
 
 
 def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1) -> str:
