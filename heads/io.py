@@ -220,7 +220,13 @@ def read_heads_config(folder: str) -> dict:
 
 
 def load_heads(folder: str, target=None) -> MedusaHeads:
-    """Heads from `folder`; with `target`, checked against it and attached to its lm_head."""
+    """Heads from `folder`; with `target`, checked against it and attached to its lm_head.
+    A folder in FasterDecoding's or vLLM's Medusa layout (no heads.json) is imported
+    (specdec.interop.medusa)."""
+    if folder and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
+        from specdec.interop.medusa import FOREIGN_FORMATS, detect_heads_format, import_heads
+        if detect_heads_format(folder) in FOREIGN_FORMATS:
+            return import_heads(folder, target)
     heads, _ = load_drafter(HEADS_FILES, folder, MedusaHeads, target)
     if target is not None:
         bind_heads(heads, target)

@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check", help="check losslessness and speed-up on your model", add_help=False)
     sub.add_parser("profile", help="measure the verify cost of n tree nodes on this machine (what `auto` plans with)",
                    add_help=False)
+    sub.add_parser("export", help="write a trained drafter in a layout vLLM / other tools read", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train-heads", "bench", "check", "profile"):
+    if argv and argv[0] in ("train-heads", "bench", "check", "profile", "export"):
         try:
             if argv[0] == "train-heads":
                 from .heads.command import main as sub_main      # Medusa heads, or EAGLE for `drafter: eagle`
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .check import main as sub_main
             elif argv[0] == "profile":
                 from .profile import main as sub_main
+            elif argv[0] == "export":
+                from .interop.command import main as sub_main
             else:
                 from .benchmarks.run import main as sub_main
             return sub_main(argv[1:])

@@ -1,0 +1,1 @@
+"""Drafters in the layouts other tools read and write (import and export)."""

@@ -1,0 +1,47 @@
+"""`specdec export KIND SOURCE --format F --out DIR`: a trained drafter in a layout another tool
+reads (specdec.interop). Kinds: medusa (--format vllm | medusa)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.errors import ConfigError
+
+
+def _load_target(path: str | None):
+    if path is None:
+        return None
+    import torch
+
+    from specdec.models import load_model
+    return load_model(path, "target", torch.device("cpu"), torch.float32, key="--target")
+
+
+def export_medusa(args) -> str:
+    from specdec.heads.io import load_heads
+    from specdec.interop.medusa import export_heads
+    target = _load_target(args.target)
+    heads = load_heads(args.source, target)       # with a target: checked against it (fingerprint)
+    return export_heads(heads, args.out, args.format, target=target, base_model=args.base_model or args.target)
+
+
+KINDS = {"medusa": (export_medusa, ("vllm", "medusa"))}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="specdec export", description=__doc__)
+    parser.add_argument("kind", choices=sorted(KINDS), help="what to export")
+    parser.add_argument("source", help="the folder specdec wrote (`specdec train-heads ... output_dir=`)")
+    parser.add_argument("--format", required=True, help="medusa: vllm (vLLM's Medusa model) or medusa "
+                        "(FasterDecoding's medusa_lm_head layout)")
+    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--target", help="the target's folder: needed when the heads use its lm_head (the "
+                        "default), which is written out beside them; also checks they were trained for it")
+    parser.add_argument("--base-model", help="the target's name to record in the export (default: --target)")
+    args = parser.parse_args(argv)
+    run, formats = KINDS[args.kind]
+    if args.format not in formats:
+        raise ConfigError(f"`specdec export {args.kind}` writes --format {' or '.join(formats)}, not {args.format!r}")
+    out = run(args)
+    print(f"wrote {args.kind} ({args.format}) to {out}", file=sys.stderr)
+    return 0
