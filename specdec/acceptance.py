@@ -11,7 +11,7 @@ the tree. The index tensors of a tree shape are built once per shape and device 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -25,6 +25,9 @@ class Verdict:
     next_token: int             # the target's own token after that path (correction or bonus)
     accepted_tokens: tuple[int, ...] | None = None   # tokens of the accepted nodes, root first
     #   (None: not carried, path_tokens reads them from the tree)
+    next_token_on_device: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    #   [1] next_token where the target's tokens are (greedy, coupled): the next forward's pending
+    #   input id, with no copy from the host (None: only on the host)
 
     def __post_init__(self):
         object.__setattr__(self, "next_token", int(self.next_token))
@@ -91,7 +94,8 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) 
                 node = child
                 break
         else:
-            return Verdict(tuple(accepted), want, tuple(tokens[n] for n in accepted))
+            row = node + 1
+            return Verdict(tuple(accepted), want, tuple(tokens[n] for n in accepted), target_tokens[row: row + 1])
 
 
 # ---------------------------------------------------------------------- rejection sampling

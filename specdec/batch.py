@@ -91,6 +91,8 @@ class BatchVerifier:
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
         self.fills: list[int] = []          # per row: committed entries in the cache (all but its pending token)
+        self.fills_on_device: torch.Tensor | None = None   # [B] the same on the device, kept in step with
+        #   `fills` by device ops (a forward's write positions then need no copy from the host)
 
     @property
     def rows(self) -> int:
@@ -131,6 +133,18 @@ class BatchVerifier:
             self.fills.append(fill)
         else:
             self.fills[row] = fill
+        self._sync_fill(row)
+
+    def _sync_fill(self, row: int) -> None:
+        """fills_on_device[row] = fills[row], grown to the rows there are (a fill with a Python scalar:
+        a kernel argument, no copy)."""
+        device = self.model.device
+        if self.fills_on_device is None or len(self.fills_on_device) < self.rows:
+            grown = torch.zeros(self.rows, dtype=torch.long, device=device)
+            if self.fills_on_device is not None:
+                grown[: len(self.fills_on_device)] = self.fills_on_device
+            self.fills_on_device = grown
+        self.fills_on_device[row] = self.fills[row]
 
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], layers: Sequence[int] | None, chunk: int,
@@ -140,6 +154,7 @@ class BatchVerifier:
         forward with one throw-away entry after its fill); each row's features [len, F] (None
         without layers or for an empty prompt). Room for `room` entries per row."""
         self.fills = [0] * len(prompts)
+        self.fills_on_device = torch.zeros(len(prompts), dtype=torch.long, device=self.model.device)
         self._reserve(len(prompts), room)
         hidden: list[list[torch.Tensor]] = [[] for _ in prompts]
         for start in range(0, max(len(p) for p in prompts), chunk):
@@ -155,17 +170,19 @@ class BatchVerifier:
 
     def drop_rows(self, keep: Sequence[int]) -> None:
         """Keep only the rows `keep` (ascending), in that order: the batch shrinks as prompts run out."""
-        index = torch.tensor(list(keep), dtype=torch.long, device=self.model.device)
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.model.device)   # once per finished row
         for layer in self.cache.layers:
             layer.key_buffer = layer.key_buffer.index_select(0, index)
             layer.value_buffer = layer.value_buffer.index_select(0, index)
         self.fills = [self.fills[row] for row in keep]
+        self.fills_on_device = self.fills_on_device.index_select(0, index)
 
     @torch.inference_mode()
-    def forward(self, pending: Sequence[int], trees: Sequence[CandidateTree], layers: Sequence[int] | None,
-                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, pending: Sequence[int | torch.Tensor], trees: Sequence[CandidateTree],
+                layers: Sequence[int] | None, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits [B, R, V], features [B, R, F] or None) for every row's [pending] + tree, padded to
-        R = 1 + the largest tree (logits_to_keep=k: the last k rows' logits only)."""
+        R = 1 + the largest tree (logits_to_keep=k: the last k rows' logits only). A row's pending
+        token: an int, or [1] on the device (its last verdict's: no copy from the host)."""
         device, dtype = self.model.device, self.model.dtype
         width_rows = 1 + max(tree.num_nodes for tree in trees)
         self._reserve(self.rows, max(self.fills) + width_rows)
@@ -173,7 +190,10 @@ class BatchVerifier:
         input_ids = torch.zeros(self.rows, width_rows, dtype=torch.long, device=device)  # [B, R]
         masks, positions = [], []
         for row, (token, tree, fill) in enumerate(zip(pending, trees, self.fills)):
-            input_ids[row, 0] = token
+            if isinstance(token, torch.Tensor):
+                input_ids[row, :1] = token
+            else:
+                input_ids[row, 0] = token           # a Python scalar: a kernel argument, no copy
             input_ids[row, 1: 1 + tree.num_nodes] = tree.tokens.to(device)
             parents = padded_parents(with_pending_root(tree.parents), width_rows)
             masks.append(tree_masks(self.layout, parents, fill, dtype, device, capacity=width))
@@ -182,7 +202,7 @@ class BatchVerifier:
             mask = {kind: torch.cat([m[kind] for m in masks]) for kind in masks[0]}     # [B, 1, R, K] per kind
         else:
             mask = torch.cat(masks)                                                        # [B, 1, R, K]
-        write_at = torch.tensor(self.fills, dtype=torch.long, device=device)
+        write_at = self.fills_on_device                                                    # [B]
         for layer in self.cache.layers:
             layer.write_at, layer.width = write_at, width
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
@@ -191,13 +211,20 @@ class BatchVerifier:
         hidden = None if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         return out.logits, hidden
 
-    def commit(self, row: int, kept_rows: Sequence[int]) -> None:
-        """Keep rows `kept_rows` of row `row`'s last forward (0 = its pending token) after its fill."""
+    def commit(self, row: int, kept_rows: Sequence[int], kept_on_device: torch.Tensor | None = None) -> None:
+        """Keep rows `kept_rows` of row `row`'s last forward (0 = its pending token) after its fill.
+        kept_on_device: the same rows [K] on the device (None: they are 0..K-1, a leading run)."""
         fill = self.fills[row]
-        slots = torch.tensor([fill + r for r in kept_rows], dtype=torch.long, device=self.model.device)
-        for layer in self.cache.layers:
-            layer.keep(row, fill, slots)
+        if kept_on_device is None and list(kept_rows) == list(range(len(kept_rows))):
+            pass                                    # in place already: only the fill moves
+        else:
+            if kept_on_device is None:
+                kept_on_device = torch.tensor(list(kept_rows), dtype=torch.long, device=self.model.device)
+            slots = kept_on_device.to(self.model.device) + fill                               # [K]
+            for layer in self.cache.layers:
+                layer.keep(row, fill, slots)
         self.fills[row] = fill + len(kept_rows)
+        self.fills_on_device[row] += len(kept_rows)
 
 
 @dataclass
@@ -253,13 +280,13 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             slot.decoding.state.batch_size = len(active)
         trees = [slot.decoding.propose() for slot in active]
         t1 = clock()
-        logits, hidden = batch.forward([slot.decoding.state.token_ids[-1] for slot in active], trees, layers)
+        logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)
         verify_s = (clock() - t1) / len(active)             # each row's share of the forward
         step, finished = [], []
         for row, (slot, tree) in enumerate(zip(active, trees)):
             rows = 1 + tree.num_nodes
             run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
-                                               verify_s, lambda kept, row=row: batch.commit(row, kept))
+                                               verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device))
             step.append((slot.job.index, run, reason))
             if reason is not None:
                 finished.append(row)
