@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import torch
 
-from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of
+from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of, is_chain, to_device
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,28 @@ def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
     kids = children_of(parents)                       # kids[row] = children of row's node, drafted order
     kid_rows = sorted((row for row, siblings in enumerate(kids) if siblings), key=lambda row: -len(kids[row]))
     width = len(kids[kid_rows[0]]) if kid_rows else 0
-    table = [list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
     active = tuple(sum(len(kids[row]) > rank for row in kid_rows) for rank in range(width))
-    return TreeIndex(
-        kid_rows=torch.tensor(kid_rows, dtype=torch.long, device=device),
-        kid_table=torch.tensor(table, dtype=torch.long, device=device).reshape(len(kid_rows), width),
-        active=active, offsets=tuple(sum(active[:rank]) for rank in range(width)),
-        slot_of_row={row: slot for slot, row in enumerate(kid_rows)})
+    if is_chain(parents):           # rows 0..N-1, one child each: built on the device, nothing copied
+        rows = torch.arange(len(kid_rows), device=device)
+        rows_on_device, table = rows, rows[:, None]
+    else:                           # kid rows and the child table in one copy from the host
+        table = [[row] + list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
+        packed = to_device(torch.tensor(table, dtype=torch.long).reshape(len(kid_rows), 1 + width), device)
+        rows_on_device, table = packed[:, 0], packed[:, 1:]
+    return TreeIndex(kid_rows=rows_on_device, kid_table=table, active=active,
+                     offsets=tuple(sum(active[:rank]) for rank in range(width)),
+                     slot_of_row={row: slot for slot, row in enumerate(kid_rows)})
 
 
 # ---------------------------------------------------------------------- greedy and coupled
-def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) -> Verdict:
+def walk_values(tree: CandidateTree, target_tokens: torch.Tensor) -> torch.Tensor:
+    """[N + 1 + N] what accept_greedy reads back: the tree's tokens, then the target's token per row
+    (a batch concatenates every row's and reads them once)."""
+    return torch.cat([tree.tokens.to(target_tokens.device), target_tokens])
+
+
+def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int],
+                  values: list[int] | None = None) -> Verdict:
     """Walk from the root to the first child equal to the target's token; the first miss yields
     the target's token there.
 
@@ -79,10 +90,11 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) 
     noisy argmax), on the device. One host read: the tree's tokens and the target's come back
     together and the walk (O(N) Python) runs on the host. A GPU synchronises once either way, and
     the tokens have to reach the host for streaming and the stop rules; computing the path with
-    tensor ops first would only add kernel launches (and ~15 us per step on a CPU)."""
+    tensor ops first would only add kernel launches (and ~15 us per step on a CPU).
+    values: walk_values(tree, target_tokens) already read (a batch reads all its rows' at once)."""
     target_tokens = torch.as_tensor(target_tokens, dtype=torch.long)             # [1 + N]
-    packed = torch.cat([tree.tokens.to(target_tokens.device), target_tokens])    # [N + 1 + N]
-    values = packed.tolist()                                      # the step's one host read
+    if values is None:
+        values = walk_values(tree, target_tokens).tolist()      # the step's one host read
     tokens, wanted = values[:tree.num_nodes], values[tree.num_nodes:]
     accepted: list[int] = []
     node = -1

@@ -26,10 +26,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .acceptance import walk_values
 from .compiled import padded_parents
 from .loop import Decoding, feature_layers
 from .models import AttentionLayout, cache_kwargs, check_cacheable
-from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root
+from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
 from .types import GenerationOutput, Stats
 from .verifier import Verifier, hidden_request
 
@@ -264,10 +265,13 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         prompt_hidden = fresh.prefill([job.prompt_ids[:-1] for job in group], layers, per_row,
                                       max(job.room for job in group))
         share = (clock() - started) / len(group)
+        # the group's pending tokens in one copy; from then on each row's stays on the device (its verdicts')
+        pending = to_device(torch.tensor([job.prompt_ids[-1] for job in group], dtype=torch.long), verifier.device)
         for i, (row, job) in enumerate(zip(rows, group)):
             job.stats.prefill_time_s = share
             batch.set_row(row, fresh.cache.layers, i, fresh.fills[i], job.room)
             slot = _Slot(job, job.start(prompt_hidden[i], job.stats))
+            slot.decoding.pending = pending[i: i + 1]
             if row == len(active):
                 active.append(slot)
             else:
@@ -283,10 +287,14 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)
         verify_s = (clock() - t1) / len(active)             # each row's share of the forward
         step, finished = [], []
+        targets = [slot.decoding.target_rows(tree, logits[row, :1 + tree.num_nodes])
+                   for row, (slot, tree) in enumerate(zip(active, trees))]
+        values = read_walks(trees, targets)           # greedy / coupled: the step's one read, every row's
         for row, (slot, tree) in enumerate(zip(active, trees)):
             rows = 1 + tree.num_nodes
             run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
-                                               verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device))
+                                               verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device),
+                                               targets[row], values[row])
             step.append((slot.job.index, run, reason))
             if reason is not None:
                 finished.append(row)
@@ -299,6 +307,24 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             if keep:
                 batch.drop_rows(keep)
             active = [active[row] for row in keep]
+
+
+def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list[list[int] | None]:
+    """Every greedy / coupled row's acceptance values (acceptance.walk_values: tree tokens, then the
+    target's tokens) in one host read for the whole batch; None for a rejection-sampling row."""
+    parts = [None if tokens is None else walk_values(tree, tokens) for tree, (_, tokens) in zip(trees, targets)]
+    present = [part for part in parts if part is not None]
+    if not present:
+        return [None] * len(parts)
+    flat = torch.cat(present).tolist()                                           # the one read
+    values, start = [], 0
+    for part in parts:
+        if part is None:
+            values.append(None)
+        else:
+            values.append(flat[start: start + len(part)])
+            start += len(part)
+    return values
 
 
 def batch_output(outputs: list[GenerationOutput], wall_s: float, forwards: int) -> "BatchOutput":

@@ -86,18 +86,29 @@ class Decoding:
         self.stats.draft_time_s += self.clock() - t0
         return tree
 
+    def target_rows(self, tree: CandidateTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(processed target logits [1 + N, V], the target's token per row [1 + N] on the device or None):
+        the tokens greedy (argmax) and the coupled sampler (noisy argmax) walk the tree with; None
+        under the rejection sampler."""
+        target_logits = self.processing.tree_rows(logits, self.state.token_ids, tree)   # the generation_config's law
+        if self.sampling.greedy:
+            return target_logits, target_logits.argmax(dim=-1)
+        if self.noise is not None:    # coupled sampler: the greedy walk over the noisy argmaxes
+            return target_logits, coupled_target_tokens(target_logits, tree, len(self.state.token_ids), self.noise)
+        return target_logits, None
+
     def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
-               verify_time_s: float, commit: Callable[[list[int], torch.Tensor | None], None]
-               ) -> tuple[list[int], str | None]:
+               verify_time_s: float, commit: Callable[[list[int], torch.Tensor | None], None],
+               targets: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+               walk_values: list[int] | None = None) -> tuple[list[int], str | None]:
         """(new tokens, finish reason or None) after the target's `logits` [1 + N, V] (and `hidden`
         [1 + N, F]) for [pending] + tree; `commit(kept rows, the same on the device or None)` keeps
-        the accepted rows' KV (row 0 = pending)."""
+        the accepted rows' KV (row 0 = pending). A batch passes `targets` (target_rows' result) and
+        `walk_values` (accept_greedy's values, read for all rows at once)."""
         state, stats = self.state, self.stats
-        target_logits = self.processing.tree_rows(logits, state.token_ids, tree)   # the generation_config's law
-        if self.sampling.greedy:
-            verdict = accept_greedy(tree, target_logits.argmax(dim=-1))
-        elif self.noise is not None:  # coupled sampler: the greedy walk over the noisy argmaxes
-            verdict = accept_greedy(tree, coupled_target_tokens(target_logits, tree, len(state.token_ids), self.noise))
+        target_logits, target_tokens = targets if targets is not None else self.target_rows(tree, logits)
+        if target_tokens is not None:
+            verdict = accept_greedy(tree, target_tokens, walk_values)
         else:
             verdict = accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
         kept_rows = [0] + [node + 1 for node in verdict.accepted]
