@@ -71,7 +71,15 @@ class Decoding:
         strategy.reset(self.state)
         stats.draft_time_s += clock() - t
         self.proposed_at = 0.0
-        self.pending: torch.Tensor | None = None    # [1] the pending token on the device, when known there
+
+    @property
+    def pending(self) -> torch.Tensor | None:
+        """[1] the pending token on the device, when known there (DecodeState.pending)."""
+        return self.state.pending
+
+    @pending.setter
+    def pending(self, tokens: torch.Tensor | None) -> None:
+        self.state.pending = tokens
 
     def pending_token(self) -> int | torch.Tensor:
         """The next forward's pending input: the last verdict's token left on the device (greedy,

@@ -106,13 +106,19 @@ class ConditionedExpander:
         return top_children(self.scores(depth, parent_tokens), self.top_k)
 
 
+def _as_parents(pending: int | torch.Tensor):
+    """The pending token as the parent tokens of depth 0: [1] on the device as the engine keeps it
+    (DecodeState.pending: no copy from the host), or [pending] for an int."""
+    return pending.reshape(1) if isinstance(pending, torch.Tensor) else [pending]
+
+
 def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: int,
                      max_nodes: int) -> CandidateTree:
     """The max_nodes nodes of highest cumulative log-probability (strategies.best_first), a node's
     children coming from the next head run on that node's own token; one batched head call (and
     one host read) per depth."""
     def children(depth, nodes, tokens, parents):
-        return expander.children(depth, [pending] if tokens is None else tokens)
+        return expander.children(depth, _as_parents(pending) if tokens is None else tokens)
     return best_first_tree(children, depth_limit, max_nodes, expander.hidden.device)
 
 
@@ -137,7 +143,7 @@ def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequen
     for depth in range(max((len(p) for p in paths), default=0)):
         level = [p for p in paths if len(p) == depth + 1]
         parent_keys = sorted({p[:-1] for p in level})
-        parent_tokens = (torch.tensor([pending], device=device) if depth == 0
+        parent_tokens = (torch.as_tensor(_as_parents(pending), device=device) if depth == 0
                          else torch.stack([tokens[node_of[key]] for key in parent_keys]))
         width = max(p[-1] for p in level) + 1
         scores = expander.scores(depth, parent_tokens)                              # [n, V]
@@ -198,7 +204,7 @@ class Medusa:
         if last_hidden is None or depth <= 0:           # a one-token prompt: no hidden state yet
             return CandidateTree.empty(self.device)
         conditioned = self.heads.layout.token_conditioned
-        pending = state.token_ids[-1]
+        pending = state.pending if state.pending is not None else state.token_ids[-1]   # on the device if there
         noise, first = state.noise, len(state.token_ids)        # depth d guesses position first + d
         if not state.sampling.greedy and noise is None:         # rejection sampler: real distributions
             return self._sampled_tree(last_hidden, depth, state)
