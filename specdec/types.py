@@ -57,6 +57,11 @@ class StepResult:
     def num_accepted(self) -> int:
         return len(self.accepted)
 
+    @property
+    def next_row(self) -> int:
+        """Row of the verifier's output that produced next_token (0 = the pending token's)."""
+        return self.accepted[-1] + 1 if self.accepted else 0
+
 
 @dataclass
 class Stats:
