@@ -212,17 +212,46 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
     Every child's acceptance probability is computed on the device first (rejection_tables);
     they come to the host in one read together with the tokens and the step's uniforms
     (`rng.uniforms`), the walk draws rng.bernoulli child by child in drafted order on the host,
-    and the final draw (rng.categorical) is the second read. A zero residual (probability zero)
+    and the final draw (rng.draw, left on the device as the next pending input) is the second read. A zero residual (probability zero)
     finishes its node on the host (_rest_on_host)."""
     if tree.num_nodes == 0:
-        return Verdict((), rng.categorical(target_probs[0]), ())
+        drawn = rng.draw(target_probs[0])                                        # [1] on the device
+        return Verdict((), int(drawn), (), drawn)                                 # the one read
+    step = rejection_start(tree, target_probs, rng)
+    accepted, final, tokens = rejection_walk(step, rng, step.values.tolist())   # host read 1: tables, tokens, uniforms
+    drawn = rng.draw(final)                                                      # [1] on the device
+    return Verdict(tuple(accepted), int(drawn), tokens, drawn)                   # host read 2
+
+
+@dataclass
+class RejectionStep:
+    """One tree's rejection sampling between its two reads: the device tables (rejection_tables) and
+    `values`, what the host walk reads: acceptance probabilities, residual-left flags, the tree's
+    tokens and the step's uniforms, as one flat float64 tensor (a batch reads every row's at once)."""
+    tree: CandidateTree
+    target_probs: torch.Tensor          # [1 + N, V]
+    index: TreeIndex
+    residuals: list
+    values: torch.Tensor                # [M] float64, on the device
+
+
+def rejection_start(tree: CandidateTree, target_probs: torch.Tensor, rng) -> RejectionStep:
+    """The device half of accept_sampling for a non-empty tree: every child's acceptance probability
+    and the step's uniforms, packed for one read."""
     index = tree_index(tree.parents, target_probs.device)
     accept_probs, residual_left, residuals = rejection_tables(tree, target_probs, index)
     uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
     parts = [*accept_probs, *residual_left, tree.tokens.to(target_probs.device)]
     if uniforms is not None:
         parts.append(uniforms.to(target_probs.device))
-    values = torch.cat([part.double() for part in parts]).tolist()   # host read 1: tables, tokens, uniforms
+    return RejectionStep(tree, target_probs, index, residuals, torch.cat([part.double() for part in parts]))
+
+
+def rejection_walk(step: RejectionStep, rng, values: list[float]) -> tuple[list[int], torch.Tensor, tuple[int, ...]]:
+    """The host half: walk the tree with `values` (step.values read back), drawing rng.bernoulli child by
+    child. Returns (accepted nodes, the distribution [V] the next token is drawn from, the accepted
+    nodes' tokens)."""
+    tree, target_probs, index, residuals = step.tree, step.target_probs, step.index, step.residuals
     cells = tree.num_nodes                                       # one acceptance cell per child
     tokens = [int(t) for t in values[2 * cells: 3 * cells]]
     uniform_values = iter(values[3 * cells:])
@@ -252,5 +281,4 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
             break
         accepted.append(chosen)
         node = chosen
-    next_token = rng.categorical(final)                           # host read 2
-    return Verdict(tuple(accepted), next_token, tuple(tokens[n] for n in accepted))
+    return accepted, final, tuple(tokens[n] for n in accepted)

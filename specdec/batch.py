@@ -26,9 +26,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .acceptance import walk_values
+from .acceptance import Verdict, accept_greedy, rejection_start, rejection_walk, walk_values
 from .compiled import padded_parents
 from .loop import Decoding, feature_layers
+from .sampling import logits_to_probs
 from .models import AttentionLayout, cache_kwargs, check_cacheable
 from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
 from .types import GenerationOutput, Stats
@@ -287,14 +288,12 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)
         verify_s = (clock() - t1) / len(active)             # each row's share of the forward
         step, finished = [], []
-        targets = [slot.decoding.target_rows(tree, logits[row, :1 + tree.num_nodes])
-                   for row, (slot, tree) in enumerate(zip(active, trees))]
-        values = read_walks(trees, targets)           # greedy / coupled: the step's one read, every row's
+        verdicts = batch_verdicts([slot.decoding for slot in active], trees, logits)   # one read (two: rejection)
         for row, (slot, tree) in enumerate(zip(active, trees)):
             rows = 1 + tree.num_nodes
             run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
                                                verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device),
-                                               targets[row], values[row])
+                                               verdicts[row])
             step.append((slot.job.index, run, reason))
             if reason is not None:
                 finished.append(row)
@@ -312,11 +311,17 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
 def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list[list[int] | None]:
     """Every greedy / coupled row's acceptance values (acceptance.walk_values: tree tokens, then the
     target's tokens) in one host read for the whole batch; None for a rejection-sampling row."""
-    parts = [None if tokens is None else walk_values(tree, tokens) for tree, (_, tokens) in zip(trees, targets)]
+    return _read_together([None if tokens is None else walk_values(tree, tokens)
+                           for tree, (_, tokens) in zip(trees, targets)])
+
+
+def _read_together(parts: Sequence[torch.Tensor | None]) -> list[list | None]:
+    """part.tolist() of every part (None stays None), in one host read for all of them."""
     present = [part for part in parts if part is not None]
     if not present:
         return [None] * len(parts)
-    flat = torch.cat(present).tolist()                                           # the one read
+    dtype = torch.float64 if any(part.is_floating_point() for part in present) else torch.long
+    flat = torch.cat([part.to(dtype) for part in present]).tolist()              # the one read
     values, start = [], 0
     for part in parts:
         if part is None:
@@ -325,6 +330,37 @@ def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list
             values.append(flat[start: start + len(part)])
             start += len(part)
     return values
+
+
+def batch_verdicts(decodings: Sequence[Decoding], trees: Sequence[CandidateTree], logits: torch.Tensor) -> list:
+    """Every row's verdict on its tree from the batch's logits [B, R, V], with the host reads of the
+    whole batch shared: one read for the greedy / coupled rows (their walks' values); for the
+    rejection-sampling rows one read of every row's tables and uniforms, then one of every row's
+    drawn token (each drawn on the device from that row's own random stream)."""
+    targets = [decoding.target_rows(tree, logits[row, :1 + tree.num_nodes])
+               for row, (decoding, tree) in enumerate(zip(decodings, trees))]
+    values = read_walks(trees, targets)
+    verdicts: list = [None if tokens is None else accept_greedy(tree, tokens, row_values)
+                      for tree, (_, tokens), row_values in zip(trees, targets, values)]
+    sampled = [row for row, verdict in enumerate(verdicts) if verdict is None]
+    if not sampled:
+        return verdicts
+    probs = {row: logits_to_probs(targets[row][0], decodings[row].sampling) for row in sampled}
+    starts = {row: rejection_start(trees[row], probs[row], decodings[row].rng) for row in sampled if trees[row].num_nodes}
+    tables = _read_together([starts[row].values if row in starts else None for row in sampled])   # read 1
+    walks, draws = {}, []
+    for row, row_values in zip(sampled, tables):
+        if row in starts:
+            accepted, final, tokens = rejection_walk(starts[row], decodings[row].rng, row_values)
+        else:                                                     # an empty tree: the target's own draw
+            accepted, final, tokens = [], probs[row][0], ()
+        walks[row] = (accepted, tokens)
+        draws.append(decodings[row].rng.draw(final))                                   # [1] on the device
+    drawn = _read_together(draws)                                                       # read 2
+    for row, draw, token in zip(sampled, draws, drawn):
+        accepted, tokens = walks[row]
+        verdicts[row] = Verdict(tuple(accepted), int(token[0]), tokens, draw)
+    return verdicts
 
 
 def batch_output(outputs: list[GenerationOutput], wall_s: float, forwards: int) -> "BatchOutput":

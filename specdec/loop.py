@@ -105,20 +105,24 @@ class Decoding:
             return target_logits, coupled_target_tokens(target_logits, tree, len(self.state.token_ids), self.noise)
         return target_logits, None
 
+    def decide(self, tree: CandidateTree, logits: torch.Tensor):
+        """The verdict on `tree` from the target's logits [1 + N, V] for [pending] + tree: the greedy
+        walk (greedy, coupled; one host read) or rejection sampling (two)."""
+        target_logits, target_tokens = self.target_rows(tree, logits)
+        if target_tokens is not None:
+            return accept_greedy(tree, target_tokens)
+        return accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
+
     def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
                verify_time_s: float, commit: Callable[[list[int], torch.Tensor | None], None],
-               targets: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-               walk_values: list[int] | None = None) -> tuple[list[int], str | None]:
+               verdict=None) -> tuple[list[int], str | None]:
         """(new tokens, finish reason or None) after the target's `logits` [1 + N, V] (and `hidden`
         [1 + N, F]) for [pending] + tree; `commit(kept rows, the same on the device or None)` keeps
-        the accepted rows' KV (row 0 = pending). A batch passes `targets` (target_rows' result) and
-        `walk_values` (accept_greedy's values, read for all rows at once)."""
+        the accepted rows' KV (row 0 = pending). A batch passes the `verdict` it decided for all its
+        rows at once (specdec.batch.batch_verdicts); else `decide` makes it."""
         state, stats = self.state, self.stats
-        target_logits, target_tokens = targets if targets is not None else self.target_rows(tree, logits)
-        if target_tokens is not None:
-            verdict = accept_greedy(tree, target_tokens, walk_values)
-        else:
-            verdict = accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
+        if verdict is None:
+            verdict = self.decide(tree, logits)
         kept_rows = [0] + [node + 1 for node in verdict.accepted]
         kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device)
         commit(kept_rows, kept_on_device)

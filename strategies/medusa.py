@@ -237,7 +237,8 @@ class Medusa:
         sampling = state.sampling
         if self.heads.layout.token_conditioned:
             expander = ConditionedExpander(self.heads, last_hidden, self.top_k)
-            root_probs = logits_to_probs(expander.logits(0, [state.token_ids[-1]])[0], sampling)     # [V]
+            pending = state.pending if state.pending is not None else state.token_ids[-1]
+            root_probs = logits_to_probs(expander.logits(0, _as_parents(pending))[0], sampling)     # [V]
 
             def next_probs(depth, nodes, tokens, parents):
                 return logits_to_probs(expander.logits(depth + 1, tokens), sampling)                   # [n, V]

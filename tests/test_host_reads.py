@@ -4,12 +4,11 @@ wait for the device or copy to it.
 
 Per verify step, from the first propose on, the loop, acceptance and commit:
   * read the device back at most once when greedy or coupled, twice when rejection sampling - for
-    one sequence, and for a whole batch (generate(list)) greedy or coupled;
+    one sequence, and for a whole batch (generate(list));
   * write host data to the device only for a tree shape not seen before (its mask / position /
-    path table, cached per shape), once per KEY_WINDOW positions under the coupled sampler (the
-    noise keys), and once per step under the rejection sampler (the drawn token, the next pending
-    input: staged through pinned memory on CUDA, no sync) - the pending token stays on the device
-    otherwise. A batch adds one write per row that finishes (the rows kept).
+    path table, and its rejection index when sampling, cached per shape) and once per KEY_WINDOW positions under the coupled sampler (the
+    noise keys): the pending token stays on the device (the verdict's, greedy, coupled or drawn).
+    A batch adds one write per row that finishes (the rows kept).
 
 The call's setup (generation_config processing, prefill, strategy reset, the first pending token)
 happens once per call and is not a step; it is reported in the message. Syncs of area "strategy"
@@ -100,13 +99,13 @@ class Count:
 
 def write_budget(sampler: str, count: Count, steps: int, finished_rows: int = 0) -> int:
     """Writes allowed: one per new tree shape (a batch's: each row's tree padded to the step's
-    largest), the coupled noise's key windows, the rejection sampler's drawn token per step, and one
-    per finished row of a batch."""
-    budget = len(count.batch_shapes if finished_rows else count.shapes) + finished_rows
+    largest; two under rejection sampling), the coupled noise's key windows, and one per finished
+    row of a batch."""
+    shapes = len(count.batch_shapes if finished_rows else count.shapes)
+    # a new shape's mask / position / path table, and under rejection sampling its rejection index
+    budget = shapes * (2 if sampler == "rejection" else 1) + finished_rows
     if sampler == "coupled":
         budget += math.ceil((NEW_TOKENS + 8) / KEY_WINDOW) + 1      # + 8: a tree's depth past the end
-    if sampler == "rejection":
-        budget += steps
     return budget
 
 
@@ -120,12 +119,12 @@ def test_engine_syncs_per_step_within_budget(strategy, sampler):
     assert count.writes <= write_budget(sampler, count, count.steps), count.message(f"{strategy}/{sampler} writes")
 
 
-@pytest.mark.parametrize("sampler", ["greedy", "coupled"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_batch_syncs_per_step_within_budget(strategy, sampler):
-    """generate(list): one read per batched step for all rows, greedy and coupled; writes as for one
-    sequence plus one per row that finishes before the others (rows of different lengths: the rows
-    finish at different steps)."""
+    """generate(list): one read per batched step for all rows greedy and coupled, two rejection
+    sampling; writes as for one sequence plus one per row that finishes before the others (rows of
+    different lengths: the rows finish at different steps)."""
     kwargs, budget = SAMPLERS[sampler]
     count = Count(Speculator(TARGET, None, STRATEGIES[strategy]()), PROMPTS, batch_size=len(PROMPTS),
                   **kwargs)
@@ -164,7 +163,9 @@ def test_the_counter_sees_a_batch_read_per_row():
     import specdec.batch
     count = Count(Speculator(TARGET, None, STRATEGIES["draft_chain"]()), PROMPTS, batch_size=len(PROMPTS),
                   temperature=0.0,
-                  extra=lambda: mock.patch.object(specdec.batch, "read_walks", lambda trees, targets: [None] * len(trees)))
+                  extra=lambda: mock.patch.object(specdec.batch, "batch_verdicts", lambda decodings, trees, logits: [
+                      decoding.decide(tree, logits[row, :1 + tree.num_nodes])
+                      for row, (decoding, tree) in enumerate(zip(decodings, trees))]))
     assert count.reads > count.out.stats.target_forwards, count.message("a read per row")
 
 
