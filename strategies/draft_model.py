@@ -103,6 +103,7 @@ class DraftModel:
         self.gamma = self.num_tokens
         self.acceptance = 0.7                 # running estimate of the per-token acceptance rate
         self.processing = self._start_processing(state)
+        self._committed: torch.Tensor | None = None   # [C] the committed ids on the device (processing only)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
@@ -288,7 +289,9 @@ class DraftModel:
         """[R, V] draft logits processed as the target's generate() would process them: row r
         continues the committed ids + drafted[r] ([R, d] on the device, all paths of one length).
         Called only when the target's generation_config asks for processing."""
-        committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
+        if self._committed is None or len(self._committed) != len(state.token_ids):   # once per proposal, not per forward
+            self._committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
+        committed = self._committed
         drafted = drafted.to(logits.device).view(len(logits), -1)
         return self.processing.rows(logits, torch.cat([committed.expand(len(logits), -1), drafted], dim=1))
 

@@ -28,6 +28,7 @@ guess is its own coupled sample; the tree is then chosen from those perturbed sc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import List, Optional
 from typing import Sequence
 
@@ -39,7 +40,7 @@ from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, to_device
 from specdec.types import DecodeState, StepResult
 
 @dataclass
@@ -73,9 +74,16 @@ def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor
         return CandidateTree.empty(device)
     node_of = {path: i for i, path in enumerate(paths)}
     parents = tuple(node_of[p[:-1]] if len(p) > 1 else -1 for p in paths)
-    depth_index = torch.tensor([len(p) - 1 for p in paths], device=head_tokens.device)     # [N]
-    rank_index = torch.tensor([p[-1] for p in paths], device=head_tokens.device)           # [N]
+    depth_index, rank_index = _rank_index(tuple(paths), head_tokens.device)                 # [N], [N]
     return CandidateTree(head_tokens[depth_index, rank_index].to(device), parents)
+
+
+@lru_cache(maxsize=64)
+def _rank_index(paths: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth [N], rank [N]) of each node of a static tree on the device, made once per tree (not
+    copied from the host every step)."""
+    table = to_device(torch.tensor([[len(p) - 1 for p in paths], [p[-1] for p in paths]], dtype=torch.long), device)
+    return table[0], table[1]
 
 
 class ConditionedExpander:

@@ -177,3 +177,15 @@ def test_profile_flag_reaches_the_stats():
     speculator.profile = True
     out = speculator.generate(PROMPT, max_new_tokens=4, ignore_eos=True)
     assert out.stats.profiled is True and out.stats.as_dict()["profiled"] is True
+
+
+def test_logits_processing_syncs_within_budget():
+    """A checkpoint whose generation_config asks for processing (a repetition penalty): the engine's
+    processors take the rows of each depth with device indices (no nonzero per depth, a read each),
+    so reads stay one per step; writes add one per step, the committed ids the processors read."""
+    target = tiny_model("llama", seed=0, sharpen=4.0)
+    target.generation_config.repetition_penalty = 1.3
+    strategy = DraftModel(noisy_copy(target, 0.3), num_tokens=3, branching=[2, 2, 1], adaptive=False)
+    count = Count(Speculator(target, None, strategy), PROMPT, temperature=0.0)
+    assert count.reads <= count.steps, count.message("processing reads")
+    assert count.writes <= count.steps + write_budget("greedy", count, count.steps), count.message("processing writes")

@@ -6,10 +6,12 @@ counted by tests/host_reads.py (what would be a device sync or a host -> device 
 The counter is this checkout's tests/host_reads.py; the library is whichever `specdec` Python imports
 (put another checkout's installed copy first on PYTHONPATH to count it: the "before" column of
 benchmarks/results/host_syncs/results.md). Each strategy runs once to warm up (per-shape caches,
-first-call setup), then the counted call; numbers are per verify forward of the counted call, setup
-(generation_config processing, prefill) included. --batch: generate([4 prompts]) at batch size 4,
-per batched forward."""
+first-call setup), then the counted call. Numbers are per verify forward (a batch's: per batched
+forward) from the call's first proposal on; the call's setup before it (generation_config
+processing, prefill, the drafter's reset) is once per call and reported in its own column, as
+reads + writes of the engine and the strategy together. --batch: generate([4 prompts]) at batch size 4."""
 import argparse
+from unittest import mock
 import os
 import sys
 
@@ -72,20 +74,34 @@ except ImportError:
     pass
 
 print(f"library: {os.path.dirname(specdec.__file__)}" + ("; batch of 4 prompts, batch_size 4" if args.batch else ""))
-print("reads / writes per verify forward, engine | strategy")
-print("| strategy | " + " | ".join(f"{m} reads E / S | {m} writes E / S" for m in MODES) + " |")
-print("|---|" + "---|---|" * len(MODES))
+print("reads / writes per verify forward from the first proposal on, engine (E) / strategy (S); setup: reads + writes "
+      "before it, once per call")
+print("| strategy | " + " | ".join(f"{m} reads E / S | {m} writes E / S | {m} setup" for m in MODES) + " |")
+print("|---|" + "---|---|---|" * len(MODES))
 for name, build in DRAFTERS.items():
     cells = []
     for mode, kw in MODES.items():
-        sd = Speculator(TARGET, None, build())
+        strategy = build()
+        sd = Speculator(TARGET, None, strategy)
         prompt = PROMPTS if args.batch else PROMPT
         extra = dict(batch_size=4) if args.batch else {}
         sd.generate(prompt, max_new_tokens=4, ignore_eos=True, seed=0, **kw, **extra)
-        with HostReads() as r:
+        cls, propose, setup = type(strategy), type(strategy).propose, {}
+
+        def marked(self, state, propose=propose, setup=setup):
+            if not setup:
+                setup.update({(kind, area): r.total(area, kind) for kind in ("read", "write")
+                              for area in ("engine", "strategy", "other")})
+            return propose(self, state)
+
+        with HostReads() as r, mock.patch.object(cls, "propose", marked):   # on the class: a batch copies strategies
             out = sd.generate(prompt, max_new_tokens=32, ignore_eos=True, seed=0, **kw, **extra)
         n = out.stats.target_forwards
-        reads, writes = r.by_area("read"), r.by_area("write")
-        cells.append(f"{reads.get('engine', 0) / n:.2f} / {reads.get('strategy', 0) / n:.2f}")
-        cells.append(f"{writes.get('engine', 0) / n:.2f} / {writes.get('strategy', 0) / n:.2f}")
+
+        def steps(kind, area):
+            return (r.total(area, kind) - setup[(kind, area)]) / n
+        cells.append(f"{steps('read', 'engine'):.2f} / {steps('read', 'strategy'):.2f}")
+        cells.append(f"{steps('write', 'engine'):.2f} / {steps('write', 'strategy'):.2f}")
+        cells.append(f"{sum(v for (k, a), v in setup.items() if k == 'read')} + "
+                     f"{sum(v for (k, a), v in setup.items() if k == 'write')}")
     print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
