@@ -212,8 +212,8 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
     Every child's acceptance probability is computed on the device first (rejection_tables);
     they come to the host in one read together with the tokens and the step's uniforms
     (`rng.uniforms`), the walk draws rng.bernoulli child by child in drafted order on the host,
-    and the final draw (rng.draw, left on the device as the next pending input) is the second read. A zero residual (probability zero)
-    finishes its node on the host (_rest_on_host)."""
+    and the final draw (rng.draw, left on the device as the next pending input) is the second
+    read. A zero residual (probability zero) finishes its node on the host (_rest_on_host)."""
     if tree.num_nodes == 0:
         drawn = rng.draw(target_probs[0])                                        # [1] on the device
         return Verdict((), int(drawn), (), drawn)                                 # the one read

@@ -141,8 +141,9 @@ class Decoding:
         t3 = self.clock()
         if reason is None:
             state.max_depth = self.stop.max_new_tokens - state.num_generated - 1
+            kept_hidden = None if hidden is None else kept(hidden, kept_on_device, len(kept_rows))
             self.strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before,
-                                                    None if hidden is None else kept(hidden, kept_on_device, len(kept_rows))))
+                                                    kept_hidden))
         elif callable(finish := getattr(self.strategy, "finish", None)):   # optional: what a strategy keeps
             finish(state)                                                   # of a finished call (suffix)
         stats.draft_time_s += self.clock() - t3

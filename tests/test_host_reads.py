@@ -6,8 +6,9 @@ Per verify step, from the first propose on, the loop, acceptance and commit:
   * read the device back at most once when greedy or coupled, twice when rejection sampling - for
     one sequence, and for a whole batch (generate(list));
   * write host data to the device only for a tree shape not seen before (its mask / position /
-    path table, and its rejection index when sampling, cached per shape) and once per KEY_WINDOW positions under the coupled sampler (the
-    noise keys): the pending token stays on the device (the verdict's, greedy, coupled or drawn).
+    path table, and its rejection index when sampling, cached per shape) and once per KEY_WINDOW
+    positions under the coupled sampler (the noise keys): the pending token stays on the device
+    (the verdict's, greedy, coupled or drawn).
     A batch adds one write per row that finishes (the rows kept).
 
 The call's setup (generation_config processing, prefill, strategy reset, the first pending token)
