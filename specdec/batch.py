@@ -93,6 +93,7 @@ class BatchVerifier:
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
         self.fills: list[int] = []          # per row: committed entries in the cache (all but its pending token)
+        self.row_shapes: list[tuple[int, ...]] = []        # per row: the parents of its last forward's mask
         self.fills_on_device: torch.Tensor | None = None   # [B] the same on the device, kept in step with
         #   `fills` by device ops (a forward's write positions then need no copy from the host)
 
@@ -191,6 +192,7 @@ class BatchVerifier:
         width = max(self.fills) + width_rows
         input_ids = torch.zeros(self.rows, width_rows, dtype=torch.long, device=device)  # [B, R]
         masks, positions = [], []
+        self.row_shapes: list[tuple[int, ...]] = []      # per row: the parents its mask's tables came from
         for row, (token, tree, fill) in enumerate(zip(pending, trees, self.fills)):
             if isinstance(token, torch.Tensor):
                 input_ids[row, :1] = token
@@ -198,6 +200,7 @@ class BatchVerifier:
                 input_ids[row, 0] = token           # a Python scalar: a kernel argument, no copy
             input_ids[row, 1: 1 + tree.num_nodes] = tree.tokens.to(device)
             parents = padded_parents(with_pending_root(tree.parents), width_rows)
+            self.row_shapes.append(parents)
             masks.append(tree_masks(self.layout, parents, fill, dtype, device, capacity=width))
             positions.append(tree_position_ids(parents, fill, device))                    # [1, R]
         if isinstance(masks[0], dict):
@@ -293,7 +296,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             rows = 1 + tree.num_nodes
             run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
                                                verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device),
-                                               verdicts[row])
+                                               verdicts[row], batch.row_shapes[row])
             step.append((slot.job.index, run, reason))
             if reason is not None:
                 finished.append(row)

@@ -115,16 +115,17 @@ class Decoding:
 
     def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
                verify_time_s: float, commit: Callable[[list[int], torch.Tensor | None], None],
-               verdict=None) -> tuple[list[int], str | None]:
+               verdict=None, shape: tuple[int, ...] | None = None) -> tuple[list[int], str | None]:
         """(new tokens, finish reason or None) after the target's `logits` [1 + N, V] (and `hidden`
         [1 + N, F]) for [pending] + tree; `commit(kept rows, the same on the device or None)` keeps
         the accepted rows' KV (row 0 = pending). A batch passes the `verdict` it decided for all its
-        rows at once (specdec.batch.batch_verdicts); else `decide` makes it."""
+        rows at once (specdec.batch.batch_verdicts); else `decide` makes it. `shape`: the parents the
+        forward's tables came from (TreeOutput.shape), for the kept rows' index."""
         state, stats = self.state, self.stats
         if verdict is None:
             verdict = self.decide(tree, logits)
         kept_rows = [0] + [node + 1 for node in verdict.accepted]
-        kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device)
+        kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device, shape)
         commit(kept_rows, kept_on_device)
         self.pending = verdict.next_token_on_device
 
@@ -151,13 +152,16 @@ class Decoding:
         return run, reason
 
 
-def kept_rows_on_device(tree: CandidateTree, kept_rows: list[int], device: torch.device) -> torch.Tensor | None:
+def kept_rows_on_device(tree: CandidateTree, kept_rows: list[int], device: torch.device,
+                        shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
     """[K] the kept rows (0 = pending, then the accepted path's rows) on the device, or None when they
-    are a leading run 0..K-1 (a slice does): taken from the tree shape's cached path table, the
-    one the forward's mask came from, so nothing is copied from the host."""
+    are a leading run 0..K-1 (a slice does): taken from the cached path table of `shape` (the
+    parents the forward's mask came from: padded ones too, whose real rows have the same paths;
+    None: [pending] + tree), so nothing is copied from the host."""
     if kept_rows == list(range(len(kept_rows))):
         return None
-    return tree_shape(with_pending_root(tree.parents), device).path(kept_rows[-1], len(kept_rows))
+    parents = shape if shape is not None else with_pending_root(tree.parents)
+    return tree_shape(tuple(parents), device).path(kept_rows[-1], len(kept_rows))
 
 
 def kept(rows: torch.Tensor, kept_on_device: torch.Tensor | None, count: int) -> torch.Tensor:
@@ -195,7 +199,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
         t1 = clock()
         out = verifier.forward(sequence.pending_token(), tree, layers)     # one target forward
         # accept, keep the accepted path's KV, cut at a stop rule, let the strategy observe
-        run, reason = sequence.settle(tree, out.logits, out.hidden, clock() - t1, verifier.commit)
+        run, reason = sequence.settle(tree, out.logits, out.hidden, clock() - t1, verifier.commit, shape=out.shape)
         yield run, reason
         if reason is not None:
             return

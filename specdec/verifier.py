@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from .cache import commit_rows, new_cache
-from .compiled import StaticForward
+from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
 from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
 
@@ -25,6 +25,8 @@ from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_
 class TreeOutput:
     logits: torch.Tensor               # [1 + N, V]: row 0 = pending token, row i + 1 = tree node i
     hidden: torch.Tensor | None        # [1 + N, F] target features (see `features`), when asked
+    shape: tuple[int, ...] | None = None   # the parents whose cached tables (tree.tree_shape) the forward's
+    #   mask came from (padded, compiled), so the commit takes its path index from the same table; None: a chain
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
@@ -146,7 +148,7 @@ class Verifier:
                          **cache_kwargs(self.model, self.cache), use_cache=True,
                          output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
-        return TreeOutput(out.logits[0], hidden)
+        return TreeOutput(out.logits[0], hidden, None if tree.is_chain else parents)
 
     def _static_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
                         feature_layers: Sequence[int] | None) -> TreeOutput:
@@ -156,7 +158,9 @@ class Verifier:
         hidden = features(out.hidden_states, feature_layers)[:rows] if feature_layers is not None else None
         if self.static.mode == "reduce-overhead":     # CUDA graph outputs are overwritten by the next replay
             logits, hidden = logits.clone(), None if hidden is None else hidden.clone()
-        return TreeOutput(logits, hidden)
+        bucket = bucket_rows(rows, self.static.buckets)
+        parents = with_pending_root(tree.parents)
+        return TreeOutput(logits, hidden, padded_parents(parents, bucket) if bucket else parents)
 
     def commit(self, kept_rows: Sequence[int], kept_on_device: torch.Tensor | None = None) -> None:
         """Keep the rows `kept_rows` of the last forward (0 = pending token, then the accepted
