@@ -186,8 +186,14 @@ class Auto:
         if bucket not in self.batch_costs:
             sizes, context = self.profile_setup(self.target)
             sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
-            self.batch_costs[bucket] = load_or_measure(self.target, sparse, context, self.profile_repeats,
-                                                       batch=bucket)
+            # every smaller bucket too, now: a batch shrinks through them as its last prompts finish, and a
+            # measurement then would stall the batch's last steps (and the first call, a warm-up, pays here)
+            smaller = 2
+            while smaller <= bucket:
+                if smaller not in self.batch_costs:
+                    self.batch_costs[smaller] = load_or_measure(self.target, sparse, context, self.profile_repeats,
+                                                                batch=smaller)
+                smaller *= 2
         return self.batch_costs[bucket]
 
     def for_call(self) -> "Auto":

@@ -11,7 +11,9 @@ everything a row costs: the draft model's forwards, lookup, planning, the paddin
 
 vLLM picks a draft length per batch size from offline tuning; here the choice is made online, like
 auto's drafter choice: the gate keeps its mode and looks at the other one for `probe_steps` steps
-after `gap` steps, the gap doubling (up to `max_gap`) while the other mode keeps losing. A row's
+after `gap` steps, the gap doubling (up to `max_gap`) while the other mode keeps losing (a probe of
+speculation in a batch where it loses costs little per step, but the drafter catches up on every
+token it skipped: hence a long gap). A row's
 sample is its new tokens over the wall time since its last proposal (one batch step, its forward and
 every row's drafting and settling), times the rows of that step: the batch's rate, as that row saw it.
 
@@ -27,7 +29,7 @@ import threading
 class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
-    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 64, memory_steps: float = 4.0):
+    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 256, memory_steps: float = 4.0):
         self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
         self.memory_steps = memory_steps
         self.best = True                       # the mode that measured faster (speculate first: it may pay)
