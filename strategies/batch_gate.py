@@ -23,29 +23,32 @@ Greedy identity and the target's law do not depend on the mode: a plain step is 
 """
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
 
 
 class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
-    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 256, memory_steps: float = 4.0):
+    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 256, memory: int = 64):
         self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
-        self.memory_steps = memory_steps
         self.best = True                       # the mode that measured faster (speculate first: it may pay)
         self.speculate = True                  # this step's mode
         self.probing = False                   # this step runs the other mode to measure it
         self.gap = gap                         # steps in the best mode before the next probe
         self.steps = 0                         # steps since the mode last changed
-        self.rate_sum = {True: 0.0, False: 0.0}    # decayed sums of rate samples (batch tokens/s) per mode
-        self.weight = {True: 0.0, False: 0.0}      # decayed sample counts
+        # the last `memory` rate samples (batch tokens/s) per mode; their median is the mode's rate: a step
+        # that also prefilled the next prompts (several plain steps' time) must not decide the mode
+        self.samples = {True: deque(maxlen=memory), False: deque(maxlen=memory)}
         self.rows_this_step: set[int] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()             # mode() decides (rate()) under it
 
     def rate(self, speculate: bool) -> float | None:
         """Recent batch tokens/s measured in that mode (None before a sample)."""
-        weight = self.weight[speculate]
-        return self.rate_sum[speculate] / weight if weight > 0 else None
+        with self._lock:
+            samples = list(self.samples[speculate])
+        return statistics.median(samples) if samples else None
 
     def mode(self, row: int) -> bool:
         """Whether row `row` (an id that stays the same over its steps) speculates this step."""
@@ -60,10 +63,8 @@ class BatchGate:
         """A row's last step: `new_tokens` over `seconds` of wall time in a batch of `rows` rows."""
         if seconds <= 0:
             return
-        decay = 1.0 - 1.0 / (self.memory_steps * max(rows, 1))   # about memory_steps steps of every row
         with self._lock:
-            self.rate_sum[speculated] = decay * self.rate_sum[speculated] + new_tokens * rows / seconds
-            self.weight[speculated] = decay * self.weight[speculated] + 1.0
+            self.samples[speculated].append(new_tokens * rows / seconds)
 
     def _next_step(self) -> None:
         self.steps += 1

@@ -60,6 +60,16 @@ def test_gate_follows_a_change():
     assert gate.best is False
 
 
+def test_gate_rate_ignores_a_stalled_step():
+    """A step that also prefilled the next prompts (many steps' time) does not decide the mode."""
+    gate = BatchGate()
+    for _ in range(8):
+        gate.record(False, 10, 1.0, 4)                 # 40 tokens/s
+        gate.record(True, 11, 1.0, 4)                  # 44 tokens/s
+    gate.record(True, 1, 8.0, 4)                       # a prefill stalled this step: 0.5 tokens/s (a mean: < 40)
+    assert gate.rate(True) > gate.rate(False)
+
+
 def test_gate_mode_changes_only_between_steps():
     """A row asking twice opens a new step; until then every row gets the same mode."""
     gate = BatchGate(probe_steps=1, gap=1)
@@ -82,7 +92,8 @@ def test_auto_in_plain_mode_proposes_nothing_and_stays_identical():
     for bucket in (4,):
         gate = BatchGate(gap=10 ** 6)
         gate.best = gate.speculate = False
-        gate.rate_sum, gate.weight = {True: 1.0, False: 2.0}, {True: 1.0, False: 1.0}
+        gate.record(True, 1, 1.0, 4)
+        gate.record(False, 2, 1.0, 4)
         strategy.batch_gates[(bucket, "greedy")] = gate
     # rows of one length: the batch never shrinks to one row (which speculates: no batch to share with)
     outs = sd.generate(PROMPTS, max_new_tokens=12, ignore_eos=True, batch_size=4)
