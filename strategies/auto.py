@@ -283,13 +283,13 @@ class Auto:
                 self.gate_mark = None
             return True
         now = time.perf_counter()
-        if self.gate_mark is not None:
-            gate, speculated, at, length, rows = self.gate_mark
-            gate.record(speculated, len(state.token_ids) - length, now - at, rows)
         bucket = 1 << (state.batch_size - 1).bit_length()
         key = (bucket, temperature_key(state.sampling.temperature))
         gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate())
-        speculate = gate.mode(self.gate_row)
+        speculate = gate.mode(self.gate_row)      # first: a new step closes the last one's samples
+        if self.gate_mark is not None:            # then this row's sample of the last step
+            last_gate, speculated, at, length, rows = self.gate_mark
+            last_gate.record(speculated, len(state.token_ids) - length, now - at, rows)
         self.gate_mark = (gate, speculate, now, len(state.token_ids), state.batch_size)
         return speculate
 

@@ -31,16 +31,19 @@ from collections import deque
 class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
-    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 256, memory: int = 64):
+    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 256, memory: int = 16):
         self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
         self.best = True                       # the mode that measured faster (speculate first: it may pay)
         self.speculate = True                  # this step's mode
         self.probing = False                   # this step runs the other mode to measure it
         self.gap = gap                         # steps in the best mode before the next probe
         self.steps = 0                         # steps since the mode last changed
-        # the last `memory` rate samples (batch tokens/s) per mode; their median is the mode's rate: a step
-        # that also prefilled the next prompts (several plain steps' time) must not decide the mode
+        # per mode, the batch's tokens/s of each of its last `memory` steps (the mean of its rows' samples:
+        # rows accept different counts); their median is the mode's rate, so a step that also prefilled the
+        # next prompts (several plain steps' time) does not decide the mode
         self.samples = {True: deque(maxlen=memory), False: deque(maxlen=memory)}
+        self.step_sum = {True: 0.0, False: 0.0}     # this step's row samples so far (they describe the last step)
+        self.step_rows = {True: 0, False: 0}
         self.rows_this_step: set[int] = set()
         self._lock = threading.RLock()             # mode() decides (rate()) under it
 
@@ -55,6 +58,7 @@ class BatchGate:
         with self._lock:
             if row in self.rows_this_step:     # every row proposes once a step: a repeat starts the next step
                 self.rows_this_step.clear()
+                self.end_step()
                 self._next_step()
             self.rows_this_step.add(row)
             return self.speculate
@@ -64,7 +68,16 @@ class BatchGate:
         if seconds <= 0:
             return
         with self._lock:
-            self.samples[speculated].append(new_tokens * rows / seconds)
+            self.step_sum[speculated] += new_tokens * rows / seconds
+            self.step_rows[speculated] += 1
+
+    def end_step(self) -> None:
+        """The rows' samples recorded since the last call make one step's rate (mode() calls it)."""
+        with self._lock:
+            for mode in (True, False):
+                if self.step_rows[mode]:
+                    self.samples[mode].append(self.step_sum[mode] / self.step_rows[mode])
+                self.step_sum[mode], self.step_rows[mode] = 0.0, 0
 
     def _next_step(self) -> None:
         self.steps += 1

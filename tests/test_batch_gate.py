@@ -66,8 +66,19 @@ def test_gate_rate_ignores_a_stalled_step():
     for _ in range(8):
         gate.record(False, 10, 1.0, 4)                 # 40 tokens/s
         gate.record(True, 11, 1.0, 4)                  # 44 tokens/s
+        gate.end_step()
     gate.record(True, 1, 8.0, 4)                       # a prefill stalled this step: 0.5 tokens/s (a mean: < 40)
+    gate.end_step()
     assert gate.rate(True) > gate.rate(False)
+
+
+def test_gate_rate_is_the_batch_rate_of_a_step():
+    """Rows accept different counts: a step's rate is its rows' mean (the batch's tokens), not the median row."""
+    gate = BatchGate()
+    for tokens in (1, 1, 1, 9):                        # 3 rows rejected everything, one accepted 8 + 1
+        gate.record(True, tokens, 1.0, 4)
+    gate.end_step()
+    assert gate.rate(True) == 12.0                     # 12 tokens in a second, the batch's rate
 
 
 def test_gate_mode_changes_only_between_steps():
@@ -94,6 +105,7 @@ def test_auto_in_plain_mode_proposes_nothing_and_stays_identical():
         gate.best = gate.speculate = False
         gate.record(True, 1, 1.0, 4)
         gate.record(False, 2, 1.0, 4)
+        gate.end_step()
         strategy.batch_gates[(bucket, "greedy")] = gate
     # rows of one length: the batch never shrinks to one row (which speculates: no batch to share with)
     outs = sd.generate(PROMPTS, max_new_tokens=12, ignore_eos=True, batch_size=4)
