@@ -223,7 +223,8 @@ class Auto:
         self.steps_since_call = 2             # the drafter has not seen this prompt: its first call catches up
         self.pending = None                   # what propose decided, for observe
         self.gate_row = next(_ROW_IDS)
-        self.gate_mark = None                 # (gate, speculated, perf_counter, committed length, rows) at the last proposal
+        self.gate_mark = None                 # (gate, speculated, perf_counter, committed length, rows, first step
+        #                                       of its mode) at the last proposal
 
     def verify_cost(self, num_nodes: int) -> float:
         """This row's share of a verify forward with num_nodes nodes per row: the forward of
@@ -287,10 +288,14 @@ class Auto:
         key = (bucket, temperature_key(state.sampling.temperature))
         gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate())
         speculate = gate.mode(self.gate_row)      # first: a new step closes the last one's samples
+        switched = True                           # this step's mode differs from the row's last step's
         if self.gate_mark is not None:            # then this row's sample of the last step
-            last_gate, speculated, at, length, rows = self.gate_mark
-            last_gate.record(speculated, len(state.token_ids) - length, now - at, rows)
-        self.gate_mark = (gate, speculate, now, len(state.token_ids), state.batch_size)
+            last_gate, speculated, at, length, rows, last_switched = self.gate_mark
+            switched = speculated != speculate
+            if not last_switched:     # a mode's first step pays for the switch (the drafter catches up on
+                #                       the tokens it skipped): not the mode's rate, and a probe would mostly be it
+                last_gate.record(speculated, len(state.token_ids) - length, now - at, rows)
+        self.gate_mark = (gate, speculate, now, len(state.token_ids), state.batch_size, switched)
         return speculate
 
     def _plain(self) -> CandidateTree:

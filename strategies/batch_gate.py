@@ -31,7 +31,7 @@ from collections import deque
 class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
-    def __init__(self, probe_steps: int = 3, gap: int = 8, max_gap: int = 256, memory: int = 16):
+    def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16):
         self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
         self.best = True                       # the mode that measured faster (speculate first: it may pay)
         self.speculate = True                  # this step's mode
@@ -84,7 +84,8 @@ class BatchGate:
         if self.probing:
             if self.steps < self.probe_steps:
                 return
-            # the probe's samples are in (the last step's arrive during the next: probe_steps - 1 of them)
+            # the probe's samples are in: probe_steps - 2 steps (the first pays for the switch and is not
+            # counted, the last one's samples arrive during the next step)
             other, best = self.rate(not self.best), self.rate(self.best)
             if other is not None and (best is None or other > best):
                 self.best, self.gap = not self.best, self.base_gap
