@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specdec-installed
 
-.PHONY: demo test test-slow bench venv clean
+.PHONY: demo test test-slow bench venv clean docs
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -23,6 +23,16 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m specdec.cli bench $(ARGS)
+
+DOCS_STAMP := $(VENV)/.specdec-docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q "mkdocs>=1.6" "mkdocs-material>=9.5" "mkdocstrings[python]>=0.26"
+	touch $@
+
+docs: $(DOCS_STAMP)      # the docs site into site/ (strict: a broken link or reference fails)
+	$(PY) -m specdec.config_reference > docs/configuration.md
+	$(PY) -m mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,12 +11,12 @@ the tree. The index tensors of a tree shape are built once per shape and device 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
 
-from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of
+from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of, is_chain, to_device
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class Verdict:
     next_token: int             # the target's own token after that path (correction or bonus)
     accepted_tokens: tuple[int, ...] | None = None   # tokens of the accepted nodes, root first
     #   (None: not carried, path_tokens reads them from the tree)
+    next_token_on_device: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    #   [1] next_token where the target's tokens are (greedy, coupled): the next forward's pending
+    #   input id, with no copy from the host (None: only on the host)
 
     def __post_init__(self):
         object.__setattr__(self, "next_token", int(self.next_token))
@@ -58,17 +61,28 @@ def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
     kids = children_of(parents)                       # kids[row] = children of row's node, drafted order
     kid_rows = sorted((row for row, siblings in enumerate(kids) if siblings), key=lambda row: -len(kids[row]))
     width = len(kids[kid_rows[0]]) if kid_rows else 0
-    table = [list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
     active = tuple(sum(len(kids[row]) > rank for row in kid_rows) for rank in range(width))
-    return TreeIndex(
-        kid_rows=torch.tensor(kid_rows, dtype=torch.long, device=device),
-        kid_table=torch.tensor(table, dtype=torch.long, device=device).reshape(len(kid_rows), width),
-        active=active, offsets=tuple(sum(active[:rank]) for rank in range(width)),
-        slot_of_row={row: slot for slot, row in enumerate(kid_rows)})
+    if is_chain(parents):           # rows 0..N-1, one child each: built on the device, nothing copied
+        rows = torch.arange(len(kid_rows), device=device)
+        rows_on_device, table = rows, rows[:, None]
+    else:                           # kid rows and the child table in one copy from the host
+        table = [[row] + list(kids[row]) + [-1] * (width - len(kids[row])) for row in kid_rows]
+        packed = to_device(torch.tensor(table, dtype=torch.long).reshape(len(kid_rows), 1 + width), device)
+        rows_on_device, table = packed[:, 0], packed[:, 1:]
+    return TreeIndex(kid_rows=rows_on_device, kid_table=table, active=active,
+                     offsets=tuple(sum(active[:rank]) for rank in range(width)),
+                     slot_of_row={row: slot for slot, row in enumerate(kid_rows)})
 
 
 # ---------------------------------------------------------------------- greedy and coupled
-def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) -> Verdict:
+def walk_values(tree: CandidateTree, target_tokens: torch.Tensor) -> torch.Tensor:
+    """[N + 1 + N] what accept_greedy reads back: the tree's tokens, then the target's token per row
+    (a batch concatenates every row's and reads them once)."""
+    return torch.cat([tree.tokens.to(target_tokens.device), target_tokens])
+
+
+def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int],
+                  values: list[int] | None = None) -> Verdict:
     """Walk from the root to the first child equal to the target's token; the first miss yields
     the target's token there.
 
@@ -76,10 +90,11 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) 
     noisy argmax), on the device. One host read: the tree's tokens and the target's come back
     together and the walk (O(N) Python) runs on the host. A GPU synchronises once either way, and
     the tokens have to reach the host for streaming and the stop rules; computing the path with
-    tensor ops first would only add kernel launches (and ~15 us per step on a CPU)."""
+    tensor ops first would only add kernel launches (and ~15 us per step on a CPU).
+    values: walk_values(tree, target_tokens) already read (a batch reads all its rows' at once)."""
     target_tokens = torch.as_tensor(target_tokens, dtype=torch.long)             # [1 + N]
-    packed = torch.cat([tree.tokens.to(target_tokens.device), target_tokens])    # [N + 1 + N]
-    values = packed.tolist()                                      # the step's one host read
+    if values is None:
+        values = walk_values(tree, target_tokens).tolist()      # the step's one host read
     tokens, wanted = values[:tree.num_nodes], values[tree.num_nodes:]
     accepted: list[int] = []
     node = -1
@@ -91,7 +106,8 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int]) 
                 node = child
                 break
         else:
-            return Verdict(tuple(accepted), want, tuple(tokens[n] for n in accepted))
+            row = node + 1
+            return Verdict(tuple(accepted), want, tuple(tokens[n] for n in accepted), target_tokens[row: row + 1])
 
 
 # ---------------------------------------------------------------------- rejection sampling
@@ -196,17 +212,46 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
     Every child's acceptance probability is computed on the device first (rejection_tables);
     they come to the host in one read together with the tokens and the step's uniforms
     (`rng.uniforms`), the walk draws rng.bernoulli child by child in drafted order on the host,
-    and the final draw (rng.categorical) is the second read. A zero residual (probability zero)
-    finishes its node on the host (_rest_on_host)."""
+    and the final draw (rng.draw, left on the device as the next pending input) is the second
+    read. A zero residual (probability zero) finishes its node on the host (_rest_on_host)."""
     if tree.num_nodes == 0:
-        return Verdict((), rng.categorical(target_probs[0]), ())
+        drawn = rng.draw(target_probs[0])                                        # [1] on the device
+        return Verdict((), int(drawn), (), drawn)                                 # the one read
+    step = rejection_start(tree, target_probs, rng)
+    accepted, final, tokens = rejection_walk(step, rng, step.values.tolist())   # host read 1: tables, tokens, uniforms
+    drawn = rng.draw(final)                                                      # [1] on the device
+    return Verdict(tuple(accepted), int(drawn), tokens, drawn)                   # host read 2
+
+
+@dataclass
+class RejectionStep:
+    """One tree's rejection sampling between its two reads: the device tables (rejection_tables) and
+    `values`, what the host walk reads: acceptance probabilities, residual-left flags, the tree's
+    tokens and the step's uniforms, as one flat float64 tensor (a batch reads every row's at once)."""
+    tree: CandidateTree
+    target_probs: torch.Tensor          # [1 + N, V]
+    index: TreeIndex
+    residuals: list
+    values: torch.Tensor                # [M] float64, on the device
+
+
+def rejection_start(tree: CandidateTree, target_probs: torch.Tensor, rng) -> RejectionStep:
+    """The device half of accept_sampling for a non-empty tree: every child's acceptance probability
+    and the step's uniforms, packed for one read."""
     index = tree_index(tree.parents, target_probs.device)
     accept_probs, residual_left, residuals = rejection_tables(tree, target_probs, index)
     uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
     parts = [*accept_probs, *residual_left, tree.tokens.to(target_probs.device)]
     if uniforms is not None:
         parts.append(uniforms.to(target_probs.device))
-    values = torch.cat([part.double() for part in parts]).tolist()   # host read 1: tables, tokens, uniforms
+    return RejectionStep(tree, target_probs, index, residuals, torch.cat([part.double() for part in parts]))
+
+
+def rejection_walk(step: RejectionStep, rng, values: list[float]) -> tuple[list[int], torch.Tensor, tuple[int, ...]]:
+    """The host half: walk the tree with `values` (step.values read back), drawing rng.bernoulli child by
+    child. Returns (accepted nodes, the distribution [V] the next token is drawn from, the accepted
+    nodes' tokens)."""
+    tree, target_probs, index, residuals = step.tree, step.target_probs, step.index, step.residuals
     cells = tree.num_nodes                                       # one acceptance cell per child
     tokens = [int(t) for t in values[2 * cells: 3 * cells]]
     uniform_values = iter(values[3 * cells:])
@@ -236,5 +281,4 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
             break
         accepted.append(chosen)
         node = chosen
-    next_token = rng.categorical(final)                           # host read 2
-    return Verdict(tuple(accepted), next_token, tuple(tokens[n] for n in accepted))
+    return accepted, final, tuple(tokens[n] for n in accepted)

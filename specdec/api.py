@@ -195,6 +195,8 @@ class Speculator:
         self._step_lock = threading.RLock()     # one verify step at a time (re-entrant: a stream dropped mid-step)
         self._calls_lock = threading.RLock()    # who holds self.verifier / self.strategy
         self._own_in_use = False
+        if hasattr(strategy, "compiled_verifier"):     # auto: profile the verifier the steps will run
+            strategy.compiled_verifier = bool(compile)
         strategy.bind(self.target, tokenizer)
 
     # ------------------------------------------------------------------ per-call state

@@ -26,10 +26,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .acceptance import Verdict, accept_greedy, rejection_start, rejection_walk, walk_values
 from .compiled import padded_parents
 from .loop import Decoding, feature_layers
+from .sampling import logits_to_probs
 from .models import AttentionLayout, cache_kwargs, check_cacheable
-from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root
+from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
 from .types import GenerationOutput, Stats
 from .verifier import Verifier, hidden_request
 
@@ -91,6 +93,9 @@ class BatchVerifier:
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
         self.fills: list[int] = []          # per row: committed entries in the cache (all but its pending token)
+        self.row_shapes: list[tuple[int, ...]] = []        # per row: the parents of its last forward's mask
+        self.fills_on_device: torch.Tensor | None = None   # [B] the same on the device, kept in step with
+        #   `fills` by device ops (a forward's write positions then need no copy from the host)
 
     @property
     def rows(self) -> int:
@@ -131,6 +136,18 @@ class BatchVerifier:
             self.fills.append(fill)
         else:
             self.fills[row] = fill
+        self._sync_fill(row)
+
+    def _sync_fill(self, row: int) -> None:
+        """fills_on_device[row] = fills[row], grown to the rows there are (a fill with a Python scalar:
+        a kernel argument, no copy)."""
+        device = self.model.device
+        if self.fills_on_device is None or len(self.fills_on_device) < self.rows:
+            grown = torch.zeros(self.rows, dtype=torch.long, device=device)
+            if self.fills_on_device is not None:
+                grown[: len(self.fills_on_device)] = self.fills_on_device
+            self.fills_on_device = grown
+        self.fills_on_device[row] = self.fills[row]
 
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], layers: Sequence[int] | None, chunk: int,
@@ -140,6 +157,7 @@ class BatchVerifier:
         forward with one throw-away entry after its fill); each row's features [len, F] (None
         without layers or for an empty prompt). Room for `room` entries per row."""
         self.fills = [0] * len(prompts)
+        self.fills_on_device = torch.zeros(len(prompts), dtype=torch.long, device=self.model.device)
         self._reserve(len(prompts), room)
         hidden: list[list[torch.Tensor]] = [[] for _ in prompts]
         for start in range(0, max(len(p) for p in prompts), chunk):
@@ -171,30 +189,39 @@ class BatchVerifier:
         for layer in self.cache.layers:
             layer.key_buffer, layer.value_buffer = layer.key_buffer[:left], layer.value_buffer[:left]
         self.fills = [self.fills[row] for row in order]
+        if self.fills_on_device is not None:      # the same rows moved, on the device
+            self.fills_on_device = self.fills_on_device.index_select(
+                0, torch.tensor(order, dtype=torch.long, device=self.model.device))
         return order
 
     @torch.inference_mode()
-    def forward(self, pending: Sequence[int], trees: Sequence[CandidateTree], layers: Sequence[int] | None,
-                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, pending: Sequence[int | torch.Tensor], trees: Sequence[CandidateTree],
+                layers: Sequence[int] | None, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits [B, R, V], features [B, R, F] or None) for every row's [pending] + tree, padded to
-        R = 1 + the largest tree (logits_to_keep=k: the last k rows' logits only)."""
+        R = 1 + the largest tree (logits_to_keep=k: the last k rows' logits only). A row's pending
+        token: an int, or [1] on the device (its last verdict's: no copy from the host)."""
         device, dtype = self.model.device, self.model.dtype
         width_rows = 1 + max(tree.num_nodes for tree in trees)
         self._reserve(self.rows, max(self.fills) + width_rows)
         width = max(self.fills) + width_rows
         input_ids = torch.zeros(self.rows, width_rows, dtype=torch.long, device=device)  # [B, R]
         masks, positions = [], []
+        self.row_shapes: list[tuple[int, ...]] = []      # per row: the parents its mask's tables came from
         for row, (token, tree, fill) in enumerate(zip(pending, trees, self.fills)):
-            input_ids[row, 0] = token
+            if isinstance(token, torch.Tensor):
+                input_ids[row, :1] = token
+            else:
+                input_ids[row, 0] = token           # a Python scalar: a kernel argument, no copy
             input_ids[row, 1: 1 + tree.num_nodes] = tree.tokens.to(device)
             parents = padded_parents(with_pending_root(tree.parents), width_rows)
+            self.row_shapes.append(parents)
             masks.append(tree_masks(self.layout, parents, fill, dtype, device, capacity=width))
             positions.append(tree_position_ids(parents, fill, device))                    # [1, R]
         if isinstance(masks[0], dict):
             mask = {kind: torch.cat([m[kind] for m in masks]) for kind in masks[0]}     # [B, 1, R, K] per kind
         else:
             mask = torch.cat(masks)                                                        # [B, 1, R, K]
-        write_at = torch.tensor(self.fills, dtype=torch.long, device=device)
+        write_at = self.fills_on_device                                                    # [B]
         for layer in self.cache.layers:
             layer.write_at, layer.width = write_at, width
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
@@ -203,13 +230,20 @@ class BatchVerifier:
         hidden = None if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         return out.logits, hidden
 
-    def commit(self, row: int, kept_rows: Sequence[int]) -> None:
-        """Keep rows `kept_rows` of row `row`'s last forward (0 = its pending token) after its fill."""
+    def commit(self, row: int, kept_rows: Sequence[int], kept_on_device: torch.Tensor | None = None) -> None:
+        """Keep rows `kept_rows` of row `row`'s last forward (0 = its pending token) after its fill.
+        kept_on_device: the same rows [K] on the device (None: they are 0..K-1, a leading run)."""
         fill = self.fills[row]
-        slots = torch.tensor([fill + r for r in kept_rows], dtype=torch.long, device=self.model.device)
-        for layer in self.cache.layers:
-            layer.keep(row, fill, slots)
+        if kept_on_device is None and list(kept_rows) == list(range(len(kept_rows))):
+            pass                                    # in place already: only the fill moves
+        else:
+            if kept_on_device is None:
+                kept_on_device = torch.tensor(list(kept_rows), dtype=torch.long, device=self.model.device)
+            slots = kept_on_device.to(self.model.device) + fill                               # [K]
+            for layer in self.cache.layers:
+                layer.keep(row, fill, slots)
         self.fills[row] = fill + len(kept_rows)
+        self.fills_on_device[row] += len(kept_rows)
 
 
 @dataclass
@@ -249,10 +283,13 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         prompt_hidden = fresh.prefill([job.prompt_ids[:-1] for job in group], layers, per_row,
                                       max(job.room for job in group))
         share = (clock() - started) / len(group)
+        # the group's pending tokens in one copy; from then on each row's stays on the device (its verdicts')
+        pending = to_device(torch.tensor([job.prompt_ids[-1] for job in group], dtype=torch.long), verifier.device)
         for i, (row, job) in enumerate(zip(rows, group)):
             job.stats.prefill_time_s = share
             batch.set_row(row, fresh.cache.layers, i, fresh.fills[i], job.room)
             slot = _Slot(job, job.start(prompt_hidden[i], job.stats))
+            slot.decoding.pending = pending[i: i + 1]
             if row == len(active):
                 active.append(slot)
             else:
@@ -265,13 +302,15 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             slot.decoding.state.batch_size = len(active)
         trees = [slot.decoding.propose() for slot in active]
         t1 = clock()
-        logits, hidden = batch.forward([slot.decoding.state.token_ids[-1] for slot in active], trees, layers)
+        logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)
         verify_s = (clock() - t1) / len(active)             # each row's share of the forward
         step, finished = [], []
+        verdicts = batch_verdicts([slot.decoding for slot in active], trees, logits)   # one read (two: rejection)
         for row, (slot, tree) in enumerate(zip(active, trees)):
             rows = 1 + tree.num_nodes
             run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
-                                               verify_s, lambda kept, row=row: batch.commit(row, kept))
+                                               verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device),
+                                               verdicts[row], batch.row_shapes[row])
             step.append((slot.job.index, run, reason))
             if reason is not None:
                 finished.append(row)
@@ -281,6 +320,61 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             start(refill)
         if done:
             active = [active[row] for row in batch.drop_rows(done)]
+
+
+def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list[list[int] | None]:
+    """Every greedy / coupled row's acceptance values (acceptance.walk_values: tree tokens, then the
+    target's tokens) in one host read for the whole batch; None for a rejection-sampling row."""
+    return _read_together([None if tokens is None else walk_values(tree, tokens)
+                           for tree, (_, tokens) in zip(trees, targets)])
+
+
+def _read_together(parts: Sequence[torch.Tensor | None]) -> list[list | None]:
+    """part.tolist() of every part (None stays None), in one host read for all of them."""
+    present = [part for part in parts if part is not None]
+    if not present:
+        return [None] * len(parts)
+    dtype = torch.float64 if any(part.is_floating_point() for part in present) else torch.long
+    flat = torch.cat([part.to(dtype) for part in present]).tolist()              # the one read
+    values, start = [], 0
+    for part in parts:
+        if part is None:
+            values.append(None)
+        else:
+            values.append(flat[start: start + len(part)])
+            start += len(part)
+    return values
+
+
+def batch_verdicts(decodings: Sequence[Decoding], trees: Sequence[CandidateTree], logits: torch.Tensor) -> list:
+    """Every row's verdict on its tree from the batch's logits [B, R, V], with the host reads of the
+    whole batch shared: one read for the greedy / coupled rows (their walks' values); for the
+    rejection-sampling rows one read of every row's tables and uniforms, then one of every row's
+    drawn token (each drawn on the device from that row's own random stream)."""
+    targets = [decoding.target_rows(tree, logits[row, :1 + tree.num_nodes])
+               for row, (decoding, tree) in enumerate(zip(decodings, trees))]
+    values = read_walks(trees, targets)
+    verdicts: list = [None if tokens is None else accept_greedy(tree, tokens, row_values)
+                      for tree, (_, tokens), row_values in zip(trees, targets, values)]
+    sampled = [row for row, verdict in enumerate(verdicts) if verdict is None]
+    if not sampled:
+        return verdicts
+    probs = {row: logits_to_probs(targets[row][0], decodings[row].sampling) for row in sampled}
+    starts = {row: rejection_start(trees[row], probs[row], decodings[row].rng) for row in sampled if trees[row].num_nodes}
+    tables = _read_together([starts[row].values if row in starts else None for row in sampled])   # read 1
+    walks, draws = {}, []
+    for row, row_values in zip(sampled, tables):
+        if row in starts:
+            accepted, final, tokens = rejection_walk(starts[row], decodings[row].rng, row_values)
+        else:                                                     # an empty tree: the target's own draw
+            accepted, final, tokens = [], probs[row][0], ()
+        walks[row] = (accepted, tokens)
+        draws.append(decodings[row].rng.draw(final))                                   # [1] on the device
+    drawn = _read_together(draws)                                                       # read 2
+    for row, draw, token in zip(sampled, draws, drawn):
+        accepted, tokens = walks[row]
+        verdicts[row] = Verdict(tuple(accepted), int(token[0]), tokens, draw)
+    return verdicts
 
 
 def batch_output(outputs: list[GenerationOutput], wall_s: float, forwards: int) -> "BatchOutput":

@@ -179,16 +179,21 @@ def _device(cache: Cache) -> torch.device:
 
 
 @torch.inference_mode()
-def commit_rows(cache: Cache, prefix_len: int, kept_rows: Sequence[int]) -> None:
+def commit_rows(cache: Cache, prefix_len: int, kept_rows: Sequence[int],
+                kept_on_device: torch.Tensor | None = None) -> None:
     """The cache holds prefix_len committed entries followed by the rows of the last forward.
     Keep the rows `kept_rows` (indices into that forward, ascending) in contiguous slots right
     after the prefix and drop everything else. A leading run 0..k-1 is a crop (for a SlotLayer:
-    nothing to do); anything else moves the kept rows with one index, built once on the device,
-    and one gather + one copy per layer."""
+    nothing to do); anything else moves the kept rows with one index and one gather + one copy
+    per layer. The index comes from `kept_on_device` (the same rows [K], on the device: nothing
+    copied from the host) when given, else from kept_rows (one copy)."""
     kept_rows = list(kept_rows)
     new_len = prefix_len + len(kept_rows)
     slots = None
     if kept_rows != list(range(len(kept_rows))):
-        slots = torch.tensor(kept_rows, dtype=torch.long).add_(prefix_len).to(_device(cache), non_blocking=True)  # [K]
+        if kept_on_device is not None:
+            slots = kept_on_device.to(_device(cache)) + prefix_len                                           # [K]
+        else:
+            slots = torch.tensor(kept_rows, dtype=torch.long).add_(prefix_len).to(_device(cache), non_blocking=True)  # [K]
     for layer in cache.layers:
         layer.keep(prefix_len, slots, new_len)

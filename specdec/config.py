@@ -60,13 +60,13 @@ class EngineConfig:
     strategy: str = "autoregressive"
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     dtype: str = setting("auto", choices=("auto", "float32", "float16", "bfloat16"))
-    compile: bool = False               # verify forward compiled with static shapes (README: compile)
+    compile: bool = False               # verify forward compiled with static shapes (docs/gpu.md)
     prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
     #                                     long prompt is bounded by the chunk (greedy output unchanged)
     target: TargetConfig = field(default_factory=TargetConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around
-    #                                     each; off: no synchronisation in the loop, see README "Host reads")
+    #                                     each; off: no synchronisation in the loop, see docs/gpu.md)
 
 
 @functools.cache

@@ -72,11 +72,14 @@ def _now(device: torch.device) -> float:
 
 
 def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int,
-                         batch: int = 1) -> CostProfile:
+                         batch: int = 1, compile: bool = False) -> CostProfile:
     """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
     cache of context_len tokens, with the real Verifier; as measured (not monotone, see above).
     batch > 1: the batched forward (specdec.batch) of `batch` rows, each with a tree of that size:
-    as the batch grows the forward turns compute-bound and tree nodes cost more."""
+    as the batch grows the forward turns compute-bound and tree nodes cost more.
+    compile: time the verifier `compile: true` runs (specdec.compiled: static cache, one compiled
+    graph per bucket of rows), each bucket compiled in an untimed round first; batches always run
+    the eager batched forward, which is what generate(list) runs."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"measure_verify_costs: repeats={repeats!r}; it must be an integer >= 1 "
                           f"(rounds over every size, the median of each kept)")
@@ -91,9 +94,13 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
     trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
-    forward, rollback = (_single_forward if batch <= 1 else _batched_forward)(target, prompt, trees, batch)
-    forward(max(sizes))                                      # warm-up
-    rollback()
+    if batch <= 1:
+        forward, rollback = _single_forward(target, prompt, trees, compile)
+    else:
+        forward, rollback = _batched_forward(target, prompt, trees, batch)
+    for n in (sizes if compile and batch <= 1 else [max(sizes)]):   # warm-up (compiled: every bucket)
+        forward(n)
+        rollback()
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):                                 # rounds over all sizes: drift hits every size alike
         for n in sizes:
@@ -105,11 +112,14 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
     return CostProfile(tuple(sizes), tuple(seconds), context_len)
 
 
-def _single_forward(target, prompt: list[int], trees: dict, batch: int):
-    """(forward of n nodes, roll back) with the real Verifier over a prefill of the prompt; the
-    cache is rolled back to the prefix after each forward."""
+def _single_forward(target, prompt: list[int], trees: dict, compile: bool = False):
+    """(forward of n nodes, roll back) with the real Verifier (compiled with `compile`, as
+    Speculator(compile=True) builds it) over a prefill of the prompt; the cache is rolled back to
+    the prefix after each forward."""
     from .verifier import Verifier
-    verifier = Verifier(target)
+    verifier = Verifier(target, compile=compile)
+    if compile:
+        verifier.reserve(len(prompt) + max(trees) + 1)
     verifier.prefill(prompt)
     prefix = verifier.prefix_len
 
@@ -135,9 +145,9 @@ def _batched_forward(target, prompt: list[int], trees: dict, batch: int):
     return (lambda n: batched.forward(pending, [trees[n]] * batch, None)), (lambda: None)
 
 
-def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1) -> str:
+def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, compile: bool = False) -> str:
     """What a profile depends on: the target's weights (heads.io's fingerprint), device, dtype,
-    torch threads, sizes and context length."""
+    torch threads, sizes, context length, batch and whether the verifier is compiled."""
     from .heads.io import target_identity
     identity = target_identity(target)
     parts = [identity["architecture"], identity["hidden_size"], identity["vocab_size"],
@@ -145,6 +155,8 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1) 
              str(target.device), str(target.dtype), torch.get_num_threads(), list(sizes), context_len]
     if batch > 1:                     # batch-1 keys stay as they were: profiles on disk stay valid
         parts.append(batch)
+    if compile and batch <= 1:        # likewise eager keys (a batch runs eager whatever compile says)
+        parts.append("compiled")
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -221,13 +233,13 @@ def store_profile(profile: CostProfile, path: str) -> None:
             os.remove(tmp)
 
 
-def measure_and_store(target, sizes: Sequence[int], context_len: int,
-                      repeats: int, batch: int = 1) -> tuple[CostProfile, str, OSError | None]:
+def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: int, batch: int = 1,
+                      compile: bool = False) -> tuple[CostProfile, str, OSError | None]:
     """Measure the profile now and store it where `load_or_measure` reads it: (profile, its path,
     the OSError that kept it from being stored, or None)."""
-    key = profile_key(target, sizes, context_len, batch)
+    key = profile_key(target, sizes, context_len, batch, compile)
     path = profile_path(key)
-    profile = measure_verify_costs(target, sizes, context_len, repeats, batch)
+    profile = measure_verify_costs(target, sizes, context_len, repeats, batch, compile)
     profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key)
     try:
         store_profile(profile, path)
@@ -237,16 +249,16 @@ def measure_and_store(target, sizes: Sequence[int], context_len: int,
 
 
 def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
-                    refresh: bool = False, batch: int = 1) -> CostProfile:
+                    refresh: bool = False, batch: int = 1, compile: bool = False) -> CostProfile:
     """The cached profile of this target on this device (measured now when absent, not valid, or
-    refresh), for verify forwards of `batch` rows. A profile that cannot be stored is used all the
-    same, with one warning."""
+    refresh), for verify forwards of `batch` rows, by the compiled verifier with `compile`. A
+    profile that cannot be stored is used all the same, with one warning."""
     if not refresh:
-        key = profile_key(target, sizes, context_len, batch)
+        key = profile_key(target, sizes, context_len, batch, compile)
         cached = read_profile(profile_path(key), key, sizes)
         if cached is not None:
             return cached
-    profile, path, store_error = measure_and_store(target, sizes, context_len, repeats, batch)
+    profile, path, store_error = measure_and_store(target, sizes, context_len, repeats, batch, compile)
     if store_error is not None:
         warnings.warn(f"could not store the cost profile in {path} ({store_error.strerror or store_error}): "
                       f"using the one measured now (measured again at every load); set SPECDEC_HOME to a "

@@ -31,9 +31,11 @@ import torch
 
 from .errors import InputError
 from .sampling import SamplingParams, resolve_seed, warp_logits
+from .tree import to_device
 
 SAMPLERS = ("rejection", "coupled")
 
+KEY_WINDOW = 64          # positions whose noise keys go to the device together (GumbelNoise)
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF
 
@@ -85,8 +87,15 @@ def uniforms_from_keys(keys: Sequence[int], vocab: int, device: torch.device | s
     """[K, V] float64 uniforms in (0, 1), row i from the 64-bit key keys[i] (see position_key):
     per token two rounds of murmur3's finaliser keyed by the key's two halves, vectorised in
     int64 torch ops (bit-identical on every device)."""
-    key_low = torch.tensor([k & _M32 for k in keys], dtype=torch.long, device=device)[:, None]    # [K, 1]
-    key_high = torch.tensor([k >> 32 for k in keys], dtype=torch.long, device=device)[:, None]    # [K, 1]
+    halves = torch.tensor([[k & _M32 for k in keys], [k >> 32 for k in keys]], dtype=torch.long).to(device)   # [2, K]
+    return uniforms_from_halves(halves, vocab)
+
+
+def uniforms_from_halves(halves: torch.Tensor, vocab: int) -> torch.Tensor:
+    """uniforms_from_keys for keys already on the device as halves [2, K] (row 0 the low 32 bits,
+    row 1 the high 32 bits), on their device."""
+    device = halves.device
+    key_low, key_high = halves[0][:, None], halves[1][:, None]                                    # [K, 1]
     tokens = torch.arange(vocab, dtype=torch.long, device=device)[None]                           # [1, V]
     h = _fmix32(tokens ^ key_low)                                                                 # [K, V]
     h = _fmix32((h + key_high) & _M32)                                                            # [K, V]
@@ -116,6 +125,20 @@ class GumbelNoise:
         self.vocab = int(vocab)
         self.device = torch.device(device)
         self._rows: dict[int, torch.Tensor] = {}            # position -> [V] noise
+        # the keys of positions key_base .. key_base + KEY_WINDOW - 1 on the device ([2, W] halves): a step's
+        # noise rows come from a slice of it, so the host sends keys once per KEY_WINDOW positions, not per step
+        self._key_halves: torch.Tensor | None = None
+        self._key_base = 0
+
+    def _halves(self, first: int, last: int) -> torch.Tensor:
+        """[2, last - first + 1] the keys of positions first..last on the device (a slice of the window,
+        which moves forward, with one copy from the host, when they fall outside it)."""
+        if self._key_halves is None or first < self._key_base or last >= self._key_base + self._key_halves.shape[1]:
+            count = max(KEY_WINDOW, last - first + 1)
+            keys = [position_key(self.seed, t) for t in range(first, first + count)]
+            host = torch.tensor([[k & _M32 for k in keys], [k >> 32 for k in keys]], dtype=torch.long)     # [2, W]
+            self._key_halves, self._key_base = to_device(host, self.device), first
+        return self._key_halves[:, first - self._key_base: last - self._key_base + 1]
 
     def __call__(self, positions: Sequence[int]) -> torch.Tensor:
         """[len(positions), V] fp32 noise, row i for positions[i] (repeats allowed)."""
@@ -123,9 +146,11 @@ class GumbelNoise:
         if not positions:
             return torch.empty(0, self.vocab, device=self.device)
         missing = sorted({t for t in positions if t not in self._rows})
-        if missing:
-            for t, row in zip(missing, gumbel(self.seed, missing, self.vocab, self.device)):
-                self._rows[t] = row
+        if missing:                 # the rows of first..last missing position: one slice of the key window
+            first, last = missing[0], missing[-1]
+            noise = (-torch.log(-torch.log(uniforms_from_halves(self._halves(first, last), self.vocab)))).float()
+            for t in missing:
+                self._rows[t] = noise[t - first]
         return torch.stack([self._rows[t] for t in positions])
 
     def forget_before(self, position: int) -> None:

@@ -13,9 +13,9 @@ from .sampling import SamplingParams, TorchRandom, logits_to_probs
 from .stopping import StopRules
 from .errors import StrategyError
 from .processing import LogitsProcessing
-from .tree import CandidateTree
+from .tree import CandidateTree, tree_shape, with_pending_root
 from .types import DecodeState, Stats, StepResult
-from .verifier import Verifier
+from .verifier import Verifier, pending_ids
 
 
 class _Clock:
@@ -72,6 +72,20 @@ class Decoding:
         stats.draft_time_s += clock() - t
         self.proposed_at = 0.0
 
+    @property
+    def pending(self) -> torch.Tensor | None:
+        """[1] the pending token on the device, when known there (DecodeState.pending)."""
+        return self.state.pending
+
+    @pending.setter
+    def pending(self, tokens: torch.Tensor | None) -> None:
+        self.state.pending = tokens
+
+    def pending_token(self) -> int | torch.Tensor:
+        """The next forward's pending input: the last verdict's token left on the device (greedy,
+        coupled: no copy from the host), else the committed int."""
+        return self.pending if self.pending is not None else self.state.token_ids[-1]
+
     def propose(self) -> CandidateTree:
         t0 = self.clock()
         tree = self.strategy.propose(self.state)
@@ -80,20 +94,40 @@ class Decoding:
         self.stats.draft_time_s += self.clock() - t0
         return tree
 
-    def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
-               verify_time_s: float, commit: Callable[[list[int]], None]) -> tuple[list[int], str | None]:
-        """(new tokens, finish reason or None) after the target's `logits` [1 + N, V] (and `hidden`
-        [1 + N, F]) for [pending] + tree; `commit` keeps the accepted rows' KV (row 0 = pending)."""
-        state, stats = self.state, self.stats
-        target_logits = self.processing.tree_rows(logits, state.token_ids, tree)   # the generation_config's law
+    def target_rows(self, tree: CandidateTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(processed target logits [1 + N, V], the target's token per row [1 + N] on the device or None):
+        the tokens greedy (argmax) and the coupled sampler (noisy argmax) walk the tree with; None
+        under the rejection sampler."""
+        target_logits = self.processing.tree_rows(logits, self.state.token_ids, tree)   # the generation_config's law
         if self.sampling.greedy:
-            verdict = accept_greedy(tree, target_logits.argmax(dim=-1))
-        elif self.noise is not None:  # coupled sampler: the greedy walk over the noisy argmaxes
-            verdict = accept_greedy(tree, coupled_target_tokens(target_logits, tree, len(state.token_ids), self.noise))
-        else:
-            verdict = accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
+            return target_logits, target_logits.argmax(dim=-1)
+        if self.noise is not None:    # coupled sampler: the greedy walk over the noisy argmaxes
+            return target_logits, coupled_target_tokens(target_logits, tree, len(self.state.token_ids), self.noise)
+        return target_logits, None
+
+    def decide(self, tree: CandidateTree, logits: torch.Tensor):
+        """The verdict on `tree` from the target's logits [1 + N, V] for [pending] + tree: the greedy
+        walk (greedy, coupled; one host read) or rejection sampling (two)."""
+        target_logits, target_tokens = self.target_rows(tree, logits)
+        if target_tokens is not None:
+            return accept_greedy(tree, target_tokens)
+        return accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
+
+    def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
+               verify_time_s: float, commit: Callable[[list[int], torch.Tensor | None], None],
+               verdict=None, shape: tuple[int, ...] | None = None) -> tuple[list[int], str | None]:
+        """(new tokens, finish reason or None) after the target's `logits` [1 + N, V] (and `hidden`
+        [1 + N, F]) for [pending] + tree; `commit(kept rows, the same on the device or None)` keeps
+        the accepted rows' KV (row 0 = pending). A batch passes the `verdict` it decided for all its
+        rows at once (specdec.batch.batch_verdicts); else `decide` makes it. `shape`: the parents the
+        forward's tables came from (TreeOutput.shape), for the kept rows' index."""
+        state, stats = self.state, self.stats
+        if verdict is None:
+            verdict = self.decide(tree, logits)
         kept_rows = [0] + [node + 1 for node in verdict.accepted]
-        commit(kept_rows)
+        kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device, shape)
+        commit(kept_rows, kept_on_device)
+        self.pending = verdict.next_token_on_device
 
         run = verdict.path_tokens(tree) + [verdict.next_token]
         keep, reason = self.stop.cut(state.token_ids[state.prompt_len:], run)
@@ -108,13 +142,34 @@ class Decoding:
         t3 = self.clock()
         if reason is None:
             state.max_depth = self.stop.max_new_tokens - state.num_generated - 1
+            kept_hidden = None if hidden is None else kept(hidden, kept_on_device, len(kept_rows))
             self.strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before,
-                                                    None if hidden is None else hidden[kept_rows]))
+                                                    kept_hidden))
         elif callable(finish := getattr(self.strategy, "finish", None)):   # optional: what a strategy keeps
             finish(state)                                                   # of a finished call (suffix)
         stats.draft_time_s += self.clock() - t3
         stats.total_time_s = self.clock() - self.start
         return run, reason
+
+
+def kept_rows_on_device(tree: CandidateTree, kept_rows: list[int], device: torch.device,
+                        shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
+    """[K] the kept rows (0 = pending, then the accepted path's rows) on the device, or None when they
+    are a leading run 0..K-1 (a slice does): taken from the cached path table of `shape` (the
+    parents the forward's mask came from: padded ones too, whose real rows have the same paths;
+    None: [pending] + tree), so nothing is copied from the host."""
+    if kept_rows == list(range(len(kept_rows))):
+        return None
+    parents = shape if shape is not None else with_pending_root(tree.parents)
+    return tree_shape(tuple(parents), device).path(kept_rows[-1], len(kept_rows))
+
+
+def kept(rows: torch.Tensor, kept_on_device: torch.Tensor | None, count: int) -> torch.Tensor:
+    """The kept rows of a forward's per-row output [R, ...] (kept_rows_on_device's index, or the
+    first `count` rows): indexed with a device tensor, never a Python list (a copy from the host)."""
+    if kept_on_device is None:
+        return rows[:count]
+    return rows.index_select(0, kept_on_device.to(rows.device))
 
 
 def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: SamplingParams,
@@ -138,12 +193,13 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     sequence = Decoding(strategy, prompt_ids, prompt_hidden, sampling, stop, rng, stats, noise, processing, clock,
                         start, cache_scope)
+    sequence.pending = pending_ids(prompt_ids[-1], verifier.device)     # staged once, with the call's setup
     while True:
         tree = sequence.propose()                                          # the strategy's guesses
         t1 = clock()
-        out = verifier.forward(sequence.state.token_ids[-1], tree, layers)   # one target forward
+        out = verifier.forward(sequence.pending_token(), tree, layers)     # one target forward
         # accept, keep the accepted path's KV, cut at a stop rule, let the strategy observe
-        run, reason = sequence.settle(tree, out.logits, out.hidden, clock() - t1, verifier.commit)
+        run, reason = sequence.settle(tree, out.logits, out.hidden, clock() - t1, verifier.commit, shape=out.shape)
         yield run, reason
         if reason is not None:
             return

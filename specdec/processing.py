@@ -21,7 +21,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 from .errors import InputError
-from .tree import CandidateTree, depths_of
+from .tree import CandidateTree, depths_of, tree_shape
 
 # Processors that are pure functions of (ids so far, scores): safe to apply row by row to a tree.
 SUPPORTED = (
@@ -103,9 +103,14 @@ class LogitsProcessing:
             if parent >= 0:
                 paths[node, : depths[node]] = paths[parent, : depths[node]]
             paths[node, depths[node]] = tokens[node]
-        depth_of = torch.tensor(depths, device=device)
+        # nodes by depth from the shape's cached depths (a stable sort on the device; the counts per depth
+        # are the host's): no nonzero(), which would read the device back once per depth
+        by_depth = torch.sort(tree_shape(tuple(tree.parents), device).depths, stable=True).indices            # [N]
+        start = 0
         for depth in range(max(depths) + 1):
-            nodes = (depth_of == depth).nonzero().squeeze(1)                                    # [R]
+            count = depths.count(depth)
+            nodes = by_depth[start: start + count]                                               # [R]
+            start += count
             context = torch.cat([prefix.expand(len(nodes), -1), paths[nodes, : depth + 1]], dim=1)
             out[nodes + 1] = self.processors(context, out[nodes + 1])
         return out

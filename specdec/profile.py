@@ -24,8 +24,10 @@ def main(argv: list[str]) -> int:
         sizes, context = sd.strategy.profile_setup(sd.target)
     else:
         sizes, context = profile_sizes(auto.max_nodes), auto.profile_context
-    profile, path, store_error = measure_and_store(sd.target, sizes, context, auto.profile_repeats)
-    print(f"verify cost on {sd.target.device} ({sd.target.dtype}), context {profile.context_len} tokens, "
+    compiled = sd.verifier.static is not None          # `compile: true`: time the compiled forward
+    profile, path, store_error = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled)
+    print(f"verify cost on {sd.target.device} ({sd.target.dtype}{', compiled' if compiled else ''}), "
+          f"context {profile.context_len} tokens, "
           f"profile {profile.key}:")
     print("nodes  seconds    x plain step")
     for n, seconds, relative in zip(profile.sizes, profile.seconds, profile.relative()):

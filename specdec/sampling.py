@@ -74,7 +74,13 @@ class TorchRandom:
         return bool(uniform < prob)
 
     def categorical(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(self.draw(probs))
+
+    def draw(self, probs: torch.Tensor) -> torch.Tensor:
+        """[1] long, one token drawn from probs [V], left where probs are (categorical's draw without its
+        read back: acceptance keeps it on the device as the next pending input, a batch reads all its
+        rows' at once)."""
+        return torch.multinomial(probs, 1, generator=self.generator)
 
     def draw_without_replacement(self, probs: torch.Tensor, count: int) -> torch.Tensor:
         """[count] distinct tokens of probs [V], each drawn with the earlier ones removed

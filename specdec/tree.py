@@ -168,6 +168,61 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     return _ancestor_matrix(tuple(parents))
 
 
+@dataclass(frozen=True)
+class TreeShape:
+    """One tree shape's index tensors on one device, made once per shape and reused every step it
+    recurs (Medusa's `generate_medusa_buffers`): what a forward over the shape and the commit of its
+    accepted path need, so a step sends nothing from the host for a shape it has seen.
+    `tree_shape(parents, device)` builds them: a chain on the device itself, any other shape with
+    one copy of a packed host table (pinned and non_blocking on CUDA, no device sync)."""
+    ancestors: torch.Tensor       # [N, N] bool: (i, j) = node j is node i or one of its ancestors
+    depths: torch.Tensor          # [N] long: depth of each node (0 = a root)
+    paths: torch.Tensor           # [N, D] long: row i = the nodes of node i's path, root first, then 0s
+
+    def path(self, node: int, length: int) -> torch.Tensor:
+        """[length] the first `length` nodes of node's path (length = its depth + 1: the whole path)."""
+        return self.paths[node, :length]
+
+
+def _host_shape_table(parents: tuple[int, ...]) -> torch.Tensor:
+    """[N, N + 1 + D] long on the host: the ancestor matrix, the depths and the paths side by side
+    (one tensor: one copy to the device)."""
+    n = len(parents)
+    depths = _depths(parents)
+    width = max(depths, default=-1) + 1
+    table = torch.zeros(n, n + 1 + width, dtype=torch.long)
+    table[:, :n] = _ancestor_matrix(parents)
+    table[:, n] = torch.tensor(depths, dtype=torch.long)
+    for node in range(n):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        table[node, n + 1: n + 1 + len(path)] = torch.tensor(path[::-1], dtype=torch.long)
+    return table
+
+
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Host data onto `device` the way that does not stall it: through pinned memory with
+    non_blocking=True on CUDA (an asynchronous copy; pageable memory would make the host wait);
+    elsewhere a plain move."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+@lru_cache(maxsize=512)
+def tree_shape(parents: tuple[int, ...], device: torch.device) -> TreeShape:
+    """The TreeShape of `parents` on `device`, built once per shape and device."""
+    n = len(parents)
+    if is_chain(parents):           # a chain (a prefill's rows too): built on the device, nothing copied
+        rows = torch.arange(n, device=device)
+        ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+        return TreeShape(ancestors, rows, torch.where(ancestors, rows[None, :], 0))
+    table = to_device(_host_shape_table(parents), device)                     # [N, N + 1 + D]
+    return TreeShape(table[:, :n].bool(), table[:, n], table[:, n + 1:])
+
+
 def tree_visibility(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu",
                     window: int | None = None, capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
     """[N - first_row, K] bool, the ancestor mask every tree forward uses (the verifier's, the compiled
@@ -181,10 +236,7 @@ def tree_visibility(parents: Sequence[int], prefix_len: int, device: torch.devic
     level) and get no row."""
     n = len(parents)
     width = prefix_len + n if capacity is None else capacity
-    if is_chain(parents):       # a prefill or a chain: causal, built on the device
-        ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()          # [N, N]
-    else:
-        ancestors = ancestor_matrix(parents).to(device, non_blocking=True)             # [N, N]
+    ancestors = tree_shape(tuple(parents), torch.device(device)).ancestors             # [N, N], cached per shape
     sees = torch.zeros(n, width, dtype=torch.bool, device=device)                      # [N, K]
     sees[:, :prefix_len] = True
     sees[:, prefix_len: prefix_len + n] = ancestors
@@ -227,8 +279,8 @@ def tree_masks(layout: AttentionLayout | None, parents: Sequence[int], prefix_le
 
 
 def tree_position_ids(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[1, N] position ids: prefix_len + depth of each node."""
-    return (torch.tensor(depths_of(parents), dtype=torch.long) + prefix_len).to(device)[None]
+    """[1, N] position ids: prefix_len + depth of each node (from the shape's cached depths: no copy)."""
+    return (tree_shape(tuple(parents), torch.device(device)).depths + prefix_len)[None]
 
 
 def with_pending_root(parents: Sequence[int]) -> tuple[int, ...]:

@@ -32,6 +32,8 @@ class DecodeState:
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
     batch_size: int = 1                   # rows verified together this step (generate(list)): strategies that
     #   price their trees (auto) use the verify cost of a forward of that many rows
+    pending: torch.Tensor | None = None   # [1] the pending token (token_ids[-1]) on the target's device, where
+    #   the engine has it (greedy, coupled: the verdict's; None otherwise): drafters feed it without a copy
     cache_scope: str | None = None        # the call's cache scope (generate(..., cache_scope=)): strategies
     #   that learn across calls (suffix) draft only from what calls of the same scope produced
 
@@ -54,6 +56,11 @@ class StepResult:
     @property
     def num_accepted(self) -> int:
         return len(self.accepted)
+
+    @property
+    def next_row(self) -> int:
+        """Row of the verifier's output that produced next_token (0 = the pending token's)."""
+        return self.accepted[-1] + 1 if self.accepted else 0
 
 
 @dataclass

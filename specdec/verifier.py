@@ -16,15 +16,17 @@ from typing import Sequence
 import torch
 
 from .cache import commit_rows, new_cache
-from .compiled import StaticForward
+from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
-from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root
+from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
 
 
 @dataclass
 class TreeOutput:
     logits: torch.Tensor               # [1 + N, V]: row 0 = pending token, row i + 1 = tree node i
     hidden: torch.Tensor | None        # [1 + N, F] target features (see `features`), when asked
+    shape: tuple[int, ...] | None = None   # the parents whose cached tables (tree.tree_shape) the forward's
+    #   mask came from (padded, compiled), so the commit takes its path index from the same table; None: a chain
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
@@ -47,6 +49,14 @@ def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:
     `hidden_states` tuple: 0 = embeddings, -1 = last layer post final norm) side by side.
     F = len(layers) * H; layers (-1,) is what the lm_head reads."""
     return torch.cat([hidden_states[i][0] for i in layers], dim=-1)
+
+
+def pending_ids(pending_token: int | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[1] long on `device`: the pending token as the forward's first input id. A device tensor is
+    used as it is; an int (a call's first step, or a token the host decided) is copied over."""
+    if isinstance(pending_token, torch.Tensor):
+        return pending_token.reshape(1).to(device)
+    return to_device(torch.tensor([pending_token], dtype=torch.long), device)
 
 
 class Verifier:
@@ -115,11 +125,12 @@ class Verifier:
                           output_hidden_states=hidden_request(feature_layers))
 
     @torch.inference_mode()
-    def forward(self, pending_token: int, tree: CandidateTree,
+    def forward(self, pending_token: int | torch.Tensor, tree: CandidateTree,
                 feature_layers: Sequence[int] | None = None) -> TreeOutput:
         """Target outputs for the pending token and every tree node, in one forward (and their
-        features, with feature_layers)."""
-        pending = torch.tensor([pending_token], dtype=torch.long, device=self.device)
+        features, with feature_layers). pending_token: an int, or [1] long on the device (the loop
+        keeps the last verdict's token there: no copy from the host)."""
+        pending = pending_ids(pending_token, self.device)                           # [1]
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
         if self.static is not None:
             return self._static_forward(input_ids, tree, feature_layers)
@@ -137,7 +148,7 @@ class Verifier:
                          **cache_kwargs(self.model, self.cache), use_cache=True,
                          output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
-        return TreeOutput(out.logits[0], hidden)
+        return TreeOutput(out.logits[0], hidden, None if tree.is_chain else parents)
 
     def _static_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
                         feature_layers: Sequence[int] | None) -> TreeOutput:
@@ -147,11 +158,14 @@ class Verifier:
         hidden = features(out.hidden_states, feature_layers)[:rows] if feature_layers is not None else None
         if self.static.mode == "reduce-overhead":     # CUDA graph outputs are overwritten by the next replay
             logits, hidden = logits.clone(), None if hidden is None else hidden.clone()
-        return TreeOutput(logits, hidden)
+        bucket = bucket_rows(rows, self.static.buckets)
+        parents = with_pending_root(tree.parents)
+        return TreeOutput(logits, hidden, padded_parents(parents, bucket) if bucket else parents)
 
-    def commit(self, kept_rows: Sequence[int]) -> None:
+    def commit(self, kept_rows: Sequence[int], kept_on_device: torch.Tensor | None = None) -> None:
         """Keep the rows `kept_rows` of the last forward (0 = pending token, then the accepted
         nodes' rows, ascending) after the prefix. The last kept row's token is the new last
-        committed one before the next pending token."""
-        commit_rows(self.cache, self.prefix_len, kept_rows)
+        committed one before the next pending token. kept_on_device: the same rows [K] on the
+        device (loop.kept_rows_on_device), used to move them without a copy from the host."""
+        commit_rows(self.cache, self.prefix_len, kept_rows, kept_on_device)
         self.prefix_len += len(kept_rows)

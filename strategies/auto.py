@@ -161,6 +161,9 @@ class Auto:
         self.steady_call = False
         self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
         self.device = "cpu"
+        # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
+        # compiled forward, the one each step runs (set by Speculator before bind)
+        self.compiled_verifier = False
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -171,7 +174,8 @@ class Auto:
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
             if self.profile:
-                self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats)
+                self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats,
+                                             compile=self.compiled_verifier)
             else:                             # a guess: a node costs a tenth of a plain step
                 self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
         self.target = target

@@ -24,7 +24,8 @@ from specdec.errors import ConfigError
 from specdec.models import cache_kwargs, check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
-from specdec.tree import INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_masks, tree_position_ids
+from specdec.tree import (INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_masks, tree_position_ids, tree_shape,
+                          with_pending_root)
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
@@ -98,9 +99,11 @@ class DraftModel:
         self.cache = new_cache(self.draft)
         self.cached = 0                       # committed tokens whose KV is in the draft cache
         self.fed_nodes: list[int] = []        # tree nodes in the draft cache after `cached`, in order
+        self.tail: torch.Tensor | None = None   # [1] an accepted drafted token the draft was not fed, on the device
         self.gamma = self.num_tokens
         self.acceptance = 0.7                 # running estimate of the per-token acceptance rate
         self.processing = self._start_processing(state)
+        self._committed: torch.Tensor | None = None   # [C] the committed ids on the device (processing only)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
@@ -109,7 +112,7 @@ class DraftModel:
         device = self.draft.device
         if depth <= 0:
             return CandidateTree.empty(device)
-        pending_logits = self._catch_up(state.token_ids)              # [V]
+        pending_logits = self._catch_up(state.token_ids, state.pending)              # [V]
         if self.processing:
             no_path = torch.empty(1, 0, dtype=torch.long, device=device)
             pending_logits = self._process(pending_logits[None], state, no_path)[0]
@@ -121,11 +124,25 @@ class DraftModel:
         fed = set(self.fed_nodes)
         kept = [node for node in result.accepted if node in fed]     # a leading part of the path
         position = {node: i for i, node in enumerate(self.fed_nodes)}
-        commit_rows(self.cache, self.cached, [position[node] for node in kept])
+        rows = [position[node] for node in kept]
+        on_device = None
+        if rows != list(range(len(rows))) and self.fed_nodes == list(range(len(self.fed_nodes))):
+            # fed in node order (chains, trees level by level): the kept rows are the accepted path's nodes,
+            # on the device in the tree shape's path table (the verifier's: nothing copied)
+            path = tree_shape(with_pending_root(result.tree.parents), self.cache_device()).path(
+                result.accepted[len(kept) - 1] + 1, len(kept) + 1)
+            on_device = path[1:] - 1
+        commit_rows(self.cache, self.cached, rows, on_device)
         self.cached += len(kept)
+        unfed = result.accepted[len(kept):]                          # the path's deepest node, if not fed
+        if len(unfed) == 1:
+            self.tail = result.tree.tokens[unfed[0]: unfed[0] + 1].to(self.draft.device)      # [1]
         self.fed_nodes = []
         if self.adaptive and self.branching is None:
             self._adapt(result.num_accepted, result.tree.num_nodes)
+
+    def cache_device(self) -> torch.device:
+        return self.draft.device
 
     # ------------------------------------------------------------------ drafting
     def _logits(self, input_ids: torch.Tensor, mask=None, positions=None, last_only: bool = False) -> torch.Tensor:
@@ -140,10 +157,18 @@ class DraftModel:
             logits = torch.cat([logits, pad], dim=-1)
         return logits
 
-    def _catch_up(self, token_ids: list[int]) -> torch.Tensor:
+    def _catch_up(self, token_ids: list[int], pending: torch.Tensor | None = None) -> torch.Tensor:
         """Feed the committed tokens the draft has not seen (at least the pending one), CATCH_UP_CHUNK
-        tokens per forward (a long prompt's peak activations are bounded by the chunk)."""
-        new = torch.tensor([token_ids[self.cached:]], dtype=torch.long, device=self.draft.device)
+        tokens per forward (a long prompt's peak activations are bounded by the chunk). After a step
+        they are the accepted drafted token the draft was not fed (`tail`, on the device) and the
+        pending one (`pending` [1], the engine's, on the device): nothing is copied from the host."""
+        tail, self.tail = self.tail, None
+        if pending is not None and tail is not None and len(token_ids) - self.cached == len(tail) + 1:
+            new = torch.cat([tail, pending.to(self.draft.device)])[None]                         # [1, C]
+        elif pending is not None and tail is None and len(token_ids) - self.cached == 1:
+            new = pending.to(self.draft.device)[None]                                             # [1, 1]
+        else:                                                        # a prompt: its ids come from the host
+            new = torch.tensor([token_ids[self.cached:]], dtype=torch.long, device=self.draft.device)
         for chunk in new.split(CATCH_UP_CHUNK, dim=1):                 # [1, C] each
             logits = self._logits(chunk, last_only=True)[-1]            # the lm_head on the last row only
         self.cached = len(token_ids)
@@ -221,16 +246,15 @@ class DraftModel:
                 room -= widths[-1]
             if not any(widths):
                 break
-            live = [r for r, w in enumerate(widths) if w]            # rows that get children
-            children, counts, draft_probs = self._pick(level_logits[live], [widths[r] for r in live], state,
+            live = sum(1 for w in widths if w)     # rows that get children: a prefix (room only shrinks)
+            children, counts, draft_probs = self._pick(level_logits[:live], widths[:live], state,
                                                        len(state.token_ids) + depth)
-            repeat = torch.tensor(counts, device=logits.device)
-            for r, count in zip(live, counts):
+            for r, count in enumerate(counts):
                 parents += [level_nodes[r]] * count
             tokens.append(children)
             if draft_probs is not None:
-                rows.append(draft_probs.repeat_interleave(repeat, dim=0))          # [L, V]
-            new_paths = torch.cat([level_paths[live].repeat_interleave(repeat, dim=0), children[:, None]], dim=1)
+                rows.append(_repeat_rows(draft_probs, counts))                       # [L, V]
+            new_paths = torch.cat([_repeat_rows(level_paths[:live], counts), children[:, None]], dim=1)
             new_nodes = list(range(level_start, len(parents)))
             if depth == len(branching) - 1 or not new_nodes:
                 break
@@ -265,7 +289,9 @@ class DraftModel:
         """[R, V] draft logits processed as the target's generate() would process them: row r
         continues the committed ids + drafted[r] ([R, d] on the device, all paths of one length).
         Called only when the target's generation_config asks for processing."""
-        committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
+        if self._committed is None or len(self._committed) != len(state.token_ids):   # once per proposal, not per forward
+            self._committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
+        committed = self._committed
         drafted = drafted.to(logits.device).view(len(logits), -1)
         return self.processing.rows(logits, torch.cat([committed.expand(len(logits), -1), drafted], dim=1))
 
@@ -281,6 +307,14 @@ class DraftModel:
             return (1 - a ** (g + 1)) / (1 - a) / (1 + self.draft_cost * g)
 
         self.gamma = max(range(self.min_tokens, self.max_tokens + 1), key=rate)
+
+
+def _repeat_rows(rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """[R, ...] -> [sum(counts), ...]: row r repeated counts[r] times, with the counts kept on the host
+    (repeat_interleave with a tensor of counts would copy them to the device and read the size back)."""
+    if counts and all(count == counts[0] for count in counts):
+        return rows.repeat_interleave(counts[0], dim=0)
+    return torch.cat([rows[r: r + 1].expand(count, *rows.shape[1:]) for r, count in enumerate(counts) if count])
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:

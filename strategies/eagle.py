@@ -49,7 +49,7 @@ from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
-from specdec.tree import CandidateTree, tree_visibility
+from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
@@ -128,12 +128,14 @@ class Eagle:
         self.kv = BufferedLayer()           # rows 0..fed: the committed rows; a tree's rows after them
         self.fed = 0                        # committed rows in the cache (row u: feature u, token u + 1)
         self.unfed: list[torch.Tensor] = []   # [n, F] target features not fed yet
+        self.unfed_tokens: list[torch.Tensor] | None = []   # [n] their next tokens on the device (None: from the host)
         self.root = None                    # (out [H], logits [V]) of the last committed row
 
     def reset(self, state: DecodeState) -> None:
         self.reset_cache()
         if state.prompt_hidden is not None and len(state.prompt_hidden):
             self.unfed.append(state.prompt_hidden)     # [P - 1, F]
+            self.unfed_tokens = None                   # the prompt's tokens come from the host
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
@@ -159,6 +161,15 @@ class Eagle:
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
         self.root = None
+        if self.unfed_tokens is not None and state.pending is not None:
+            # the rows' next tokens: the accepted path's, then the new pending one, all on the device
+            accepted = result.tree.tokens[: result.num_accepted] if result.tree.is_chain else \
+                result.tree.tokens.index_select(0, tree_shape(with_pending_root(result.tree.parents),
+                                                              result.tree.tokens.device)
+                                                .path(result.next_row, result.num_accepted + 1)[1:] - 1)
+            self.unfed_tokens += [accepted.to(state.pending.device), state.pending]
+        else:
+            self.unfed_tokens = None
 
     def _sharpened(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
         """Greedy trees' ranking scores: the drafter's logits at score_temperature."""
@@ -180,15 +191,19 @@ class Eagle:
         logits [V]) - the parent of the tree - or None before any feature."""
         if self.unfed:
             features = torch.cat(self.unfed).to(device=self.device, dtype=self._dtype())     # [n, F]
-            self.unfed = []
+            on_device = torch.cat(self.unfed_tokens).to(self.device) if self.unfed_tokens else None   # [n]
+            self.unfed, self.unfed_tokens = [], []
             n = features.shape[0]
             if len(token_ids) - 1 - self.fed < n:
                 raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
                                    f"(expected one fewer feature than tokens)")
+            first = self.fed
             for part in features.split(CATCH_UP_CHUNK):                                 # [m, F] each
                 m = part.shape[0]
                 rows = torch.arange(self.fed, self.fed + m, device=self.device)          # [m]
-                tokens = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + m], device=self.device)
+                done = self.fed - first                                                 # rows of this catch-up so far
+                tokens = on_device[done: done + m] if on_device is not None and len(on_device) == n else \
+                    torch.tensor(token_ids[self.fed + 1: self.fed + 1 + m], device=self.device)
                 out, _, _, _ = self.drafter(self.drafter.input_features(part)[None], tokens[None], rows[None],
                                             with_logits=False, cache=self.kv, start=self.fed)
                 self.fed += m

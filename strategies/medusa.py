@@ -28,6 +28,7 @@ guess is its own coupled sample; the tree is then chosen from those perturbed sc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import List, Optional
 from typing import Sequence
 
@@ -39,7 +40,7 @@ from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, to_device
 from specdec.types import DecodeState, StepResult
 
 @dataclass
@@ -73,9 +74,16 @@ def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor
         return CandidateTree.empty(device)
     node_of = {path: i for i, path in enumerate(paths)}
     parents = tuple(node_of[p[:-1]] if len(p) > 1 else -1 for p in paths)
-    depth_index = torch.tensor([len(p) - 1 for p in paths], device=head_tokens.device)     # [N]
-    rank_index = torch.tensor([p[-1] for p in paths], device=head_tokens.device)           # [N]
+    depth_index, rank_index = _rank_index(tuple(paths), head_tokens.device)                 # [N], [N]
     return CandidateTree(head_tokens[depth_index, rank_index].to(device), parents)
+
+
+@lru_cache(maxsize=64)
+def _rank_index(paths: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth [N], rank [N]) of each node of a static tree on the device, made once per tree (not
+    copied from the host every step)."""
+    table = to_device(torch.tensor([[len(p) - 1 for p in paths], [p[-1] for p in paths]], dtype=torch.long), device)
+    return table[0], table[1]
 
 
 class ConditionedExpander:
@@ -106,13 +114,19 @@ class ConditionedExpander:
         return top_children(self.scores(depth, parent_tokens), self.top_k)
 
 
+def _as_parents(pending: int | torch.Tensor):
+    """The pending token as the parent tokens of depth 0: [1] on the device as the engine keeps it
+    (DecodeState.pending: no copy from the host), or [pending] for an int."""
+    return pending.reshape(1) if isinstance(pending, torch.Tensor) else [pending]
+
+
 def best_first_nodes(expander: ConditionedExpander, pending: int, depth_limit: int,
                      max_nodes: int) -> CandidateTree:
     """The max_nodes nodes of highest cumulative log-probability (strategies.best_first), a node's
     children coming from the next head run on that node's own token; one batched head call (and
     one host read) per depth."""
     def children(depth, nodes, tokens, parents):
-        return expander.children(depth, [pending] if tokens is None else tokens)
+        return expander.children(depth, _as_parents(pending) if tokens is None else tokens)
     return best_first_tree(children, depth_limit, max_nodes, expander.hidden.device)
 
 
@@ -137,7 +151,7 @@ def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequen
     for depth in range(max((len(p) for p in paths), default=0)):
         level = [p for p in paths if len(p) == depth + 1]
         parent_keys = sorted({p[:-1] for p in level})
-        parent_tokens = (torch.tensor([pending], device=device) if depth == 0
+        parent_tokens = (torch.as_tensor(_as_parents(pending), device=device) if depth == 0
                          else torch.stack([tokens[node_of[key]] for key in parent_keys]))
         width = max(p[-1] for p in level) + 1
         scores = expander.scores(depth, parent_tokens)                              # [n, V]
@@ -198,7 +212,7 @@ class Medusa:
         if last_hidden is None or depth <= 0:           # a one-token prompt: no hidden state yet
             return CandidateTree.empty(self.device)
         conditioned = self.heads.layout.token_conditioned
-        pending = state.token_ids[-1]
+        pending = state.pending if state.pending is not None else state.token_ids[-1]   # on the device if there
         noise, first = state.noise, len(state.token_ids)        # depth d guesses position first + d
         if not state.sampling.greedy and noise is None:         # rejection sampler: real distributions
             return self._sampled_tree(last_hidden, depth, state)
@@ -231,7 +245,8 @@ class Medusa:
         sampling = state.sampling
         if self.heads.layout.token_conditioned:
             expander = ConditionedExpander(self.heads, last_hidden, self.top_k)
-            root_probs = logits_to_probs(expander.logits(0, [state.token_ids[-1]])[0], sampling)     # [V]
+            pending = state.pending if state.pending is not None else state.token_ids[-1]
+            root_probs = logits_to_probs(expander.logits(0, _as_parents(pending))[0], sampling)     # [V]
 
             def next_probs(depth, nodes, tokens, parents):
                 return logits_to_probs(expander.logits(depth + 1, tokens), sampling)                   # [n, V]

@@ -2,6 +2,7 @@
 
 `enumerate_law(fn)` runs `fn(rng)` once per possible sequence of random outcomes, where `rng` has
 the interface of specdec.sampling.TorchRandom (uniforms(n), bernoulli(p, uniform), categorical(probs),
+draw(probs) - categorical's outcome as a device tensor, the branch acceptance takes -,
 draw_without_replacement(probs, k)), and returns the exact probability of each value `fn` returns.
 Target "models" here are conditional tables: `target_dist(context: tuple[int, ...]) -> probs [V]`.
 
@@ -90,6 +91,10 @@ class _Replay:
             raise LawError(f"categorical over an impossible distribution {probs.tolist()}")
         probs = probs / total
         return self._next([(k, float(p)) for k, p in enumerate(probs.tolist()) if p > 0])
+
+    def draw(self, probs: torch.Tensor) -> torch.Tensor:
+        """TorchRandom.draw: categorical's outcome as a [1] tensor where probs are."""
+        return torch.tensor([self.categorical(probs)], dtype=torch.long, device=probs.device)
 
     def sample_without_replacement(self, probs: torch.Tensor, k: int) -> list[int]:
         """Up to k successive draws, each from probs with the earlier draws removed (renormalized);

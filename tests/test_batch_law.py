@@ -59,8 +59,8 @@ def test_two_rows_have_the_targets_law(strategy):
 def test_rows_swapped_at_commit_fail_the_same_check():
     real = BatchVerifier.commit
 
-    def swapped(self, row, kept_rows):
-        return real(self, self.rows - 1 - row, kept_rows)
+    def swapped(self, row, kept_rows, *on_device):
+        return real(self, self.rows - 1 - row, kept_rows, *on_device)
 
     with mock.patch.object(BatchVerifier, "commit", swapped):
         law = batch_law(Speculator(TARGET, None, DraftModel(DRAFT, num_tokens=2)))

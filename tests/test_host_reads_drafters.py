@@ -1,7 +1,19 @@
-"""Host reads (tensor -> Python conversions, a device sync on a GPU) that each drafter makes per
-verify step, counted on CPU by tests/host_reads.py (area "strategy"): batched per depth, never per
-drafted token or node. Budgets: a draft chain <= 1 per step, trees <= depth + 2, prompt lookup 0."""
+"""Host syncs that each drafter makes per verify step, counted on CPU by tests/host_reads.py (area
+"strategy").
+
+Reads (device -> host, a sync on a GPU): batched per depth, never per drafted token or node.
+Budgets: a draft chain <= 1 per step, trees <= depth + 2, prompt lookup 0.
+
+Writes (host -> device), after the call's first proposal (its setup: the prompt fed to the drafter,
+the generation_config processing built): the drafters feed the pending token and the accepted
+tokens from the device (DecodeState.pending, the tree's own tokens), so per step
+  * none for the draft model and medusa (their trees' shapes were seen in the
+    warm-up call), <= 1 for prompt lookup (its guesses are host data by nature), <= depth for eagle
+    (its dynamic tree levels' masks: one copy per new shape), plus the coupled noise's key window;
+  * rejection sampling (T=0.8) the same: the engine's drawn token stays on the device too."""
 from __future__ import annotations
+
+from unittest import mock
 
 import pytest
 import torch
@@ -34,26 +46,61 @@ def heads(token_conditioned: bool) -> MedusaHeads:
     return h
 
 
-# name -> (strategy builder, strategy reads allowed per verify step)
+# name -> (strategy builder, strategy reads allowed per verify step, writes allowed per step after the first)
 DRAFTERS = {
-    "draft chain": (lambda: DraftModel(noisy_copy(TARGET, 0.3), num_tokens=4), 1),
-    "draft tree": (lambda: DraftModel(noisy_copy(TARGET, 0.3), branching=[3, 2, 1, 1]), 4 + 2),
-    "medusa": (lambda: Medusa(heads(False), max_nodes=8, top_k=4), 3 + 2),
-    "medusa conditioned": (lambda: Medusa(heads(True), max_nodes=8, top_k=4), 3 + 2),
-    "eagle": (lambda: Eagle(random_drafter(TARGET), max_nodes=16, top_k=4, depth=6), 6 + 2),
-    "prompt lookup": (lambda: PromptLookup(), 0),
+    "draft chain": (lambda: DraftModel(noisy_copy(TARGET, 0.3), num_tokens=4), 1, 0),
+    "draft tree": (lambda: DraftModel(noisy_copy(TARGET, 0.3), branching=[3, 2, 1, 1]), 4 + 2, 0),
+    "medusa": (lambda: Medusa(heads(False), max_nodes=8, top_k=4), 3 + 2, 0),
+    "medusa conditioned": (lambda: Medusa(heads(True), max_nodes=8, top_k=4), 3 + 2, 0),
+    "eagle": (lambda: Eagle(random_drafter(TARGET), max_nodes=16, top_k=4, depth=6), 6 + 2, 6),
+    "prompt lookup": (lambda: PromptLookup(), 0, 1),
 }
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_strategy_host_reads_per_step_within_budget(drafter, mode):
-    build, budget = DRAFTERS[drafter]
+    build, budget, _ = DRAFTERS[drafter]
     sd = Speculator(TARGET, None, build())
     with HostReads() as reads:
         out = sd.generate(PROMPT, max_new_tokens=16, ignore_eos=True, seed=0, **MODES[mode])
     per_step = reads.total("strategy") / out.stats.target_forwards
     assert per_step <= budget, f"{drafter} {mode}: {per_step:.2f} strategy reads per step\n{reads.report()}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_strategy_host_writes_per_step_within_budget(drafter, mode):
+    build, _, budget = DRAFTERS[drafter]
+    strategy = build()
+    sd = Speculator(TARGET, None, strategy)
+    sd.generate(PROMPT, max_new_tokens=16, ignore_eos=True, seed=0, **MODES[mode])     # warm-up: shapes seen
+    cls, propose, after_first = type(strategy), type(strategy).propose, []
+
+    def marked(self, state):
+        tree = propose(self, state)
+        if not after_first:
+            after_first.append(reads.writes("strategy"))
+        return tree
+
+    with HostReads() as reads, mock.patch.object(cls, "propose", marked):
+        out = sd.generate(PROMPT, max_new_tokens=16, ignore_eos=True, seed=0, **MODES[mode])
+    steps = out.stats.target_forwards - 1
+    allowed = budget * steps + (1 if mode == "coupled" else 0)
+    writes = reads.writes("strategy") - after_first[0]
+    assert writes <= allowed, f"{drafter} {mode}: {writes} strategy writes in {steps} steps\n{reads.report('write')}"
+
+
+def test_the_counter_sees_a_draft_fed_from_the_host():
+    """Negative control: a draft model that feeds its catch-up tokens from the host (as main did)
+    writes once per step, over its greedy budget of none."""
+    strategy = DraftModel(noisy_copy(TARGET, 0.3), num_tokens=4)
+    sd = Speculator(TARGET, None, strategy)
+    real = DraftModel._catch_up
+    with HostReads() as reads, mock.patch.object(DraftModel, "_catch_up",
+                                                 lambda self, token_ids, pending=None: real(self, token_ids)):
+        out = sd.generate(PROMPT, max_new_tokens=16, ignore_eos=True, seed=0, temperature=0.0)
+    assert reads.writes("strategy") >= out.stats.target_forwards, reads.report("write")
 
 
 def test_draft_chain_reads_nothing_per_drafted_token():
