@@ -171,14 +171,28 @@ class BatchVerifier:
                         hidden[row].append(features[row, :len(piece)])                       # [C, F]
         return [torch.cat(parts) if parts else None for parts in hidden]
 
-    def drop_rows(self, keep: Sequence[int]) -> None:
-        """Keep only the rows `keep` (ascending), in that order: the batch shrinks as prompts run out."""
-        index = torch.tensor(list(keep), dtype=torch.long, device=self.model.device)   # once per finished row
+    def drop_rows(self, done: Sequence[int]) -> list[int]:
+        """Drop the rows `done` (the batch shrinks as prompts run out) and return the old row of each
+        row left, in its new order. The last rows move into the freed slots (each copies its own
+        filled entries only) and the buffers are cut to the rows left (a view): dropping a row costs
+        one row's copy, not a copy of the whole batch's cache at every finished prompt."""
+        done = set(done)
+        left = self.rows - len(done)
+        order = list(range(left))
+        movers = [row for row in range(left, self.rows) if row not in done]    # rows past the end, kept
+        for slot, row in zip((r for r in range(left) if r in done), movers):
+            order[slot] = row
+            fill = self.fills[row]
+            for layer in self.cache.layers:
+                layer.key_buffer[slot, :, :fill] = layer.key_buffer[row, :, :fill]
+                layer.value_buffer[slot, :, :fill] = layer.value_buffer[row, :, :fill]
         for layer in self.cache.layers:
-            layer.key_buffer = layer.key_buffer.index_select(0, index)
-            layer.value_buffer = layer.value_buffer.index_select(0, index)
-        self.fills = [self.fills[row] for row in keep]
-        self.fills_on_device = self.fills_on_device.index_select(0, index)
+            layer.key_buffer, layer.value_buffer = layer.key_buffer[:left], layer.value_buffer[:left]
+        self.fills = [self.fills[row] for row in order]
+        if self.fills_on_device is not None:      # the same rows moved, on the device
+            self.fills_on_device = self.fills_on_device.index_select(
+                0, torch.tensor(order, dtype=torch.long, device=self.model.device))
+        return order
 
     @torch.inference_mode()
     def forward(self, pending: Sequence[int | torch.Tensor], trees: Sequence[CandidateTree],
@@ -305,10 +319,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         if refill:
             start(refill)
         if done:
-            keep = [row for row in range(len(active)) if row not in done]
-            if keep:
-                batch.drop_rows(keep)
-            active = [active[row] for row in keep]
+            active = [active[row] for row in batch.drop_rows(done)]
 
 
 def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list[list[int] | None]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 import copy
+import itertools
 import time
 from typing import NamedTuple
 
@@ -29,8 +30,9 @@ from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
+from .batch_gate import BatchGate
 from .mixed import LOOKUP, NEURAL, merge_paths
-from .planner import Calibrator, path_reach, plan
+from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
 @dataclass
@@ -55,6 +57,8 @@ class AutoConfig:
     #                                     towards its raw confidence
     sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
     #                                     per depth (an optimistic prior the first calls correct)
+    batch_gate: bool = True             # in a batch (generate(list)), measure the batch's tokens/s with speculation
+    #                                     on and off at each batch size and keep the faster (strategies/batch_gate.py)
 
 
 CONFIG_SECTIONS = {"auto": AutoConfig}
@@ -69,6 +73,7 @@ PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # counted, and what the greedy prior cost).
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
+_ROW_IDS = itertools.count()          # a row's id for its batch gate (id() of a finished row's object is reused)
 
 
 class _Step(NamedTuple):
@@ -115,7 +120,7 @@ class Auto:
                  calibration_prior: float = AutoConfig.calibration_prior, profile: bool = AutoConfig.profile,
                  profile_context: int = AutoConfig.profile_context, profile_repeats: int = AutoConfig.profile_repeats,
                  draft_cost_s: float | None = None, adapt_costs: bool = True,
-                 sampled_confidence: bool = AutoConfig.sampled_confidence):
+                 sampled_confidence: bool = AutoConfig.sampled_confidence, batch_gate: bool = AutoConfig.batch_gate):
         _check_arguments(max_nodes=max_nodes, explore_every=explore_every, calibration_prior=calibration_prior,
                          profile_context=profile_context, profile_repeats=profile_repeats)
         self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
@@ -125,6 +130,9 @@ class Auto:
         self.costs = costs
         self.batch_size = 1                   # rows of this step's verify forward (its costs: costs_at)
         self.batch_costs: dict[int, CostProfile] = {}   # batch size > 1 -> its profile (shared by per-call copies)
+        self.use_batch_gate = batch_gate
+        self.batch_gates: dict[tuple, BatchGate] = {}   # (batch bucket, temperature kind) -> speculate or not; shared
+        #                                                 by the rows of a call and by later calls (what auto learns)
         self.target = None
         self.max_nodes = int(max_nodes)
         self.explore_every = int(explore_every)
@@ -182,8 +190,14 @@ class Auto:
         if bucket not in self.batch_costs:
             sizes, context = self.profile_setup(self.target)
             sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
-            self.batch_costs[bucket] = load_or_measure(self.target, sparse, context, self.profile_repeats,
-                                                       batch=bucket)
+            # every smaller bucket too, now: a batch shrinks through them as its last prompts finish, and a
+            # measurement then would stall the batch's last steps (and the first call, a warm-up, pays here)
+            smaller = 2
+            while smaller <= bucket:
+                if smaller not in self.batch_costs:
+                    self.batch_costs[smaller] = load_or_measure(self.target, sparse, context, self.profile_repeats,
+                                                                batch=smaller)
+                smaller *= 2
         return self.batch_costs[bucket]
 
     def for_call(self) -> "Auto":
@@ -212,6 +226,9 @@ class Auto:
         self.step = 0
         self.steps_since_call = 2             # the drafter has not seen this prompt: its first call catches up
         self.pending = None                   # what propose decided, for observe
+        self.gate_row = next(_ROW_IDS)
+        self.gate_mark = None                 # (gate, speculated, perf_counter, committed length, rows, first step
+        #                                       of its mode) at the last proposal
 
     def verify_cost(self, num_nodes: int) -> float:
         """This row's share of a verify forward with num_nodes nodes per row: the forward of
@@ -219,8 +236,10 @@ class Auto:
         return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes) / self.batch_size
 
     def propose(self, state: DecodeState) -> CandidateTree:
-        self.step += 1
         self.batch_size = state.batch_size
+        if not self._gate_speculates(state):
+            return self._plain()
+        self.step += 1
         paths, lookup_nodes = [], 0
         if self.lookup is not None:
             paths, lookup_nodes = self.lookup.propose_paths(state), self.lookup.max_nodes
@@ -259,6 +278,37 @@ class Auto:
         self.last_draft_s = None if draft_start is None else time.perf_counter() - draft_start
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context)
         self.tree_sizes.append(tree.num_nodes)
+        return tree
+
+    def _gate_speculates(self, state: DecodeState) -> bool:
+        """In a batch: whether this step speculates (the batch gate of this batch size), after giving
+        the gate this row's last step (its new tokens over the wall time since its last proposal)."""
+        if state.batch_size <= 1 or not self.use_batch_gate:
+            if self.gate_mark is not None:        # a batch that shrank to one row: nothing to measure against
+                self.gate_mark = None
+            return True
+        now = time.perf_counter()
+        bucket = 1 << (state.batch_size - 1).bit_length()
+        key = (bucket, temperature_key(state.sampling.temperature))
+        gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate())
+        speculate = gate.mode(self.gate_row)      # first: a new step closes the last one's samples
+        switched = True                           # this step's mode differs from the row's last step's
+        if self.gate_mark is not None:            # then this row's sample of the last step
+            last_gate, speculated, at, length, rows, last_switched = self.gate_mark
+            switched = speculated != speculate
+            if not last_switched:     # a mode's first step pays for the switch (the drafter catches up on
+                #                       the tokens it skipped): not the mode's rate, and a probe would mostly be it
+                last_gate.record(speculated, len(state.token_ids) - length, now - at, rows)
+        self.gate_mark = (gate, speculate, now, len(state.token_ids), state.batch_size, switched)
+        return speculate
+
+    def _plain(self) -> CandidateTree:
+        """A plain decoding step: no lookup, no drafter, no planning (what the gate measured faster)."""
+        tree = CandidateTree.empty(self.device)
+        self.steps_since_call += 1            # the drafter's next call catches up: not a steady call
+        self.last_draft_s = None
+        self.pending = _Step(tree, [], [], [], tree, time.perf_counter(), 0)
+        self.tree_sizes.append(0)
         return tree
 
     def finish(self, state: DecodeState) -> None:
@@ -416,4 +466,5 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
     return Auto(lookup, drafter, max_nodes=a.max_nodes,
                 explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
-                profile_context=a.profile_context, profile_repeats=a.profile_repeats, sampled_confidence=a.sampled_confidence)
+                profile_context=a.profile_context, profile_repeats=a.profile_repeats, sampled_confidence=a.sampled_confidence,
+                batch_gate=a.batch_gate)

@@ -1,0 +1,96 @@
+"""Whether `auto` speculates at all in a batch of B rows: measured, not predicted.
+
+In a batch every row's tree widens ONE forward: the forward is [B, 1 + the largest tree], so a row
+that drafts 8 nodes makes the 15 others pay for them, and as B grows the forward turns compute-bound
+(a node costs about as much as a row). Each row also drafts and plans on its own, row after row, in
+Python. The per-row planner (strategies/planner.py) sees its own share of the verify cost only; what
+a step of the whole batch costs with speculation on, against plain decoding, is what the gate
+measures: the batch's new tokens per second of wall time, each step, with speculation on and with it
+off, at each (batch-size bucket, greedy or sampled), and it keeps the faster. The time charges
+everything a row costs: the draft model's forwards, lookup, planning, the padding of the forward.
+
+vLLM picks a draft length per batch size from offline tuning; here the choice is made online, like
+auto's drafter choice: the gate keeps its mode and looks at the other one for `probe_steps` steps
+after `gap` steps, the gap doubling (up to `max_gap`) while the other mode keeps losing (a probe of
+speculation in a batch where it loses costs little per step, but the drafter catches up on every
+token it skipped: hence a long gap). A row's
+sample is its new tokens over the wall time since its last proposal (one batch step, its forward and
+every row's drafting and settling), times the rows of that step: the batch's rate, as that row saw it.
+
+The mode changes only between batch steps (a row's second proposal under the same mode starts a new
+step), so all rows of a step speculate or none: one row's tree would widen the forward for all.
+Greedy identity and the target's law do not depend on the mode: a plain step is an empty tree.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+
+
+class BatchGate:
+    """One batch size's (bucket's) choice between speculating and plain decoding."""
+
+    def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16):
+        self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
+        self.best = True                       # the mode that measured faster (speculate first: it may pay)
+        self.speculate = True                  # this step's mode
+        self.probing = False                   # this step runs the other mode to measure it
+        self.gap = gap                         # steps in the best mode before the next probe
+        self.steps = 0                         # steps since the mode last changed
+        # per mode, the batch's tokens/s of each of its last `memory` steps (the mean of its rows' samples:
+        # rows accept different counts); their median is the mode's rate, so a step that also prefilled the
+        # next prompts (several plain steps' time) does not decide the mode
+        self.samples = {True: deque(maxlen=memory), False: deque(maxlen=memory)}
+        self.step_sum = {True: 0.0, False: 0.0}     # this step's row samples so far (they describe the last step)
+        self.step_rows = {True: 0, False: 0}
+        self.rows_this_step: set[int] = set()
+        self._lock = threading.RLock()             # mode() decides (rate()) under it
+
+    def rate(self, speculate: bool) -> float | None:
+        """Recent batch tokens/s measured in that mode (None before a sample)."""
+        with self._lock:
+            samples = list(self.samples[speculate])
+        return statistics.median(samples) if samples else None
+
+    def mode(self, row: int) -> bool:
+        """Whether row `row` (an id that stays the same over its steps) speculates this step."""
+        with self._lock:
+            if row in self.rows_this_step:     # every row proposes once a step: a repeat starts the next step
+                self.rows_this_step.clear()
+                self.end_step()
+                self._next_step()
+            self.rows_this_step.add(row)
+            return self.speculate
+
+    def record(self, speculated: bool, new_tokens: int, seconds: float, rows: int) -> None:
+        """A row's last step: `new_tokens` over `seconds` of wall time in a batch of `rows` rows."""
+        if seconds <= 0:
+            return
+        with self._lock:
+            self.step_sum[speculated] += new_tokens * rows / seconds
+            self.step_rows[speculated] += 1
+
+    def end_step(self) -> None:
+        """The rows' samples recorded since the last call make one step's rate (mode() calls it)."""
+        with self._lock:
+            for mode in (True, False):
+                if self.step_rows[mode]:
+                    self.samples[mode].append(self.step_sum[mode] / self.step_rows[mode])
+                self.step_sum[mode], self.step_rows[mode] = 0.0, 0
+
+    def _next_step(self) -> None:
+        self.steps += 1
+        if self.probing:
+            if self.steps < self.probe_steps:
+                return
+            # the probe's samples are in: probe_steps - 2 steps (the first pays for the switch and is not
+            # counted, the last one's samples arrive during the next step)
+            other, best = self.rate(not self.best), self.rate(self.best)
+            if other is not None and (best is None or other > best):
+                self.best, self.gap = not self.best, self.base_gap
+            else:
+                self.gap = min(2 * self.gap, self.max_gap)
+            self.probing, self.speculate, self.steps = False, self.best, 0
+        elif self.steps >= (self.probe_steps if self.rate(not self.best) is None else self.gap):
+            self.probing, self.speculate, self.steps = True, not self.best, 0

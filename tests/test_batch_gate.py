@@ -1,0 +1,156 @@
+"""auto's batch gate (strategies/batch_gate.py): in a batch, speculate or decode plainly, whichever
+measured more of the batch's tokens per second; the mode changes between batch steps only; and the
+batch verifier's row drop (the batch shrinking as prompts run out) keeps every row's cache."""
+from __future__ import annotations
+
+import torch
+
+from conftest import char_tokenizer, hf_greedy, noisy_copy, tiny_model
+from specdec import Speculator
+from specdec.batch import BatchVerifier
+from specdec.strategies.auto import Auto
+from specdec.strategies.batch_gate import BatchGate
+from specdec.strategies.draft_model import DraftModel
+from specdec.strategies.prompt_lookup import PromptLookup
+from specdec.tree import CandidateTree
+from specdec.verifier import Verifier
+
+PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n", "ab"]
+LENGTHS = [20, 7, 30, 12]
+
+
+def run_steps(gate: BatchGate, steps: int, rows: int, rates: dict[bool, float]) -> list[bool]:
+    """Drive the gate like a batch of `rows` rows: each step every row asks its mode, then records a
+    sample of the rate its mode runs at (tokens per second of the batch). The modes of each step."""
+    modes = []
+    for _ in range(steps):
+        step = {gate.mode(row) for row in range(rows)}
+        assert len(step) == 1                         # all rows of a step speculate, or none
+        mode = step.pop()
+        modes.append(mode)
+        for _ in range(rows):
+            gate.record(mode, 4, 4 * rows / rates[mode], rows)    # 4 tokens at the batch rate rates[mode]
+    return modes
+
+
+def test_gate_keeps_plain_decoding_when_it_measures_faster():
+    gate = BatchGate(probe_steps=3, gap=8, max_gap=32)
+    modes = run_steps(gate, 200, 4, {True: 50.0, False: 100.0})
+    assert modes[0] is True                           # speculation is tried first
+    assert gate.best is False and gate.rate(False) > gate.rate(True)
+    # after the switch, speculation is looked at again for probe_steps steps, ever more rarely (the gap doubles)
+    tail = modes[100:]
+    assert tail.count(True) <= 3 * (len(tail) // 32 + 1)
+    assert tail.count(True) > 0                       # but still looked at: the batch may change
+
+
+def test_gate_keeps_speculating_when_it_measures_faster():
+    gate = BatchGate(probe_steps=3, gap=8, max_gap=64)
+    modes = run_steps(gate, 200, 16, {True: 300.0, False: 200.0})
+    assert gate.best is True
+    assert modes[100:].count(False) <= 3 * (100 // 64 + 1)
+
+
+def test_gate_follows_a_change():
+    """A machine (or a text) where speculation stops paying: the gate moves to plain decoding."""
+    gate = BatchGate(probe_steps=3, gap=8, max_gap=16)
+    run_steps(gate, 100, 4, {True: 300.0, False: 200.0})
+    assert gate.best is True
+    run_steps(gate, 100, 4, {True: 100.0, False: 200.0})
+    assert gate.best is False
+
+
+def test_gate_rate_ignores_a_stalled_step():
+    """A step that also prefilled the next prompts (many steps' time) does not decide the mode."""
+    gate = BatchGate()
+    for _ in range(8):
+        gate.record(False, 10, 1.0, 4)                 # 40 tokens/s
+        gate.record(True, 11, 1.0, 4)                  # 44 tokens/s
+        gate.end_step()
+    gate.record(True, 1, 8.0, 4)                       # a prefill stalled this step: 0.5 tokens/s (a mean: < 40)
+    gate.end_step()
+    assert gate.rate(True) > gate.rate(False)
+
+
+def test_gate_rate_is_the_batch_rate_of_a_step():
+    """Rows accept different counts: a step's rate is its rows' mean (the batch's tokens), not the median row."""
+    gate = BatchGate()
+    for tokens in (1, 1, 1, 9):                        # 3 rows rejected everything, one accepted 8 + 1
+        gate.record(True, tokens, 1.0, 4)
+    gate.end_step()
+    assert gate.rate(True) == 12.0                     # 12 tokens in a second, the batch's rate
+
+
+def test_gate_mode_changes_only_between_steps():
+    """A row asking twice opens a new step; until then every row gets the same mode."""
+    gate = BatchGate(probe_steps=1, gap=1)
+    first = [gate.mode(row) for row in (0, 1, 2)]
+    second = [gate.mode(row) for row in (0, 1, 2)]
+    assert len(set(first)) == 1 and len(set(second)) == 1
+    assert first[0] != second[0]                      # gap 1: the next step probes the other mode
+
+
+def auto_speculator(gate: bool) -> tuple[Speculator, Auto]:
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    strategy = Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False, batch_gate=gate)
+    return Speculator(target, char_tokenizer(), strategy), strategy
+
+
+def test_auto_in_plain_mode_proposes_nothing_and_stays_identical():
+    """A gate that measured plain decoding faster: every batched step is plain (one token per row per
+    forward), and each row is still HF's greedy output."""
+    sd, strategy = auto_speculator(gate=True)
+    for bucket in (4,):
+        gate = BatchGate(gap=10 ** 6)
+        gate.best = gate.speculate = False
+        gate.record(True, 1, 1.0, 4)
+        gate.record(False, 2, 1.0, 4)
+        gate.end_step()
+        strategy.batch_gates[(bucket, "greedy")] = gate
+    # rows of one length: the batch never shrinks to one row (which speculates: no batch to share with)
+    outs = sd.generate(PROMPTS, max_new_tokens=12, ignore_eos=True, batch_size=4)
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], 12, eos_token_id=None)
+        assert out.stats.proposed_nodes == 0 and out.stats.target_forwards == 12
+
+
+def test_auto_without_gate_speculates_in_a_batch_and_stays_identical():
+    sd, strategy = auto_speculator(gate=False)
+    outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, ignore_eos=True, batch_size=4)
+    for prompt, out, n in zip(PROMPTS, outs, LENGTHS):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
+    assert sum(out.stats.proposed_nodes for out in outs) > 0 and not strategy.batch_gates
+
+
+def test_gate_measures_both_modes_in_a_real_batch():
+    sd, strategy = auto_speculator(gate=True)
+    outs = sd.generate(PROMPTS * 2, max_new_tokens=40, ignore_eos=True, batch_size=4)
+    for prompt, out in zip(PROMPTS * 2, outs):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], 40, eos_token_id=None)
+    gate = strategy.batch_gates[(4, "greedy")]
+    assert gate.rate(True) is not None and gate.rate(False) is not None
+
+
+@torch.inference_mode()
+def test_drop_rows_moves_the_last_rows_into_the_freed_slots():
+    """Rows 1 and 2 of 5 finish: rows 3 and 4 move into their slots (then row 0 of the 3 left); every row left keeps its own
+    entries (compared with the batch before the drop), and the next forward matches a batch-1 one."""
+    target = tiny_model("llama", seed=1)
+    batch = BatchVerifier(target, Verifier(target).layout)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16, 17, 18, 19]]
+    batch.prefill(prompts, None, 64, 32)
+    before = [(layer.key_buffer.clone(), layer.value_buffer.clone()) for layer in batch.cache.layers]
+    fills = list(batch.fills)
+    order = batch.drop_rows([1, 2])
+    assert order == [0, 3, 4] and batch.rows == 3 and batch.fills == [fills[r] for r in order]
+    for layer, (keys, values) in zip(batch.cache.layers, before):
+        for new, old in enumerate(order):
+            assert torch.equal(layer.key_buffer[new, :, :fills[old]], keys[old, :, :fills[old]])
+            assert torch.equal(layer.value_buffer[new, :, :fills[old]], values[old, :, :fills[old]])
+    order = [order[r] for r in batch.drop_rows([0])]                      # the last row moves to the front
+    assert order == [4, 3]
+    pending = [20, 21]
+    logits, _ = batch.forward(pending, [CandidateTree.empty("cpu")] * 2, None)
+    for new, old in enumerate(order):
+        alone = target(torch.tensor([prompts[old] + [pending[new]]])).logits[0, -1]
+        torch.testing.assert_close(logits[new, 0], alone, rtol=1e-4, atol=1e-4)
