@@ -109,6 +109,13 @@ class SuffixCache:
             self.cached_tokens += len(tokens)
             self.max_token = max(self.max_token, max(tokens))
 
+    def clear(self) -> None:
+        """Forget every cached output (all scopes); the corpus stays (it was given at load)."""
+        with self.lock:
+            self.scopes.clear()
+            self.order.clear()
+            self.cached_tokens = 0
+
     def add_corpus(self, streams: Sequence[Sequence[int]]) -> None:
         with self.lock:
             for tokens in streams:
