@@ -277,6 +277,7 @@ class Suffix:
         self.local = SuffixTree(self.max_depth)   # this call's prompt + output (reset() makes a fresh one)
         self.scope = self.default_scope
         self.state: DecodeState | None = None
+        self.match_length = 0                     # match length of the last draft (0: nothing drafted)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -336,18 +337,20 @@ class Suffix:
         searched through its open nodes (its own suffixes, no walk); the others by walking the
         context's suffixes."""
         stop = frozenset(eos_token_ids)
-        best: tuple[float, tuple] = (0.0, ([], [], []))
+        best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
         with self.cache.lock:
             searches = [(self.local, self.local.open_matches(0))] + [
                 (tree, tree.matches(context, self.max_depth - 1)) for tree in self.cache.trees_for(self.scope)]
             for tree, matches in searches:
-                score, drafted = self._best_in(tree, matches, max_levels, stop)
-                if score > best[0]:           # across trees the earlier (this call's own) wins ties
-                    best = (score, drafted)
+                found = self._best_in(tree, matches, max_levels, stop)
+                if found[0] > best[0]:        # across trees the earlier (this call's own) wins ties
+                    best = found
+        self.match_length = best[2]           # of the last draft: auto calibrates its nodes per match length
         return best[1]
 
     def _best_in(self, tree: SuffixTree, matches, max_levels: int, stop: frozenset):
-        best: tuple[float, tuple] = (0.0, ([], [], []))
+        """(score, (tokens, parents, probs), match length) of the best candidate set in `tree`."""
+        best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
         for length, node in matches:
             if tree.cont[node] == 0:           # the match only occurs at the very end: nothing follows it
                 continue
@@ -360,7 +363,7 @@ class Suffix:
                 drafted = tree.best_path(node, min(budget, max_levels), self.min_token_prob, stop)
             score = sum(drafted[2])
             if drafted[0] and score >= best[0]:    # within a tree a longer match wins ties (as Arctic)
-                best = (score, drafted)
+                best = (score, drafted, length)
         return best
 
     # ------------------------------------------------------------------ the cache, for users
