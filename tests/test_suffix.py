@@ -136,6 +136,23 @@ def test_the_local_tree_follows_the_output_incrementally():
     assert suffix.local.as_counts() == rebuilt({0: state.token_ids}, suffix.max_depth).as_counts()
 
 
+def test_a_match_is_drafted_from_every_tree_that_holds_it_with_counts_added():
+    """This call's tree says 7 or 8 after (1, 2, 3), half and half; an earlier output says 7: with
+    the counts added 7 has probability 2/3, over a 0.6 cut that neither tree alone clears for it."""
+    from specdec.strategies.suffix_tree import best_path
+    own, cached = rebuilt({0: [1, 2, 3, 7, 1, 2, 3, 8]}, 8), rebuilt({0: [1, 2, 3, 7]}, 8)
+    match = [(tree, tree.match([1, 2, 3])) for tree in (own, cached)]
+    assert best_path(match[:1], 4, 0.6)[0] == []
+    tokens, _, probs = best_path(match, 4, 0.6)
+    assert tokens[0] == 7 and probs[0] == pytest.approx(2 / 3)        # (then 1, 2, 3, as own tree goes on)
+    alone, together = Suffix(min_token_prob=0.6, tree=False), Suffix(min_token_prob=0.6, tree=False)
+    together.cache.add("default", [1, 2, 3, 7])
+    for suffix in (alone, together):
+        suffix.reset(state_of([1, 2, 3, 7, 1, 2, 3, 8, 1, 2, 3]))
+    assert alone.draft(alone.state.token_ids, 4)[0] == []
+    assert together.draft(together.state.token_ids, 4)[0][0] == 7 and together.match_length == 3
+
+
 # ---------------------------------------------------------------------- the cache: bound, scopes, files
 def test_eviction_keeps_the_bound_and_never_drops_the_active_request():
     suffix = Suffix(max_cached_tokens=20, max_spec_factor=4.0)
