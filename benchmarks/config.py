@@ -11,7 +11,7 @@ from omegaconf import MISSING, OmegaConf
 from specdec.config import build_config
 from specdec.errors import ConfigError
 
-PROMPT_SETS = ("code", "grounded", "noise", "jsonl")
+PROMPT_SETS = ("code", "grounded", "noise", "samples", "jsonl")
 PEER_KINDS = ("plain", "assistant", "prompt_lookup")
 NEEDS = ("draft", "heads", "eagle")
 
@@ -58,6 +58,8 @@ class PromptsConfig:
     source_dir: Optional[str] = None    # folder of .py files; None = this Python's standard library
     heldout_fraction: float = 0.05      # seeded split of source_dir when no split file is given
     jsonl: Optional[str] = None         # the jsonl set: one {"prompt": "..."} per line
+    samples: int = 8                    # samples set: sampled requests per prompt (seeds 0 .. samples - 1)
+    samples_temperature: float = 0.8    # samples set: their temperature (then one greedy edited request)
 
 
 @dataclass
@@ -118,6 +120,9 @@ def validate(cfg: BenchConfig) -> None:
         raise ConfigError(f"need prompts.num >= 1 and prompts.tokens >= 2, got {cfg.prompts.num}, {cfg.prompts.tokens}")
     if cfg.repeats < 1 or not cfg.seeds or not cfg.temperatures:
         raise ConfigError("need repeats >= 1 and at least one seed and one temperature")
+    if "samples" in cfg.prompts.sets and (cfg.prompts.samples < 1 or cfg.prompts.samples_temperature <= 0):
+        raise ConfigError(f"the samples set needs prompts.samples >= 1 and prompts.samples_temperature > 0, got "
+                          f"{cfg.prompts.samples}, {cfg.prompts.samples_temperature}")
     if any(t < 0 for t in cfg.temperatures):
         raise ConfigError(f"temperatures must be >= 0 (0 = greedy), got {list(cfg.temperatures)}")
 

@@ -79,6 +79,9 @@ class HFRow:
                 self.draft.generation_config = saved
         return Generation(out[0, len(prompt_ids):].tolist())
 
+    def forget(self) -> None:
+        """Hugging Face's generate() keeps nothing across calls."""
+
     def modules(self) -> list[torch.nn.Module]:
         return [self.draft] if self.draft is not None else []
 

@@ -71,7 +71,33 @@ def sweep_plot(summary: list[dict], path: str) -> str | None:
     return path
 
 
-def write_plots(summary: list[dict], output_dir: str, reference_label: str) -> list[str]:
+def write_plots(summary: list[dict], output_dir: str, reference_label: str, by_index: dict | None = None,
+                baseline_label: str | None = None) -> list[str]:
     made = [speedup_plot(summary, os.path.join(output_dir, "speedup.png"), reference_label)]
     sweep = sweep_plot(summary, os.path.join(output_dir, "tokens_per_forward_sweep.png"))
-    return made + ([sweep] if sweep else [])
+    samples = samples_plot(by_index or {}, os.path.join(output_dir, "samples_speedup.png"), baseline_label)
+    return made + [p for p in (sweep, samples) if p]
+
+
+def samples_plot(by_index: dict, path: str, baseline_label: str | None) -> str | None:
+    """Speed-up over our autoregressive row against the sample index of the samples set (the last
+    point: the edited prompt, greedy), a line per row: how reuse across requests grows."""
+    if not by_index:
+        return None
+    indices = sorted({i for per in by_index.values() for i in per if isinstance(i, int)})
+    xs = list(range(len(indices) + 1))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for k, (row, per) in enumerate(by_index.items()):
+        ys = [(per.get(i) or {}).get("speedup_vs_autoregressive") for i in indices + ["edited"]]
+        ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], marker="o",
+                label=row, color=f"C{k % 10}", linestyle="--" if row.startswith("HF") else "-")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    ax.set_xticks(xs, [f"#{i + 1}" for i in indices] + ["edited\n(greedy)"])
+    ax.set_xlabel("sample of the same prompt (arrival order)")
+    ax.set_ylabel(f"speed-up over {baseline_label or 'autoregressive'}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -5,6 +5,10 @@
              snippet again (or of the snippet with one identifier renamed): prompt lookup's case;
 * noise    — a code window with its tokens shuffled (seeded): text that nothing can predict, where
              a strategy should cost nothing over plain decoding;
+* samples  — repeated traffic (pass@k, best-of-n, an agent editing a file): held-out code windows,
+             each requested `prompts.samples` times at `prompts.samples_temperature` (seeds 0, 1, ...),
+             then once more greedy with one line of the prompt edited; what suffix decoding is for
+             (the runner runs this set in arrival order, see benchmarks/runner.run_samples);
 * jsonl    — a user's file of {"prompt": "..."} lines.
 """
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Prompt:
     index: int
     token_ids: list[int]
     source: dict = field(default_factory=dict)    # where it came from (file, offset, kind)
+    edited: list[int] | None = None               # samples set: the prompt with one line edited
 
 
 def stdlib_dir() -> str:
@@ -145,6 +150,36 @@ def grounded_prompts(files, reader, tokenizer, cfg) -> list[Prompt]:
     return prompts
 
 
+def _edit_one_line(text: str) -> tuple[str, int] | None:
+    """The text with its middle code line edited as a user editing a file would (its first
+    identifier of 3+ characters renamed in that line only, else a comment appended), and the line's
+    number; None when there is no non-blank line. Only whole lines in the middle qualify: the first
+    and last lines of a window are cut mid-line."""
+    lines = text.split("\n")
+    candidates = [i for i in range(1, len(lines) - 1) if lines[i].strip()]
+    if not candidates:
+        return None
+    at = candidates[len(candidates) // 2]
+    line = lines[at]
+    found = re.search(r"\b[A-Za-z_][A-Za-z0-9_]{2,}\b", line)
+    lines[at] = (line[:found.end()] + "_new" + line[found.end():]) if found else line + "  # edited"
+    return "\n".join(lines), at
+
+
+def samples_prompts(files, reader, tokenizer, cfg) -> list[Prompt]:
+    """Held-out code windows (their own seeded draw, not the code set's), each with an edited copy
+    (Prompt.edited): one line changed in the middle of the window."""
+    rng = random.Random(f"samples-{cfg.seed}")
+    prompts = []
+    for k, (name, start, ids) in enumerate(_windows(files, reader, cfg.tokens, cfg.num, rng)):
+        edit = _edit_one_line(tokenizer.decode(ids))
+        edited = list(tokenizer(edit[0], add_special_tokens=False)["input_ids"]) if edit else list(ids)
+        prompts.append(Prompt("samples", k, list(ids), {"file": name, "start_token": start, "kind": "samples",
+                                                        "edited_line": edit[1] if edit else None},
+                              edited=edited))
+    return prompts
+
+
 def jsonl_prompts(path: str, tokenizer, cfg, max_prompt_tokens: int) -> list[Prompt]:
     if not os.path.isfile(path):
         raise ConfigError(f"prompts.jsonl={path!r} does not exist")
@@ -175,14 +210,14 @@ def jsonl_prompts(path: str, tokenizer, cfg, max_prompt_tokens: int) -> list[Pro
 
 def build_prompt_sets(cfg, tokenizer, max_prompt_tokens: int) -> dict[str, list[Prompt]]:
     """{set name: prompts} for every set in cfg.sets (cfg: PromptsConfig)."""
-    if cfg.tokens > max_prompt_tokens and set(cfg.sets) & {"code", "grounded", "noise"}:
+    if cfg.tokens > max_prompt_tokens and set(cfg.sets) & {"code", "grounded", "noise", "samples"}:
         raise ConfigError(f"prompts.tokens={cfg.tokens} + max_new_tokens exceeds the target's context: "
                           f"use prompts.tokens <= {max_prompt_tokens}")
     source_dir = cfg.source_dir or stdlib_dir()
     sets: dict[str, list[Prompt]] = {}
     files, reader = None, None
     for name in cfg.sets:
-        if name in ("code", "grounded", "noise") and files is None:
+        if name in ("code", "grounded", "noise", "samples") and files is None:
             files = heldout_files(source_dir, cfg.split, cfg.heldout_fraction, cfg.seed)
             reader = _TokenizedFiles(source_dir, tokenizer)
         if name == "code":
@@ -191,6 +226,8 @@ def build_prompt_sets(cfg, tokenizer, max_prompt_tokens: int) -> dict[str, list[
             sets[name] = grounded_prompts(files, reader, tokenizer, cfg)
         elif name == "noise":
             sets[name] = noise_prompts(files, reader, cfg)
+        elif name == "samples":
+            sets[name] = samples_prompts(files, reader, tokenizer, cfg)
         else:
             sets[name] = jsonl_prompts(cfg.jsonl, tokenizer, cfg, max_prompt_tokens)
     return sets

@@ -108,6 +108,51 @@ def markdown_tables(summary: list[dict], reference_label: str, baseline_label: s
     return "\n".join(lines)
 
 
+def samples_by_index(records: list[dict], baseline_label: str | None) -> dict:
+    """The samples set per sample index: {row: {index: {tokens_per_s, speedup_vs_autoregressive,
+    tokens_per_forward}}}, each over that index's requests of every prompt; index "2+" is the second
+    sample on (the sampled ones, from the second), "edited" the greedy request with one line edited."""
+    samples = [r for r in records if r["prompt_set"] == "samples" and "sample_index" in r]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for record in samples:
+        index = "edited" if record.get("edited") else record["sample_index"]
+        groups[(record["row"], index)].append(record)
+        if not record.get("edited") and record["sample_index"] >= 1:
+            groups[(record["row"], "2+")].append(record)
+    out: dict = defaultdict(dict)
+    for (row, index), recs in groups.items():
+        tokens, time_s = sum(r["new_tokens"] for r in recs), sum(r["time_s"] for r in recs)
+        forwards = sum(r["stats"]["target_forwards"] if r["stats"] else r["forwards"]["target_calls"] for r in recs)
+        out[row][index] = {"tokens_per_s": tokens / time_s if time_s else 0.0,
+                           "tokens_per_forward": tokens / forwards if forwards else None, "requests": len(recs)}
+    for row, per_index in out.items():
+        for index, entry in per_index.items():
+            base = out.get(baseline_label, {}).get(index)
+            entry["speedup_vs_autoregressive"] = _ratio(entry["tokens_per_s"], base and base["tokens_per_s"])
+    return dict(out)
+
+
+def samples_table(by_index: dict, baseline_label: str | None, temperature: float) -> str:
+    """Markdown: speed-up over our autoregressive row per sample index (tokens per forward under it)."""
+    if not by_index:
+        return ""
+    indices = sorted({i for per in by_index.values() for i in per if isinstance(i, int)})
+    columns = indices + ["2+", "edited"]
+    names = [f"#{i + 1}" for i in indices] + ["2nd on", "edited, greedy"]
+    lines = [f"#### `samples` per sample index: speed-up over `{baseline_label}` (tokens per forward)", "",
+             f"Samples #1.. at temperature {temperature:g} (seeds 0, 1, ...), then each prompt again greedy "
+             f"with one line edited.", "",
+             "| row | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for row, per in by_index.items():
+        cells = []
+        for index in columns:
+            entry = per.get(index)
+            cells.append("—" if entry is None else
+                         f"{_f(entry['speedup_vs_autoregressive'], '.2f')} ({_f(entry['tokens_per_forward'], '.2f')})")
+        lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 COLUMNS_HELP = """\
 Columns: **tok/s** new tokens / wall time, summed over the prompts; **× AR** and **× HF plain** the
 ratio of tok/s to our `autoregressive` row and to Hugging Face plain `generate()` in the same run;

@@ -38,6 +38,15 @@ class SpecdecRow:
             target.generation_config = saved
         return Generation(out.token_ids, out.stats.as_dict())
 
+    def forget(self) -> None:
+        """Drop what the strategy keeps across calls (suffix's cached outputs, also as auto's lookup
+        part), so a workload starts from nothing; the cost profile and calibration stay."""
+        strategy = self.speculator.strategy
+        for part in (strategy, getattr(strategy, "lookup", None)):
+            cache = getattr(part, "cache", None)
+            if callable(getattr(cache, "clear", None)):
+                cache.clear()
+
     def modules(self) -> list[torch.nn.Module]:
         """The strategy's own models (draft model, heads): their forwards count as drafting."""
         strategy = self.speculator.strategy

@@ -24,7 +24,8 @@ from .meter import ForwardMeter
 from .peers import HFRow, build_peer_rows
 from .plots import write_plots
 from .prompts import build_prompt_sets
-from .report import COLUMNS_HELP, markdown_tables, readme_section, rewrite_marked_section, summarize, write_json
+from .report import (COLUMNS_HELP, markdown_tables, readme_section, rewrite_marked_section, samples_by_index,
+                     samples_table, summarize, write_json)
 from .rows import build_specdec_rows
 from .runner import run_all
 
@@ -120,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(records, rows, baseline, reference.label)
     mismatches = sum(e["identity"]["mismatches"] for e in summary if e["identity"])
     os.makedirs(cfg.output_dir, exist_ok=True)
-    plots = write_plots(summary, cfg.output_dir, reference.label)
-    tables = markdown_tables(summary, reference.label, baseline)
+    by_index = samples_by_index(records, baseline)
+    plots = write_plots(summary, cfg.output_dir, reference.label, by_index, baseline)
+    tables = markdown_tables(summary, reference.label, baseline) + "\n" + samples_table(
+        by_index, baseline, cfg.prompts.samples_temperature)
     machine = machine_info(device, dtype)
     command = "specdec bench " + shlex.join(argv)
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [{"label": r.label, "kind": r.kind, **r.info} for r in rows],
         "prompts": {name: [{"index": p.index, "tokens": len(p.token_ids), **p.source} for p in prompts]
                     for name, prompts in prompt_sets.items()},
-        "summary": summary, "records": records, "plots": [os.path.basename(p) for p in plots],
+        "summary": summary, "samples_by_index": by_index, "records": records, "plots": [os.path.basename(p) for p in plots],
     }
     write_json(os.path.join(cfg.output_dir, "results.json"), payload)
     with open(os.path.join(cfg.output_dir, "results.md"), "w") as fh:

@@ -32,52 +32,75 @@ def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torc
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     records: list[dict] = []
     plan = [(t, s) for t in cfg.temperatures for s in (cfg.seeds if t > 0 else cfg.seeds[:1])]
-    total = len(rows) * cfg.repeats * len(plan) * sum(len(p) for p in prompt_sets.values())
+    regular = {name: prompts for name, prompts in prompt_sets.items() if name != "samples"}
+    samples = prompt_sets.get("samples", [])
+    per_sample = cfg.prompts.samples + 1          # the sampled requests, then the edited greedy one
+    total = len(rows) * (cfg.repeats * len(plan) * sum(len(p) for p in regular.values()) + per_sample * len(samples))
     first_prompt = next(iter(prompt_sets.values()))[0]
     coupled = coupled_rows(rows)      # sampled outputs identical to the coupled autoregressive row's
     step = 0
+
+    def run_rows(set_name, prompt, token_ids, temperature, seed, repeat, extra=None):
+        """Every row once on token_ids, the row order rotated per call; the identity checks."""
+        nonlocal step
+        shift = step % len(rows)
+        step += 1
+        outputs = {}
+        for row in rows[shift:] + rows[:shift]:
+            progress.update(task, description=f"T={temperature:g} {set_name}#{prompt.index} {row.label}")
+            with meter.tally() as tally:
+                sync()
+                start = time.perf_counter()
+                generation = row.generate(token_ids, cfg.max_new_tokens, temperature, seed)
+                sync()
+                elapsed = time.perf_counter() - start
+            outputs[row.label] = generation.token_ids
+            records.append({
+                "row": row.label, "kind": row.kind, "prompt_set": set_name,
+                "prompt_index": prompt.index, "prompt_tokens": len(token_ids),
+                "temperature": temperature, "seed": seed, "repeat": repeat,
+                "new_tokens": len(generation.token_ids), "time_s": elapsed,
+                "forwards": tally.as_dict(), "stats": generation.stats,
+                "identical": None, "first_mismatch": None, **(extra or {}),
+            })
+            progress.advance(task)
+        if cfg.progress and not console.is_terminal:   # a log file: a line per prompt
+            console.print(f"T={temperature:g} {set_name}#{prompt.index} seed {seed}: "
+                          f"{len(records)}/{total} generations done")
+        if temperature == 0:
+            _check_identity(records[-len(rows):], outputs, reference.label, console)
+        elif coupled:
+            _check_identity([r for r in records[-len(rows):] if r["row"] in coupled], outputs, coupled[0], console)
+
     with _progress(cfg.progress, console) as progress:
         task = progress.add_task("warm-up", total=total)
-        for temperature in cfg.temperatures:
+        temperatures = list(cfg.temperatures) if regular else []
+        warm = temperatures + ([cfg.prompts.samples_temperature, 0.0] if samples else [])
+        for temperature in dict.fromkeys(warm):
             if cfg.warmup_tokens > 0:
                 for row in rows:
                     progress.update(task, description=f"warm-up T={temperature:g} {row.label}")
                     row.generate(first_prompt.token_ids, min(cfg.warmup_tokens, cfg.max_new_tokens), temperature,
                                  cfg.seeds[0])
+        for temperature in temperatures:
             seeds = cfg.seeds if temperature > 0 else cfg.seeds[:1]
-            for set_name, prompts in prompt_sets.items():
+            for set_name, prompts in regular.items():
                 for prompt in prompts:
                     for seed in seeds:
                         for repeat in range(cfg.repeats):
-                            shift = step % len(rows)
-                            step += 1
-                            outputs = {}
-                            for row in rows[shift:] + rows[:shift]:
-                                progress.update(task, description=f"T={temperature:g} {set_name}#{prompt.index} {row.label}")
-                                with meter.tally() as tally:
-                                    sync()
-                                    start = time.perf_counter()
-                                    generation = row.generate(prompt.token_ids, cfg.max_new_tokens, temperature, seed)
-                                    sync()
-                                    elapsed = time.perf_counter() - start
-                                outputs[row.label] = generation.token_ids
-                                records.append({
-                                    "row": row.label, "kind": row.kind, "prompt_set": set_name,
-                                    "prompt_index": prompt.index, "prompt_tokens": len(prompt.token_ids),
-                                    "temperature": temperature, "seed": seed, "repeat": repeat,
-                                    "new_tokens": len(generation.token_ids), "time_s": elapsed,
-                                    "forwards": tally.as_dict(), "stats": generation.stats,
-                                    "identical": None, "first_mismatch": None,
-                                })
-                                progress.advance(task)
-                            if cfg.progress and not console.is_terminal:   # a log file: a line per prompt
-                                console.print(f"T={temperature:g} {set_name}#{prompt.index} seed {seed}: "
-                                              f"{len(records)}/{total} generations done")
-                            if temperature == 0:
-                                _check_identity(records[-len(rows):], outputs, reference.label, console)
-                            elif coupled:
-                                _check_identity([r for r in records[-len(rows):] if r["row"] in coupled],
-                                                outputs, coupled[0], console)
+                            run_rows(set_name, prompt, prompt.token_ids, temperature, seed, repeat)
+        if samples:
+            # arrival order, as the traffic it stands for: a prompt's samples one after another, then
+            # its edited request; what earlier calls cached (warm-up, other sets) is forgotten first,
+            # so the first sample of a prompt has nothing of that prompt to reuse
+            for row in rows:
+                row.forget()
+            for prompt in samples:
+                for index in range(cfg.prompts.samples):
+                    run_rows("samples", prompt, prompt.token_ids, cfg.prompts.samples_temperature, index, 0,
+                             {"sample_index": index})
+                run_rows("samples", prompt, prompt.edited, 0.0, cfg.seeds[0], 0,
+                         {"sample_index": cfg.prompts.samples, "edited": True})
     return records
 
 

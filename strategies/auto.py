@@ -75,6 +75,16 @@ PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
 _ROW_IDS = itertools.count()          # a row's id for its batch gate (id() of a finished row's object is reused)
 
+# suffix decoding's nodes are calibrated per length of the match they were drafted from (a copy after
+# a 20-token match goes on right far more often than one after 2 tokens): buckets of match lengths,
+# each bound the bucket's largest length
+MATCH_BUCKETS = (1, 2, 3, 5, 8, 13, 21)
+
+
+def match_bucket(length: int) -> int:
+    """Bucket of a suffix match length (len(MATCH_BUCKETS) for longer ones)."""
+    return next((i for i, bound in enumerate(MATCH_BUCKETS) if length <= bound), len(MATCH_BUCKETS))
+
 
 class _Step(NamedTuple):
     """What propose decided, for observe."""
@@ -241,8 +251,10 @@ class Auto:
             return self._plain()
         self.step += 1
         paths, lookup_nodes = [], 0
+        self.match_length = None              # suffix: the match its paths continue (keys their calibration)
         if self.lookup is not None:
             paths, lookup_nodes = self.lookup.propose_paths(state), self.lookup.max_nodes
+            self.match_length = getattr(self.lookup, "match_length", None)
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
@@ -387,8 +399,15 @@ class Auto:
             for r, node in enumerate(group):
                 rank[node] = r
         temperature = state.sampling.temperature
-        return [(self.calibrator.key(f"{source[i]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
+        keys = [(self.calibrator.key(f"{source[i]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
                  confidence[i]) for i in range(tree.num_nodes)]
+        match = getattr(self, "match_length", None)
+        if match:      # suffix's nodes: their own acceptance per match length (and depth), not prompt lookup's
+            bucket = match_bucket(match)
+            keys = [((f"suffix{'' if rank[i] == 0 else '+'}", temperature_key(temperature), "match", bucket,
+                      min(depths[i], self.calibrator.max_depth_key)), None) if source[i] == LOOKUP else keys[i]
+                    for i in range(tree.num_nodes)]
+        return keys
 
     def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState) -> tuple[list[float], list]:
         """(acceptance estimate of every node, its (key, confidence): what observe calibrates with)."""

@@ -39,7 +39,7 @@ from specdec.errors import ConfigError
 from specdec.tree import CandidateTree, root_to_leaf_paths
 from specdec.types import DecodeState, StepResult
 
-from .suffix_tree import SuffixTree
+from .suffix_tree import ROOT, SuffixTree, best_path, best_tree
 
 CACHE_FORMAT = "specdec-suffix-cache"
 CACHE_VERSION = 1
@@ -108,6 +108,13 @@ class SuffixCache:
             self.next_stream += 1
             self.cached_tokens += len(tokens)
             self.max_token = max(self.max_token, max(tokens))
+
+    def clear(self) -> None:
+        """Forget every cached output (all scopes); the corpus stays (it was given at load)."""
+        with self.lock:
+            self.scopes.clear()
+            self.order.clear()
+            self.cached_tokens = 0
 
     def add_corpus(self, streams: Sequence[Sequence[int]]) -> None:
         with self.lock:
@@ -270,6 +277,7 @@ class Suffix:
         self.local = SuffixTree(self.max_depth)   # this call's prompt + output (reset() makes a fresh one)
         self.scope = self.default_scope
         self.state: DecodeState | None = None
+        self.match_length = 0                     # match length of the last draft (0: nothing drafted)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -324,37 +332,38 @@ class Suffix:
 
     # ------------------------------------------------------------------ drafting
     def draft(self, context: Sequence[int], max_levels: int, eos_token_ids: Collection[int] = ()):
-        """The best-scoring candidate set over this call's tree and its scope's cached trees:
-        (tokens, parents, probs), point masses, at most max_levels deep. The local tree is
-        searched through its open nodes (its own suffixes, no walk); the others by walking the
-        context's suffixes."""
+        """The best-scoring candidate set for `context` (this call's prompt + output): (tokens,
+        parents, probs), point masses, at most max_levels deep. Each match length is drafted from
+        every tree that holds the match - this call's tree (through its open nodes, no walk) and
+        its scope's cached trees and the corpus (walking the context's suffixes) - with their
+        counts added up (suffix_tree.best_path / best_tree)."""
         stop = frozenset(eos_token_ids)
-        best: tuple[float, tuple] = (0.0, ([], [], []))
+        best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
+        opened = self.local.open.get(0, [])                # [k]: the node of the context's length-k suffix
         with self.cache.lock:
-            searches = [(self.local, self.local.open_matches(0))] + [
-                (tree, tree.matches(context, self.max_depth - 1)) for tree in self.cache.trees_for(self.scope)]
-            for tree, matches in searches:
-                score, drafted = self._best_in(tree, matches, max_levels, stop)
-                if score > best[0]:           # across trees the earlier (this call's own) wins ties
-                    best = (score, drafted)
+            others = self.cache.trees_for(self.scope)
+            nodes = [ROOT] * len(others)                  # per cached tree: its node of the current suffix
+            for length in range(1, min(self.max_depth - 1, len(context)) + 1):
+                parts = [(self.local, opened[length])] if length < len(opened) else []
+                for k, tree in enumerate(others):
+                    if nodes[k] >= 0:                     # a longer suffix only occurs where a shorter one does
+                        nodes[k] = tree.match(context[len(context) - length:])
+                        if nodes[k] >= 0:
+                            parts.append((tree, nodes[k]))
+                if not parts:
+                    break
+                budget = min(self.max_nodes, int(length * self.max_spec_factor + self.max_spec_offset + 1e-6))
+                if budget <= 0:
+                    continue
+                if self.tree:
+                    drafted = best_tree(parts, budget, max_levels, self.min_token_prob, stop)
+                else:
+                    drafted = best_path(parts, min(budget, max_levels), self.min_token_prob, stop)
+                score = sum(drafted[2])
+                if drafted[0] and score >= best[0]:      # a longer match wins ties (as Arctic)
+                    best = (score, drafted, length)
+        self.match_length = best[2]           # of the last draft: auto calibrates its nodes per match length
         return best[1]
-
-    def _best_in(self, tree: SuffixTree, matches, max_levels: int, stop: frozenset):
-        best: tuple[float, tuple] = (0.0, ([], [], []))
-        for length, node in matches:
-            if tree.cont[node] == 0:           # the match only occurs at the very end: nothing follows it
-                continue
-            budget = min(self.max_nodes, int(length * self.max_spec_factor + self.max_spec_offset + 1e-6))
-            if budget <= 0:
-                continue
-            if self.tree:
-                drafted = tree.best_tree(node, budget, max_levels, self.min_token_prob, stop)
-            else:
-                drafted = tree.best_path(node, min(budget, max_levels), self.min_token_prob, stop)
-            score = sum(drafted[2])
-            if drafted[0] and score >= best[0]:    # within a tree a longer match wins ties (as Arctic)
-                best = (score, drafted)
-        return best
 
     # ------------------------------------------------------------------ the cache, for users
     def cache_stats(self) -> dict:

@@ -189,51 +189,13 @@ class SuffixTree:
 
     # ------------------------------------------------------------------ drafting
     def best_path(self, node: int, max_tokens: int, min_prob: float, stop: frozenset = frozenset()):
-        """The most frequent continuation below `node`: follow the most frequent child while the
-        path's probability stays >= min_prob. Returns (tokens, parents, probs)."""
-        tokens: list[int] = []
-        probs: list[float] = []
-        prob = 1.0
-        while len(tokens) < max_tokens and self.cont[node] > 0:
-            best_token, best = max(self.children(node), key=lambda item: self.count[item[1]])
-            prob *= self.count[best] / self.cont[node]
-            if prob < min_prob:
-                break
-            tokens.append(best_token)
-            probs.append(prob)
-            if best_token in stop:              # nothing is proposed past an end of sequence
-                break
-            node = best
-        return tokens, list(range(-1, len(tokens) - 1)), probs
+        """The most frequent continuation below `node` (best_path over this tree alone)."""
+        return best_path([(self, node)], max_tokens, min_prob, stop)
 
     def best_tree(self, node: int, max_nodes: int, max_levels: int, min_prob: float,
                   stop: frozenset = frozenset()):
-        """The `max_nodes` most probable continuation nodes below `node` (each with path probability
-        >= min_prob, at most max_levels deep), best first, as Arctic Inference's tree mode: a node
-        always comes after its parent, since a child is never more probable and ties go to the
-        one pushed first. Returns (tokens, parents, probs)."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        probs: list[float] = []
-        heap: list[tuple[float, int, int, int, int, int]] = []   # (-prob, order, trie node, token, draft parent, level)
-        pushed = itertools.count()           # tie-break: first pushed, first proposed (parents before children)
-        self._push_children(heap, pushed, node, 1.0, -1, 1, min_prob)
-        while heap and len(tokens) < max_nodes:
-            neg_prob, _, at, token, parent, level = heapq.heappop(heap)
-            tokens.append(token)
-            parents.append(parent)
-            probs.append(-neg_prob)
-            if token not in stop and level < max_levels:   # nothing is proposed past an end of sequence
-                self._push_children(heap, pushed, at, -neg_prob, len(tokens) - 1, level + 1, min_prob)
-        return tokens, parents, probs
-
-    def _push_children(self, heap: list, pushed: Iterator[int], node: int, prob: float, draft_parent: int,
-                       level: int, min_prob: float) -> None:
-        total = self.cont[node]
-        for token, child in self.children(node):
-            child_prob = prob * self.count[child] / total
-            if child_prob >= min_prob:
-                heapq.heappush(heap, (-child_prob, next(pushed), child, token, draft_parent, level))
+        """The max_nodes most probable continuation nodes below `node` (best_tree over this tree alone)."""
+        return best_tree([(self, node)], max_nodes, max_levels, min_prob, stop)
 
     # ------------------------------------------------------------------ checks
     def as_counts(self) -> dict[tuple[int, ...], tuple[int, int]]:
@@ -258,3 +220,83 @@ class SuffixTree:
         streams = sum(store.buffer_info()[1] * store.itemsize for store in self.streams.values())
         opened = sum(8 * len(nodes) for nodes in self.open.values())
         return arrays + dicts + streams + opened
+
+
+# ---------------------------------------------------------------------- drafting over several trees
+# A match is drafted from every tree that holds it at once: `parts` is a list of (tree, node), the
+# node of the same substring in each tree, and a continuation's count is the sum over the trees. So
+# what this call's own output repeats and what earlier outputs say about the same match add up (as
+# in Arctic Inference, whose global tree also holds the active response), while each tree stays
+# separate: a call's output joins the shared cache only when the call finishes.
+
+def _children(parts: Sequence[tuple[SuffixTree, int]]) -> dict[int, list]:
+    """{token: [summed count, [(tree, child), ...]]} of the parts' children, in first-seen order."""
+    merged: dict[int, list] = {}
+    for tree, node in parts:
+        for token, child in tree.children(node):
+            entry = merged.get(token)
+            if entry is None:
+                merged[token] = [int(tree.count[child]), [(tree, child)]]
+            else:
+                entry[0] += int(tree.count[child])
+                entry[1].append((tree, child))
+    return merged
+
+
+def _cont(parts: Sequence[tuple[SuffixTree, int]]) -> int:
+    return sum(int(tree.cont[node]) for tree, node in parts)
+
+
+def best_path(parts, max_tokens: int, min_prob: float, stop: frozenset = frozenset()):
+    """The most frequent continuation below the match `parts`: follow the most frequent child while
+    the path's probability (product of child count / continuations, summed over the trees) stays
+    >= min_prob. Returns (tokens, parents, probs)."""
+    tokens: list[int] = []
+    probs: list[float] = []
+    prob = 1.0
+    while len(tokens) < max_tokens:
+        total = _cont(parts)
+        if total <= 0:
+            break
+        best_token, (count, below) = max(_children(parts).items(), key=lambda item: item[1][0])
+        prob *= count / total
+        if prob < min_prob:
+            break
+        tokens.append(best_token)
+        probs.append(prob)
+        if best_token in stop:                  # nothing is proposed past an end of sequence
+            break
+        parts = below
+    return tokens, list(range(-1, len(tokens) - 1)), probs
+
+
+def best_tree(parts, max_nodes: int, max_levels: int, min_prob: float, stop: frozenset = frozenset()):
+    """The `max_nodes` most probable continuation nodes below the match `parts` (each with path
+    probability >= min_prob, at most max_levels deep), best first, as Arctic Inference's tree mode:
+    a node always comes after its parent, since a child is never more probable and ties go to the
+    one pushed first. Returns (tokens, parents, probs)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    heap: list[tuple] = []                  # (-prob, order, token, parts below, draft parent, level)
+    pushed = itertools.count()              # tie-break: first pushed, first proposed (parents before children)
+    _push_children(heap, pushed, parts, 1.0, -1, 1, min_prob)
+    while heap and len(tokens) < max_nodes:
+        neg_prob, _, token, below, parent, level = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        probs.append(-neg_prob)
+        if token not in stop and level < max_levels:   # nothing is proposed past an end of sequence
+            _push_children(heap, pushed, below, -neg_prob, len(tokens) - 1, level + 1, min_prob)
+    return tokens, parents, probs
+
+
+def _push_children(heap: list, pushed: Iterator[int], parts, prob: float, draft_parent: int, level: int,
+                   min_prob: float) -> None:
+    total = _cont(parts)
+    if total <= 0:
+        return
+    for token, (count, below) in _children(parts).items():
+        child_prob = prob * count / total
+        if child_prob >= min_prob:
+            heapq.heappush(heap, (-child_prob, next(pushed), token, below, draft_parent, level))

@@ -124,7 +124,7 @@ def test_readme_section_is_replaced_not_duplicated(tmp_path):
     assert text.count("<!-- bench:full:start -->") == 1
 
 
-@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees", "eagle"])
+@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees", "eagle", "repeat"])
 def test_shipped_presets_load_and_name_known_strategy_configs(preset):
     from specdec.config import load_spec_config
     cfg = load_bench_config(preset, [])
@@ -161,3 +161,68 @@ def test_batch_preset_runs_every_row_at_every_batch_size(tiny_family, tmp_path):
     assert greedy and all(r["identical"] for r in greedy)
     assert all(r["new_tokens"] == 4 * 8 for r in records)          # 2 sets x 2 prompts x 8 tokens
     assert os.path.isfile(out / "batch_tokens_per_second.png") and "× HF batched" in (out / "results.md").read_text()
+
+
+def test_samples_prompts_have_an_edited_copy_one_line_apart():
+    cfg = load_bench_config("repeat", ["prompts.num=3", "prompts.tokens=200", "prompts.split=null"])
+    tokenizer = char_tokenizer()
+    prompts = build_prompt_sets(cfg.prompts, tokenizer, 400)["samples"]
+    assert len(prompts) == 3
+    for prompt in prompts:
+        original, edited = tokenizer.decode(prompt.token_ids).split("\n"), tokenizer.decode(prompt.edited).split("\n")
+        assert len(original) == len(edited)
+        changed = [i for i, (a, b) in enumerate(zip(original, edited)) if a != b]
+        assert changed == [prompt.source["edited_line"]]
+    code = build_prompt_sets(load_bench_config("repeat", ["prompts.sets=[code]", "prompts.num=3", "prompts.tokens=200",
+                                                          "prompts.split=null"]).prompts, tokenizer, 400)["code"]
+    assert [p.token_ids for p in code] != [p.token_ids for p in prompts]     # a draw of its own
+
+
+def test_samples_set_runs_in_arrival_order_and_reuse_shows_per_index(tiny_family, tmp_path):
+    """The repeat preset end to end on tiny models: per prompt, its samples (seeds 0..) then its
+    edited request; suffix's cache starts empty (warm-up forgotten) and fills from the second sample;
+    the per-index table and plot are written; every output is checked (greedy vs HF, coupled vs AR)."""
+    out = tmp_path / "repeat"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+        code = main(["repeat", f"models.target={tiny_family / 'target'}", f"output_dir={out}", "prompts.num=2",
+                     "prompts.tokens=40", "prompts.samples=3", "prompts.split=null", "max_new_tokens=12",
+                     "warmup_tokens=4", "threads=1", "progress=false"])
+    assert code == 0
+    with open(out / "results.json") as fh:
+        results = json.load(fh)
+    assert any("eagle" in note for note in results["notes"])                # no drafter: skipped with a note
+    suffix = [r for r in results["records"] if r["row"] == "suffix"]
+    assert [(r["prompt_index"], r["sample_index"], r["temperature"], r["seed"]) for r in suffix] == [
+        (0, 0, 0.8, 0), (0, 1, 0.8, 1), (0, 2, 0.8, 2), (0, 3, 0.0, 0),
+        (1, 0, 0.8, 0), (1, 1, 0.8, 1), (1, 2, 0.8, 2), (1, 3, 0.0, 0)]
+    assert all(r["identical"] for r in results["records"] if r["temperature"] == 0)
+    coupled = [r for r in results["records"] if r["temperature"] > 0 and r["identical"] is not None]
+    assert coupled and all(r["identical"] for r in coupled)
+    by_index = results["samples_by_index"]
+    assert set(by_index["suffix"]) == {"0", "1", "2", "2+", "edited"}
+    assert by_index["autoregressive"]["2+"]["speedup_vs_autoregressive"] == pytest.approx(1.0)
+    assert (out / "samples_speedup.png").stat().st_size > 0
+    assert "per sample index" in (out / "results.md").read_text()
+
+
+def test_forget_empties_suffix_caches_of_suffix_and_auto_rows(tiny_family):
+    from omegaconf import OmegaConf
+    from specdec.benchmarks.rows import build_specdec_rows
+    from specdec.models import load_model, load_tokenizer
+    target = load_model(str(tiny_family / "target"), "target", "cpu", "float32", key="t")
+    tokenizer = load_tokenizer(str(tiny_family / "target"), "target", key="t")
+    cfg = load_bench_config("repeat", [f"models.target={tiny_family / 'target'}"])
+    entries = [e for e in cfg.strategies if e.label in ("suffix", "prompt_lookup")]
+    entries.append(OmegaConf.structured({"label": "auto", "config": "auto", "overrides":
+                                         ["auto.lookup_with=suffix", "auto.profile=false"], "needs": [],
+                                         "sweep": None, "sweep_value": None}))
+    rows = build_specdec_rows(entries, cfg.models, target, tokenizer, target.device, target.dtype, [])
+    for row in rows:
+        row.generate([1, 2, 3, 4, 5], 6, 0.0, 0)
+    caches = [getattr(r.speculator.strategy, "cache", None) or r.speculator.strategy.lookup.cache
+              for r in rows if r.label != "prompt_lookup"]
+    assert all(c.stats()["entries"] == 1 for c in caches)
+    for row in rows:
+        row.forget()                       # prompt_lookup keeps nothing: a no-op there
+    assert all(c.stats()["entries"] == 0 and c.stats()["tokens"] == 0 for c in caches)

@@ -136,6 +136,23 @@ def test_the_local_tree_follows_the_output_incrementally():
     assert suffix.local.as_counts() == rebuilt({0: state.token_ids}, suffix.max_depth).as_counts()
 
 
+def test_a_match_is_drafted_from_every_tree_that_holds_it_with_counts_added():
+    """This call's tree says 7 or 8 after (1, 2, 3), half and half; an earlier output says 7: with
+    the counts added 7 has probability 2/3, over a 0.6 cut that neither tree alone clears for it."""
+    from specdec.strategies.suffix_tree import best_path
+    own, cached = rebuilt({0: [1, 2, 3, 7, 1, 2, 3, 8]}, 8), rebuilt({0: [1, 2, 3, 7]}, 8)
+    match = [(tree, tree.match([1, 2, 3])) for tree in (own, cached)]
+    assert best_path(match[:1], 4, 0.6)[0] == []
+    tokens, _, probs = best_path(match, 4, 0.6)
+    assert tokens[0] == 7 and probs[0] == pytest.approx(2 / 3)        # (then 1, 2, 3, as own tree goes on)
+    alone, together = Suffix(min_token_prob=0.6, tree=False), Suffix(min_token_prob=0.6, tree=False)
+    together.cache.add("default", [1, 2, 3, 7])
+    for suffix in (alone, together):
+        suffix.reset(state_of([1, 2, 3, 7, 1, 2, 3, 8, 1, 2, 3]))
+    assert alone.draft(alone.state.token_ids, 4)[0] == []
+    assert together.draft(together.state.token_ids, 4)[0][0] == 7 and together.match_length == 3
+
+
 # ---------------------------------------------------------------------- the cache: bound, scopes, files
 def test_eviction_keeps_the_bound_and_never_drops_the_active_request():
     suffix = Suffix(max_cached_tokens=20, max_spec_factor=4.0)
@@ -315,3 +332,35 @@ def test_auto_drafts_from_earlier_calls_with_suffix_as_its_lookup():
     assert first.token_ids == expected and second.token_ids == expected
     assert second.stats.target_forwards < first.stats.target_forwards
     assert strategy.lookup.cache_stats()["tokens"] >= 40          # the finished calls' outputs, kept
+    # suffix's nodes are calibrated under keys of their own, per match length, never as prompt lookup's
+    tried = [key for key, count in strategy.calibrator.tried.items() if count > 0]
+    assert any(key[0] == "suffix" and key[2] == "match" for key in tried)
+    assert not any(key[0].startswith("lookup") for key in tried)
+
+
+def test_auto_prices_suffix_nodes_by_their_match_length():
+    """Two drafts with the same tree shape get different estimates once their match lengths'
+    buckets have different records; prompt lookup (no match_length) keeps its depth keys."""
+    import torch
+    from specdec.sampling import SamplingParams, TorchRandom
+    from specdec.strategies.auto import Auto, match_bucket
+    from specdec.strategies.mixed import LOOKUP
+    from specdec.tree import CandidateTree
+    from specdec.types import DecodeState
+    auto = Auto(None, None, profile=False)
+    state = DecodeState(token_ids=[1, 2, 3], prompt_len=3, sampling=SamplingParams(0.0),
+                        rng=TorchRandom(torch.Generator()), max_depth=4)
+    chain = CandidateTree.chain([5, 6])
+    auto.match_length = None
+    plain = auto._node_keys(chain, [LOOKUP, LOOKUP], state)
+    assert [key[0][0] for key in plain] == ["lookup", "lookup"]
+    estimates = {}
+    for length, kept in ((2, False), (20, True)):
+        auto.match_length = length
+        keys = auto._node_keys(chain, [LOOKUP, LOOKUP], state)
+        assert [key[0][:4] for key in keys] == [("suffix", "greedy", "match", match_bucket(length))] * 2
+        for _ in range(30):
+            auto.calibrator.record(keys[0][0], kept)
+        estimates[length] = auto._estimates(chain, [LOOKUP, LOOKUP], state)[0][0]
+    assert match_bucket(2) != match_bucket(20)
+    assert estimates[2] < 0.2 < 0.8 < estimates[20]

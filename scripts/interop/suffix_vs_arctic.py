@@ -188,7 +188,7 @@ def run_arctic(requests_path: Path, budget: dict) -> dict:
 
 def run_ours(requests, budget: dict, tree: bool) -> dict:
     import torch
-    from specdec.sampling import SamplingParams
+    from specdec.sampling import SamplingParams, TorchRandom
     from specdec.strategies.suffix import Suffix
     from specdec.types import DecodeState
     suffix = Suffix(max_depth=budget["max_depth"], max_nodes=budget["max_nodes"],
@@ -197,7 +197,7 @@ def run_ours(requests, budget: dict, tree: bool) -> dict:
 
     def start(rid, prompt):
         state = DecodeState(token_ids=list(prompt), prompt_len=len(prompt), sampling=SamplingParams(0.0),
-                            generator=torch.Generator(), max_depth=budget["max_nodes"])
+                            rng=TorchRandom(torch.Generator()), max_depth=budget["max_nodes"])
         suffix.reset(state)
         state_box["state"] = state
 
