@@ -29,7 +29,6 @@ import shutil
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
@@ -47,13 +46,12 @@ from .data import fixed_windows, sample_windows, token_streams
 from .distill_loss import distill_loss, draft_log_probs, loss_weights, target_log_probs
 from .eagle_train import _Distributed, lr_at, out_of_time
 from .interrupt import EXIT_INTERRUPTED, deferred_interrupt, report_interrupt, stop_training
+from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
 from .io import atomic_write, fingerprints_match, target_identity
 from .train import _fmt, corpus_files
 
 CHECKPOINT_FILE = "draft_checkpoint.pt"
 LOG_FILE = "train_draft.json"
-INFO_FILE = "distill.json"
-FORMAT = "specdec-distilled-draft"
 DATA_MODES = ("fixed", "draft", "target", "mixed")
 
 
@@ -329,34 +327,6 @@ def save_distilled(folder: str, draft, tokenizer, info: dict) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _write_json(os.path.join(folder, INFO_FILE), info)
-
-
-def read_distill_info(folder: str) -> dict | None:
-    """distill.json of a draft folder (None when the draft was not made by train-draft)."""
-    try:
-        with open(os.path.join(folder, INFO_FILE)) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and info.get("format") == FORMAT else None
-
-
-def warn_if_distilled_for_another_target(draft_path: str, target, target_path: str | None) -> bool:
-    """Warn (UserWarning) when the draft at draft_path was distilled for a target other than
-    `target`, naming both. Returns whether it warned."""
-    info = read_distill_info(draft_path)
-    if info is None:
-        return False
-    saved, current = info.get("target", {}), target_identity(target)
-    same = (saved.get("architecture") == current["architecture"] and saved.get("vocab_size") == current["vocab_size"]
-            and saved.get("hidden_size") == current["hidden_size"]
-            and fingerprints_match(saved.get("fingerprint", []), current["fingerprint"]))
-    if not same:
-        warnings.warn(f"the draft {draft_path} was distilled for the target {saved.get('path', '?')}, but is loaded "
-                      f"with the target {target_path or type(target).__name__}: outputs stay exact, but it drafts "
-                      f"for the other model's distributions (lower acceptance). Distil it for this target with "
-                      f"`specdec train-draft train_draft target=... draft={draft_path}`", UserWarning, stacklevel=2)
-    return not same
 
 
 # ---------------------------------------------------------------------- the loop
