@@ -321,6 +321,9 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     from specdec.models import load_model, load_tokenizer
     import os
     draft = load_model(cfg.draft.path, "draft", device, dtype)
+    if target is not None:            # a draft distilled (specdec train-draft) for another target: say so
+        from specdec.heads.draft_info import warn_if_distilled_for_another_target
+        warn_if_distilled_for_another_target(cfg.draft.path, target, cfg.target.path)
     tok_path = cfg.draft.path
     draft_tokenizer = None
     if os.path.isfile(os.path.join(tok_path, "tokenizer.json")) or os.path.isfile(os.path.join(tok_path, "tokenizer_config.json")):

@@ -1,0 +1,520 @@
+"""`specdec train-draft`: distil a draft model into its target (DistillSpec, Zhou et al. 2024).
+
+    specdec train-draft train_draft draft=PATH_OR_null target=PATH output_dir=PATH
+    torchrun --nproc_per_node=2 -m specdec.heads.distill train_draft ...        (DDP, gloo or nccl)
+
+A drafted token is accepted with probability 1 - TV(target, draft), so the draft is trained on the
+target's distributions rather than on the text. Each step: a batch of windows (`data`: corpus text,
+continuations the draft samples itself from corpus prompts - on-policy -, continuations the
+target samples through our own speculative decoding, or a mix with a fraction `mix_lambda` of
+on-policy batches) -> one no-grad target forward over the windows -> the draft's forward -> the
+configured divergence (distill_loss) between the two distributions at every position of the
+part the batch is about (the whole window for text, the generated tail otherwise).
+
+Held-out evaluation (at start, every eval_interval steps and at the end): on fixed held-out
+windows the per-position expected acceptance 1 - TV at temperature 1 and the greedy match rate;
+and the chain tau (tokens per target forward) of our own draft_model strategy, gamma = eval_gamma,
+on held-out prompts, greedy and at eval_temperature. Checkpoints are atomic and re-running with
+the same output_dir resumes from the last one (exactly: the window sampler's state is saved and
+every step's other random draws are keyed by (seed, step)). The output folder is a plain Hugging
+Face checkpoint (config, safetensors, tokenizer) plus distill.json: the target it was distilled
+for and the recipe.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional
+
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from specdec.config import build_config, setting
+from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
+from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
+from specdec.models import resolve_device
+from specdec.sampling import SamplingParams, logits_to_probs
+
+from .data import fixed_windows, sample_windows, token_streams
+from .distill_loss import distill_loss, draft_log_probs, loss_weights, target_log_probs
+from .eagle_train import _Distributed, lr_at, out_of_time
+from .interrupt import EXIT_INTERRUPTED, deferred_interrupt, report_interrupt, stop_training
+from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
+from .io import atomic_write, fingerprints_match, target_identity
+from .train import _fmt, corpus_files
+
+CHECKPOINT_FILE = "draft_checkpoint.pt"
+LOG_FILE = "train_draft.json"
+DATA_MODES = ("fixed", "draft", "target", "mixed")
+
+
+@dataclass
+class DraftShape:
+    """A fresh draft (draft=null): the target's architecture and config, at this size."""
+    hidden_size: int = setting(192, min=1)
+    num_layers: int = setting(2, min=1)
+    num_heads: int = setting(3, min=1)
+    intermediate_size: Optional[int] = setting(None, min=1)   # None = 8/3 of hidden_size
+
+
+@dataclass
+class TrainDraftConfig:
+    target: Optional[str] = None        # Hugging Face checkpoint folder of the (frozen) target
+    draft: Optional[str] = None         # the draft to fine-tune (same tokenizer); null = a fresh one (draft_config)
+    tokenizer: Optional[str] = None     # the target's tokenizer folder when it is not beside its weights
+    output_dir: str = "draft-out"       # the distilled draft (a HF checkpoint) + checkpoint + log; re-run to resume
+    draft_config: DraftShape = field(default_factory=DraftShape)
+    corpus: List[str] = field(default_factory=list)     # files / folders; [] = the whole standard library
+    corpus_root: Optional[str] = None
+    heldout: List[str] = field(default_factory=list)
+    split_file: Optional[str] = None    # JSON with "train" / "heldout" file lists
+    # objective
+    loss: Any = "rkl"                   # fkl | rkl | jsd | tvd, or a mix such as {rkl: 0.9, ce: 0.1}
+    jsd_beta: float = setting(0.5, above=0.0, max=1.0)   # jsd: m = beta p + (1 - beta) q (below 1)
+    loss_temperature: float = setting(1.0, min=0.0)   # the temperature you will sample with; 0 = greedy (argmax)
+    loss_top_k: int = setting(0, min=0)                # the target's top-k filter (0 = off)
+    loss_top_p: float = setting(1.0, above=0.0, max=1.0)   # the target's top-p filter (1 = off)
+    # data
+    data: str = setting("fixed", choices=DATA_MODES)   # fixed text | draft (on-policy) | target | mixed
+    mix_lambda: float = setting(0.5, min=0.0, max=1.0)   # mixed: the fraction of on-policy batches
+    prompt_tokens: int = setting(64, min=1)            # generated data: corpus tokens before the continuation
+    sample_temperature: float = setting(1.0, min=0.0)  # generated data: the sampling temperature (0 = greedy)
+    # optimisation
+    seq_len: int = setting(256, min=2)
+    batch_size: int = setting(8, min=1)                # global batch (split across torchrun ranks)
+    steps: int = setting(1000, min=1)
+    max_minutes: Optional[float] = setting(None, above=0.0)   # also stop after this much training time (summed
+    #   over resumes); the lr schedule then follows whichever of steps / time is further along
+    lr: float = setting(1e-3, above=0.0)
+    min_lr_ratio: float = setting(0.1, min=0.0, max=1.0)
+    warmup_steps: int = setting(20, min=0)
+    weight_decay: float = setting(0.0, min=0.0)
+    grad_clip: float = setting(1.0, min=0.0)
+    bf16: bool = False                  # bf16 autocast for the target's and the draft's forwards
+    # bookkeeping
+    seed: int = setting(0, min=0)
+    eval_interval: int = setting(200, min=1)
+    eval_windows: int = setting(8, min=1)              # held-out windows of seq_len tokens (1 - TV, greedy match)
+    eval_prompts: int = setting(8, min=0)              # held-out prompts for the chain tau (0 = skip it)
+    eval_prompt_tokens: int = setting(64, min=1)
+    eval_new_tokens: int = setting(64, min=1)
+    eval_gamma: int = setting(4, min=1)
+    eval_temperature: float = setting(0.8, above=0.0)  # the sampled tau's temperature (greedy is always measured)
+    checkpoint_interval: int = setting(50, min=1)
+    device: str = "cpu"
+    dtype: str = setting("float32", choices=tuple(DTYPES))   # the target's dtype (the draft trains in fp32)
+    backend: Optional[str] = None       # torch.distributed backend under torchrun (None: nccl on CUDA, else gloo)
+    progress: bool = True
+
+
+def validate(cfg) -> None:
+    if not cfg.target:
+        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint "
+                          "(e.g. `specdec train-draft train_draft target=... draft=... output_dir=...`)")
+    weights = loss_weights(OmegaConf.to_container(cfg.loss) if OmegaConf.is_config(cfg.loss) else cfg.loss)
+    if "jsd" in weights and not cfg.jsd_beta < 1:
+        raise ConfigError(f"jsd_beta must be below 1 (at 0 or 1 the JSD is 0 everywhere), got {cfg.jsd_beta}")
+    if cfg.data != "fixed" and cfg.prompt_tokens >= cfg.seq_len - 1:
+        raise ConfigError(f"prompt_tokens ({cfg.prompt_tokens}) must leave room for a continuation in seq_len "
+                          f"({cfg.seq_len}): data={cfg.data} generates seq_len - prompt_tokens tokens")
+
+
+def load_train_draft_config(name_or_path: str | None = None, overrides=None):
+    cfg = build_config(TrainDraftConfig, name_or_path, overrides)
+    validate(cfg)
+    return cfg
+
+
+def loss_spec(cfg) -> dict[str, float]:
+    return loss_weights(OmegaConf.to_container(cfg.loss) if OmegaConf.is_config(cfg.loss) else cfg.loss)
+
+
+# ---------------------------------------------------------------------- models
+def new_draft(target, shape, seed: int):
+    """A fresh fp32 draft of the target's own architecture and config (tokenizer, positions, special
+    ids), resized to `shape`."""
+    from transformers import AutoModelForCausalLM
+    config = copy.deepcopy(target.config)
+    if shape.hidden_size % shape.num_heads:
+        raise ConfigError(f"draft_config.hidden_size ({shape.hidden_size}) must be a multiple of "
+                          f"draft_config.num_heads ({shape.num_heads})")
+    sizes = {"hidden_size": shape.hidden_size, "num_hidden_layers": shape.num_layers,
+             "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_heads,
+             "intermediate_size": shape.intermediate_size or 8 * shape.hidden_size // 3,
+             "head_dim": shape.hidden_size // shape.num_heads}
+    for name, value in sizes.items():
+        if hasattr(config, name) or name in getattr(config, "attribute_map", {}):
+            setattr(config, name, value)
+    if hasattr(config, "layer_types") and isinstance(config.layer_types, list):
+        config.layer_types = config.layer_types[: shape.num_layers]
+    config.dtype = torch.float32
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).float()
+
+
+def load_draft(cfg, target, tokenizer, device):
+    """The draft to train, fp32 on `device`: the given checkpoint (checked to share the target's
+    tokenizer) or a fresh one."""
+    if cfg.draft is None:
+        return new_draft(target, cfg.draft_config, cfg.seed + 1).to(device)
+    draft = load_model(cfg.draft, "draft", device, torch.float32, key="draft")
+    draft_tokenizer = None
+    if any(os.path.isfile(os.path.join(cfg.draft, name)) for name in ("tokenizer.json", "tokenizer_config.json")):
+        draft_tokenizer = load_tokenizer(cfg.draft, "draft", key="draft")
+    try:
+        check_same_tokenizer(tokenizer, draft_tokenizer, output_vocab_size(target), output_vocab_size(draft))
+    except IncompatibleModelsError as exc:
+        raise IncompatibleModelsError(f"draft={cfg.draft!r} cannot be distilled into target={cfg.target!r}: {exc}; "
+                                      f"or give draft=null to start a fresh draft of the target's family "
+                                      f"(sized by draft_config)") from None
+    return draft
+
+
+# ---------------------------------------------------------------------- data
+@torch.no_grad()
+def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperature: float,
+                         generator: torch.Generator) -> torch.Tensor:
+    """[B, P] prompts -> [B, P + new_tokens]: the model's own continuations, all rows in one batch
+    (a KV cache, one forward per token), sampled at `temperature` (0: greedy) from `generator`.
+    EOS is not special: every row gets exactly new_tokens."""
+    from specdec.cache import new_cache
+    was_training = model.training
+    model.eval()
+    cache = new_cache(model)
+    params = None if temperature == 0 else SamplingParams(temperature=temperature)
+    ids, step_input, out = prompts, prompts, []
+    for _ in range(new_tokens):
+        logits = model(input_ids=step_input, use_cache=True, **cache_kwargs(model, cache)).logits[:, -1].float()
+        if params is None:
+            token = logits.argmax(-1, keepdim=True)                                # [B, 1]
+        else:
+            probs = logits_to_probs(logits, params)                               # [B, V]
+            token = torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+        out.append(token)
+        step_input = token
+    model.train(was_training)
+    return torch.cat([ids, *out], dim=1)
+
+
+def target_continuations(target, tokenizer, draft, prompts: torch.Tensor, new_tokens: int, temperature: float,
+                         seed: int) -> torch.Tensor:
+    """[B, P] -> [B, P + new_tokens] sampled from the *target*, through our own speculative decoding
+    (draft_model with the draft being trained: the target's law, fewer target forwards)."""
+    from specdec.api import Speculator
+    from specdec.strategies.draft_model import DraftModel
+    was_training = draft.training
+    speculator = Speculator(target, tokenizer, DraftModel(draft, num_tokens=4))
+    outs = speculator.generate([row.tolist() for row in prompts], max_new_tokens=new_tokens, temperature=temperature,
+                               seed=[seed + i for i in range(len(prompts))] if temperature > 0 else None,
+                               ignore_eos=True)
+    draft.train(was_training)
+    return torch.cat([prompts, torch.tensor([o.token_ids for o in outs], dtype=torch.long)], dim=1)
+
+
+def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
+    """The random source of one step's draws other than the windows (which data, the samples), keyed
+    by (seed, step, rank): a resumed or redone step draws exactly what it drew the first time."""
+    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 8191 + rank) % (2 ** 63))
+
+
+def batch_source(cfg, step: int, rank: int) -> str:
+    """Which data this step trains on: fixed | draft | target (mixed: on-policy with prob mix_lambda)."""
+    if cfg.data != "mixed":
+        return cfg.data
+    coin = torch.rand((), generator=step_generator(cfg.seed, step, 0)).item()   # the same on every rank
+    return "draft" if coin < cfg.mix_lambda else "fixed"
+
+
+# ---------------------------------------------------------------------- held-out evaluation
+class HeldOut:
+    """Fixed held-out windows with the target's logits computed once, and held-out prompts for
+    the chain tau of our own draft_model strategy."""
+
+    def __init__(self, cfg, target, tokenizer, windows: torch.Tensor):
+        self.cfg, self.target, self.tokenizer = cfg, target, tokenizer
+        self.batches = []
+        with torch.no_grad():
+            for i in range(0, windows.shape[0], cfg.batch_size):
+                ids = windows[i: i + cfg.batch_size]
+                self.batches.append((ids, target(input_ids=ids.to(target.device)).logits.float()))
+        prompt_len = min(cfg.eval_prompt_tokens, windows.shape[1])
+        self.prompts = [row[:prompt_len].tolist() for row in windows[: cfg.eval_prompts]]
+
+    @torch.no_grad()
+    def evaluate(self, draft) -> dict:
+        was_training = draft.training
+        draft.eval()
+        accept, match, count = 0.0, 0.0, 0
+        for ids, target_logits in self.batches:
+            draft_logits = draft(input_ids=ids.to(target_logits.device)).logits.float()     # [b, T, V]
+            draft_logits = draft_logits[..., : target_logits.shape[-1]]
+            tv = 0.5 * (target_logits.softmax(-1) - draft_logits.softmax(-1)).abs().sum(-1)   # [b, T]
+            accept += float((1 - tv).sum())
+            match += float((target_logits.argmax(-1) == draft_logits.argmax(-1)).sum())
+            count += tv.numel()
+        result = {"acceptance_t1": accept / count, "greedy_match": match / count}
+        if self.prompts:
+            result["tau_greedy"] = self.chain_tau(draft, 0.0)
+            result[f"tau_t{self.cfg.eval_temperature:g}"] = self.chain_tau(draft, self.cfg.eval_temperature)
+        draft.train(was_training)
+        return result
+
+    def chain_tau(self, draft, temperature: float) -> float:
+        """Tokens per target forward of draft_model (a chain of eval_gamma) on the held-out prompts."""
+        from specdec.api import Speculator
+        from specdec.strategies.draft_model import DraftModel
+        speculator = Speculator(self.target, self.tokenizer, DraftModel(draft, num_tokens=self.cfg.eval_gamma))
+        outs = speculator.generate(self.prompts, max_new_tokens=self.cfg.eval_new_tokens, temperature=temperature,
+                                   seed=[self.cfg.seed + i for i in range(len(self.prompts))] if temperature else None,
+                                   ignore_eos=True)
+        return sum(o.stats.new_tokens for o in outs) / max(1, sum(o.stats.target_forwards for o in outs))
+
+
+def describe(result: dict) -> str:
+    taus = " ".join(f"{k[4:]} {v:.2f}" for k, v in result.items() if k.startswith("tau_"))
+    return (f"held-out 1-TV {result['acceptance_t1']:.3f} | greedy match {result['greedy_match']:.3f}"
+            + (f" | chain tau (gamma) {taus}" if taus else ""))
+
+
+# ---------------------------------------------------------------------- saving
+def _save_checkpoint(path: str, draft, optimizer, generator, **progress) -> None:
+    state = {"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "window_rng": generator.get_state(),
+             "draft_config": draft.config.to_dict(), **progress}
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _load_checkpoint(path: str, draft, optimizer, generator, identity: dict) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
+        raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
+    if not fingerprints_match(state["target"]["fingerprint"], identity["fingerprint"]):
+        raise ConfigError(f"{path} was distilled for another target: use another output_dir, or delete it")
+    try:
+        draft.load_state_dict(state["draft"])
+    except RuntimeError as exc:
+        raise ConfigError(f"{path} holds a draft of another shape than this run's ({str(exc).splitlines()[0]}): "
+                          f"use another output_dir, or delete the checkpoint") from None
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["window_rng"])
+    return state
+
+
+def _write_json(path: str, data: dict) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+    atomic_write(path, write)
+
+
+def save_distilled(folder: str, draft, tokenizer, info: dict) -> None:
+    """The draft as a plain Hugging Face checkpoint (config, safetensors, tokenizer files) and
+    distill.json, written last: each file is moved into place whole, so a folder with distill.json
+    holds a complete draft."""
+    tmp = tempfile.mkdtemp(dir=folder, prefix=".draft-")
+    try:
+        draft.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name in os.listdir(tmp):
+            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _write_json(os.path.join(folder, INFO_FILE), info)
+
+
+# ---------------------------------------------------------------------- the loop
+def _write_log(folder, cfg, history, losses, extra) -> None:
+    _write_json(os.path.join(folder, LOG_FILE), {"config": OmegaConf.to_container(cfg), "history": history,
+                                                 "losses": losses, **extra})
+
+
+def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
+    """Distil (or resume distilling) a draft as `cfg` (TrainDraftConfig) says; returns the output folder."""
+    if not OmegaConf.is_config(cfg):
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainDraftConfig), OmegaConf.structured(cfg))
+    validate(cfg)
+    weights = loss_spec(cfg)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    ddp = _Distributed(cfg, device)
+    target = load_model(cfg.target, "target", device, DTYPES[cfg.dtype], key="target")
+    target.requires_grad_(False)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
+    draft = load_draft(cfg, target, tokenizer, device)
+    draft.train()
+
+    train_files, heldout_files = corpus_files(cfg)
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
+                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
+    if note and ddp.main:
+        print(note, file=sys.stderr)
+    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
+        if stream.numel() < cfg.seq_len + 1:
+            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
+                              f"give a larger corpus or a smaller seq_len")
+    heldout = HeldOut(cfg, target, tokenizer, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows)) \
+        if ddp.main else None
+    student = ddp.wrap(draft)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
+    identity = target_identity(target)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
+    step, history, losses, elapsed = 0, [], [], 0.0
+    if os.path.isfile(checkpoint):
+        saved = _load_checkpoint(checkpoint, draft, optimizer, generator, identity)
+        step, history, losses = int(saved["step"]), list(saved["history"]), list(saved["losses"])
+        elapsed = float(saved.get("elapsed_s", 0.0))
+    extra = {"train_files": len(train_files), "heldout_files": len(heldout_files),
+             "train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout_stream.numel()),
+             "processes": ddp.world, "draft_parameters": sum(p.numel() for p in draft.parameters())}
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(cfg.bf16))
+    bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-draft",
+               disable=not (cfg.progress and ddp.main), dynamic_ncols=True, file=sys.stderr)
+
+    def evaluate(at_step: int) -> dict | None:
+        if ddp.main:
+            result = {"step": at_step, "train_time_s": elapsed, **heldout.evaluate(draft)}
+            if not history or history[-1]["step"] != at_step:
+                history.append(result)
+            _write_log(cfg.output_dir, cfg, history, losses, extra)
+            bar.write(f"eval @ {at_step} ({elapsed / 60:.1f} min): {describe(result)}")
+        ddp.barrier()
+        return history[-1] if ddp.main else None
+
+    def save(at_elapsed: float) -> None:
+        if ddp.main:
+            _save_checkpoint(checkpoint, draft, optimizer, generator, step=step, history=history, losses=losses,
+                             elapsed_s=at_elapsed, target=identity)
+
+    if step == 0:
+        evaluate(0)
+    started = time.perf_counter() - elapsed                 # training time carries over a resume
+    step_began, rng_before = step, generator.get_state()
+    try:
+        while step < cfg.steps and not out_of_time(elapsed, cfg):
+            step_began, rng_before = step, generator.get_state()
+            lr = lr_at(step, elapsed, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            windows = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
+            source = batch_source(cfg, step, ddp.rank)
+            ids, first = make_batch(cfg, source, windows, step, ddp.rank, target, tokenizer, draft)       # [b, T]
+            ids = ids.to(device)
+            with autocast:
+                with torch.no_grad():
+                    target_logits = target(input_ids=ids).logits[:, first:-1]                  # [b, n, V]
+                draft_logits = student(input_ids=ids).logits[:, first:-1]                      # [b, n, Vd]
+            vocab = target_logits.shape[-1]
+            loss, parts = distill_loss(weights, target_logits.float().flatten(0, 1),
+                                       draft_logits[..., :vocab].float().flatten(0, 1), ids[:, first + 1:].flatten(),
+                                       temperature=cfg.loss_temperature, top_k=cfg.loss_top_k,
+                                       top_p=cfg.loss_top_p, beta=cfg.jsd_beta)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            metrics = {"loss": ddp.mean(loss).item(), "parts": parts, "lr": lr, "data": source}
+            with deferred_interrupt():          # the update, its step count and its loss, whole or not at all
+                optimizer.step()
+                step += 1
+                losses.append(metrics["loss"])
+            elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
+            bar.update(1)
+            shown = f" | held-out 1-TV {history[-1]['acceptance_t1']:.3f}" if ddp.main and history else ""
+            bar.set_postfix_str(f"loss {metrics['loss']:.4f}{shown}")
+            last = step == cfg.steps or out_of_time(elapsed, cfg)
+            if step % cfg.checkpoint_interval == 0 or last:
+                save(elapsed)
+            if step % cfg.eval_interval == 0 and not last:
+                evaluate(step)
+            if on_step is not None:
+                on_step(step, metrics)
+    except KeyboardInterrupt:
+        stop_training(bar, step, step_began, generator, rng_before,
+                      lambda: save(time.perf_counter() - started),   # no collective: the other ranks stop too
+                      cfg.steps, checkpoint)
+    bar.close()
+    final = evaluate(step)
+    if ddp.main:
+        extra["train_time_s"] = elapsed
+        recipe = {key: OmegaConf.to_container(cfg)[key] for key in (
+            "loss", "jsd_beta", "loss_temperature", "loss_top_k", "loss_top_p", "data", "mix_lambda",
+            "prompt_tokens", "sample_temperature", "seq_len", "batch_size", "lr", "seed", "draft", "draft_config")}
+        info = {"format": FORMAT, "version": 1,
+                "target": {"path": os.path.abspath(cfg.target), **identity},
+                "recipe": {**recipe, "steps": step, "train_time_s": elapsed, "processes": ddp.world},
+                "heldout": {k: v for k, v in final.items() if k != "step"}}
+        save_distilled(cfg.output_dir, draft, tokenizer, info)
+        _write_log(cfg.output_dir, cfg, history, losses, extra)
+    ddp.barrier()
+    return cfg.output_dir
+
+
+def make_batch(cfg, source: str, windows: torch.Tensor, step: int, rank: int, target, tokenizer, draft):
+    """(ids [b, T], first position scored): corpus windows as they are (all positions), or their
+    first prompt_tokens followed by a continuation the draft (on-policy) or the target samples."""
+    if source == "fixed":
+        return windows, 0
+    prompts = windows[:, : cfg.prompt_tokens].to(draft.device)
+    new_tokens = cfg.seq_len - cfg.prompt_tokens
+    if source == "draft":
+        ids = sample_continuations(draft, prompts, new_tokens, cfg.sample_temperature,
+                                   step_generator(cfg.seed, step, rank))
+    else:
+        seed = int(torch.randint(0, 2 ** 31 - 1, (), generator=step_generator(cfg.seed, step, rank)))
+        ids = target_continuations(target, tokenizer, draft, prompts.cpu(), new_tokens, cfg.sample_temperature, seed)
+    return ids, cfg.prompt_tokens - 1
+
+
+# ---------------------------------------------------------------------- command line
+USAGE = ("usage: specdec train-draft [CONFIG] [key=value ...]\n"
+         "CONFIG: a shipped config (train_draft) or a YAML path; values are YAML: draft=null "
+         "loss={rkl: 0.9, ce: 0.1} data=draft; re-running with the same output_dir resumes")
+
+
+def help_text(name: str | None) -> str:
+    from .command import keys_help
+    from specdec.config import find_config_file
+    where = f" ({find_config_file(name)})" if name else ""
+    return (f"{USAGE}\n\ndistils a draft model into its target{where}; keys"
+            f"{', with this config' + chr(39) + 's values' if name else ' (defaults)'}:\n"
+            f"{keys_help(TrainDraftConfig, name)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """specdec train-draft [CONFIG_NAME_OR_YAML] [key=value ...]"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = list(argv)
+    name = None
+    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
+        name, argv = argv[0], argv[1:]
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(help_text(name))
+        return 0
+    cfg = None
+    try:
+        cfg = load_train_draft_config(name, argv)
+        folder = train_draft(cfg)
+    except KeyboardInterrupt as stop:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return EXIT_INTERRUPTED
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        prefix = (f"torchrun --nproc_per_node={world} -m specdec.heads.distill" if world > 1
+                  else "specdec train-draft")
+        return report_interrupt(stop, prefix, command, cfg.output_dir if cfg is not None else None)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"distilled draft saved in {folder} (use it as draft.path={folder})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
