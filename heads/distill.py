@@ -42,13 +42,13 @@ from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_mode
 from specdec.models import resolve_device
 from specdec.sampling import SamplingParams, logits_to_probs
 
-from .data import fixed_windows, sample_windows, token_streams
-from .distill_loss import distill_loss, draft_log_probs, loss_weights, target_log_probs
+from .data import fixed_windows, sample_windows
+from .distill_loss import distill_loss, loss_weights
 from .eagle_train import _Distributed, lr_at, out_of_time
-from .interrupt import EXIT_INTERRUPTED, deferred_interrupt, report_interrupt, stop_training
+from .interrupt import deferred_interrupt, stop_training, training_main
 from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
 from .io import atomic_write, fingerprints_match, target_identity
-from .train import _fmt, corpus_files
+from .train import training_streams
 
 CHECKPOINT_FILE = "draft_checkpoint.pt"
 LOG_FILE = "train_draft.json"
@@ -350,15 +350,7 @@ def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     draft = load_draft(cfg, target, tokenizer, device)
     draft.train()
 
-    train_files, heldout_files = corpus_files(cfg)
-    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
-                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
-    if note and ddp.main:
-        print(note, file=sys.stderr)
-    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
-        if stream.numel() < cfg.seq_len + 1:
-            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
-                              f"give a larger corpus or a smaller seq_len")
+    train_files, heldout_files, train_stream, heldout_stream = training_streams(cfg, tokenizer, ddp.main)
     heldout = HeldOut(cfg, target, tokenizer, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows)) \
         if ddp.main else None
     student = ddp.wrap(draft)
@@ -492,29 +484,9 @@ def help_text(name: str | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """specdec train-draft [CONFIG_NAME_OR_YAML] [key=value ...]"""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = list(argv)
-    name = None
-    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
-        name, argv = argv[0], argv[1:]
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(help_text(name))
-        return 0
-    cfg = None
-    try:
-        cfg = load_train_draft_config(name, argv)
-        folder = train_draft(cfg)
-    except KeyboardInterrupt as stop:
-        if int(os.environ.get("RANK", "0")) != 0:
-            return EXIT_INTERRUPTED
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        prefix = (f"torchrun --nproc_per_node={world} -m specdec.heads.distill" if world > 1
-                  else "specdec train-draft")
-        return report_interrupt(stop, prefix, command, cfg.output_dir if cfg is not None else None)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"distilled draft saved in {folder} (use it as draft.path={folder})")
-    return 0
-
+    return training_main(argv, show_help=lambda name: print(help_text(name)), load_config=load_train_draft_config,
+                         train=train_draft, cli="specdec train-draft", module="specdec.heads.distill",
+                         saved="distilled draft saved in {folder} (use it as draft.path={folder})")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,12 +40,12 @@ from specdec.config import build_config, find_config_file
 from specdec.errors import ConfigError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
-from .data import fixed_windows, sample_windows, token_streams
+from .data import fixed_windows, sample_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle_io import save_eagle
-from .interrupt import EXIT_INTERRUPTED, deferred_interrupt, report_interrupt, stop_training
+from .interrupt import deferred_interrupt, stop_training, training_main
 from .io import atomic_write, target_fingerprint
-from .train import _fmt, corpus_files, load_checkpoint, save_checkpoint
+from .train import _fmt, load_checkpoint, save_checkpoint, training_streams
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
 LOG_FILE = "eagle_train.json"
@@ -349,15 +349,7 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     target.requires_grad_(False)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
 
-    train_files, heldout_files = corpus_files(cfg)
-    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
-                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
-    if note and ddp.main:
-        print(note, file=sys.stderr)
-    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
-        if stream.numel() < cfg.seq_len + 1:
-            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
-                              f"give a larger corpus or a smaller seq_len")
+    train_files, heldout_files, train_stream, heldout_stream = training_streams(cfg, tokenizer, ddp.main)
     drafter = build_drafter(cfg, target)
     layers = drafter.layout.feature_layers
     feature_loss = not drafter.layout.fused and cfg.feature_loss_weight > 0
@@ -455,30 +447,10 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads train_eagle [key=value ...]  (or a YAML with `drafter: eagle`)"""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = list(argv)
-    name = None
-    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
-        name, argv = argv[0], argv[1:]
-    if any(arg in ("-h", "--help") for arg in argv):
-        from .command import help_text
-        print(help_text(name, eagle=True))
-        return 0
-    cfg = None
-    try:
-        cfg = load_train_eagle_config(name, argv)
-        folder = train_eagle(cfg)
-    except KeyboardInterrupt as stop:
-        if int(os.environ.get("RANK", "0")) != 0:
-            return EXIT_INTERRUPTED
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        prefix = (f"torchrun --nproc_per_node={world} -m specdec.heads.eagle_train" if world > 1
-                  else "specdec train-heads")
-        return report_interrupt(stop, prefix, command, cfg.output_dir if cfg is not None else None)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"EAGLE drafter saved in {folder}")
-    return 0
-
+    from .command import help_text
+    return training_main(argv, show_help=lambda name: print(help_text(name, eagle=True)),
+                         load_config=load_train_eagle_config, train=train_eagle, cli="specdec train-heads",
+                         module="specdec.heads.eagle_train", saved="EAGLE drafter saved in {folder}")
 
 if __name__ == "__main__":
     sys.exit(main())

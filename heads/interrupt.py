@@ -67,3 +67,33 @@ def report_interrupt(stop: KeyboardInterrupt, prefix: str, argv: list[str], outp
     else:
         print("\ninterrupted before any training step ran: nothing new was saved", file=sys.stderr)
     return EXIT_INTERRUPTED
+
+
+def training_main(argv: list[str] | None, *, show_help, load_config, train, cli: str, module: str, saved: str) -> int:
+    """The command line of a trainer (`specdec train-heads`, `train_eagle`, `specdec train-draft`):
+    [CONFIG_NAME_OR_YAML] [key=value ...], -h / --help (show_help(name) prints the keys), the
+    config loaded by load_config(name, overrides) and trained by train(cfg) -> folder; Ctrl-C ends
+    with the command that resumes the run (a torchrun one when several ranks ran `module`), and only
+    rank 0 reports. `saved` formats the last line with {folder}."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = list(argv)
+    name = None
+    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
+        name, argv = argv[0], argv[1:]
+    if any(arg in ("-h", "--help") for arg in argv):
+        show_help(name)
+        return 0
+    cfg = None
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        cfg = load_config(name, argv)
+        folder = train(cfg)
+    except KeyboardInterrupt as stop:
+        if rank != 0:
+            return EXIT_INTERRUPTED
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        prefix = f"torchrun --nproc_per_node={world} -m {module}" if world > 1 else cli
+        return report_interrupt(stop, prefix, command, cfg.output_dir if cfg is not None else None)
+    if rank == 0:
+        print(saved.format(folder=folder))
+    return 0

@@ -30,7 +30,7 @@ from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
-from .interrupt import deferred_interrupt, report_interrupt, stop_training
+from .interrupt import deferred_interrupt, stop_training, training_main
 from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
 
@@ -129,6 +129,22 @@ def corpus_files(cfg: TrainHeadsConfig) -> tuple[list[str], list[str]]:
         return files, resolve_files(heldout, cfg.corpus_root)
     return split_heldout(files)
 
+def training_streams(cfg, tokenizer, announce: bool = True):
+    """(train files, held-out files, train [T_train], held-out [T_heldout]) of the config's corpus: the
+    files and their token streams, documents joined
+    by the tokenizer's EOS; a note on how the held-out part was chosen is printed when `announce`
+    (rank 0 of several); a stream shorter than one window is a ConfigError."""
+    train_files, heldout_files = corpus_files(cfg)
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
+                                                       min_tokens=cfg.seq_len + 1)
+    if note and announce:
+        print(note, file=sys.stderr)
+    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
+        if stream.numel() < cfg.seq_len + 1:
+            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
+                              f"give a larger corpus or a smaller seq_len")
+    return train_files, heldout_files, train_stream, heldout_stream
+
 
 def build_heads(cfg: TrainHeadsConfig, target) -> MedusaHeads:
     """Fresh heads in fp32 on the target's device, with fp32 frozen copies of its lm_head and
@@ -203,17 +219,8 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32), key="target")
     target.requires_grad_(False)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
-    separator = tokenizer.eos_token_id
 
-    train_files, heldout_files = corpus_files(cfg)
-    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, separator,
-                                                       min_tokens=cfg.seq_len + 1)   # [T_train], [T_heldout]
-    if note:
-        print(note, file=sys.stderr)
-    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
-        if stream.numel() < cfg.seq_len + 1:
-            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
-                              f"give a larger corpus or a smaller seq_len")
+    train_files, heldout_files, train_stream, heldout_stream = training_streams(cfg, tokenizer)   # [T_train], [T_heldout]
     heldout = HeldOut(target, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows), cfg.batch_size)
 
     heads = build_heads(cfg, target)
@@ -290,24 +297,11 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
 
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = list(argv)
-    name = None
-    if argv and "=" not in argv[0] and argv[0] not in ("-h", "--help"):
-        name, argv = argv[0], argv[1:]
-    if any(arg in ("-h", "--help") for arg in argv):
-        from .command import help_text
-        print(help_text(name))
-        return 0
-    cfg = None
-    try:
-        cfg = load_train_config(name, parse_overrides(argv))
-        folder = train_heads(cfg)
-    except KeyboardInterrupt as stop:
-        return report_interrupt(stop, "specdec train-heads", command, cfg.output_dir if cfg is not None else None)
-    print(f"heads saved in {folder}")
-    return 0
-
+    from .command import help_text
+    return training_main(argv, show_help=lambda name: print(help_text(name)),
+                         load_config=lambda name, argv: load_train_config(name, parse_overrides(argv)),
+                         train=train_heads, cli="specdec train-heads", module="specdec.heads.train",
+                         saved="heads saved in {folder}")
 
 if __name__ == "__main__":
     sys.exit(main())
