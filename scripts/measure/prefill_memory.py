@@ -86,6 +86,18 @@ class Peak:
         return self.base / 2 ** 20, (peak - self.base) / 2 ** 20
 
 
+def child_env() -> dict:
+    """The measuring processes' environment: glibc's malloc with a fixed mmap threshold. By default
+    glibc raises the threshold each time a large block is freed, after which blocks of that size
+    come from the heap and their pages stay resident after free, so the peak RSS of the same run
+    varied by 10 MiB and more from process to process; with a fixed threshold every large tensor
+    is its own mapping, returned when freed, and VmHWM follows the live tensors (the same for every
+    runner, Hugging Face's included)."""
+    env = dict(os.environ)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+    return env
+
+
 # ---------------------------------------------------------------------- one measurement (child process)
 def measure_one(runner: str, length: int, device: str) -> dict:
     import gc
@@ -147,7 +159,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--one", runner, str(length), "--device", args.device]
             if args.src:
                 command += ["--src", args.src]
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, capture_output=True, text=True, env=child_env())
             if done.returncode:
                 print(f"{length:>7} {runner:>15} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
                 continue
