@@ -225,8 +225,9 @@ def load_heads(folder: str, target=None) -> MedusaHeads:
     (specdec.interop.medusa)."""
     if folder and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
         from specdec.interop.medusa import FOREIGN_FORMATS, detect_heads_format, import_heads
-        if detect_heads_format(folder) in FOREIGN_FORMATS:
-            return import_heads(folder, target)
+        kind = detect_heads_format(folder)
+        if kind in FOREIGN_FORMATS:
+            return import_heads(folder, target, kind)
     heads, _ = load_drafter(HEADS_FILES, folder, MedusaHeads, target)
     if target is not None:
         bind_heads(heads, target)

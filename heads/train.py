@@ -129,11 +129,12 @@ def corpus_files(cfg: TrainHeadsConfig) -> tuple[list[str], list[str]]:
         return files, resolve_files(heldout, cfg.corpus_root)
     return split_heldout(files)
 
+
 def training_streams(cfg, tokenizer, announce: bool = True):
-    """(train files, held-out files, train [T_train], held-out [T_heldout]) of the config's corpus: the
-    files and their token streams, documents joined
-    by the tokenizer's EOS; a note on how the held-out part was chosen is printed when `announce`
-    (rank 0 of several); a stream shorter than one window is a ConfigError."""
+    """(train files, held-out files, train [T_train], held-out [T_heldout]) of the config's corpus:
+    the files and their token streams, documents joined by the tokenizer's EOS. A note on how the
+    held-out part was chosen is printed when `announce` (rank 0 of several); a stream shorter than
+    one window is a ConfigError."""
     train_files, heldout_files = corpus_files(cfg)
     train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
                                                        min_tokens=cfg.seq_len + 1)

@@ -65,10 +65,9 @@ def _limits(f: dataclasses.Field) -> str:
 
 
 def _rows(cls, prefix: str) -> list[str]:
-    notes = _comments(cls)
+    notes, hints = _comments(cls), typing.get_type_hints(cls)      # string annotations resolved once
     rows = []
     for f in dataclasses.fields(cls):
-        hints = typing.get_type_hints(cls) if not isinstance(f.type, type) else {}
         kind = hints.get(f.name, f.type)
         if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
             continue                      # a section: listed under its own heading

@@ -145,24 +145,21 @@ def test_documented_config_keys_exist():
 
 
 def _help_texts() -> str:
+    """The --help of every subcommand and of the demo (`make demo ARGS="--models ..."`)."""
     from specdec.cli import main as cli_main
+    from specdec.family.demo import main as demo_main
+    runs = [(cli_main, command + ["--help"]) for command in
+            ([], ["generate"], ["check"], ["profile"], ["bench"], ["export"], ["train-heads"])]
+    runs.append((demo_main, ["--help"]))
     texts = []
-    for command in ([], ["generate"], ["check"], ["profile"], ["bench"], ["export"], ["train-heads"]):
+    for run, argv in runs:
         buffer = io.StringIO()
         with redirect_stdout(buffer), redirect_stderr(io.StringIO()):
             try:
-                cli_main(command + ["--help"])
+                run(argv)
             except SystemExit:
                 pass
         texts.append(buffer.getvalue())
-    from specdec.family.demo import main as demo_main       # `make demo ARGS="--models ..."`
-    buffer = io.StringIO()
-    with redirect_stdout(buffer), redirect_stderr(io.StringIO()):
-        try:
-            demo_main(["--help"])
-        except SystemExit:
-            pass
-    texts.append(buffer.getvalue())
     return "\n".join(texts)
 
 

@@ -164,10 +164,11 @@ def _is_targets_lm_head(weight: torch.Tensor, target) -> bool:
             and torch.equal(lm_head.weight.detach().to("cpu", weight.dtype), weight))
 
 
-def import_heads(folder: str, target=None) -> MedusaHeads:
+def import_heads(folder: str, target=None, kind: str | None = None) -> MedusaHeads:
     """Heads in a foreign layout (FasterDecoding's or vLLM's) as our MedusaHeads, checked against
-    `target`'s hidden size and vocabulary (and bound to it when given)."""
-    kind = detect_heads_format(folder)
+    `target`'s hidden size and vocabulary (and bound to it when given). kind: the layout when the
+    caller has detected it already (detect_heads_format)."""
+    kind = kind or detect_heads_format(folder)
     if kind not in FOREIGN_FORMATS:
         raise ModelLoadError(f"{folder!r} holds no Medusa heads in a layout specdec imports (FasterDecoding's "
                              f"medusa_lm_head.pt/.safetensors + config.json, or vLLM's config.json with "
