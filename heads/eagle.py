@@ -1,17 +1,16 @@
-"""EAGLE-style feature drafter: one decoder layer that autoregresses in the target's feature space.
+"""EAGLE-1 feature drafter: one decoder layer that autoregresses in the target's feature space.
 
-Row t of the drafter reads the target's feature(s) at position t and the embedding of token t + 1,
-fused as `fc([g_t; embed(x_{t+1})])`, runs one decoder block (RMSNorm, rotary attention over its
+Row t of the drafter reads the target's last hidden state at position t and the embedding of
+token t + 1, fused as `fc([g_t; embed(x_{t+1})])`, runs one decoder block (RMSNorm, rotary attention over its
 own KV cache, SwiGLU MLP, the shape of a Llama layer sized like the target) and a final RMSNorm.
 Its output o_t stands for the target's feature at t + 1; the target's own frozen lm_head turns it
 into a distribution for token t + 2. Deeper draft steps feed the drafter its own output and the
 drafted token (g_{t+1} = o_t), so a chain or tree of guesses needs no target forward.
 
-Two layouts (EagleLayout.feature_layers, indices into Hugging Face's `hidden_states` tuple):
-  * EAGLE-1/2: (-1,), the last hidden state after the final norm (what the lm_head reads);
-    g_t = f_t, and training may also regress o_t onto f_{t+1};
-  * EAGLE-3: a low, a middle and a high layer side by side (F = 3H), fused to H by `fuse`
-    (g_t = fuse(f_t)); trained on token distributions only, with training-time test.
+EagleLayout.feature_layers names the one layer read, an index into Hugging Face's `hidden_states`
+tuple: (-1,), the last hidden state after the final norm (what the lm_head reads), g_t = f_t;
+training may also regress o_t onto f_{t+1}. EAGLE-3 (several layers fused, its own reduced-vocabulary
+lm_head) is the standard module of specdec.heads.eagle3, with the same call interface.
 
 Attention is given as an explicit boolean visibility mask over [past keys; new keys], so the same
 block serves a causal pass over committed rows, one batched pass over a tree level (each node
@@ -34,7 +33,7 @@ class EagleLayout:
     vocab_size: int                      # V: the width of the target's logits
     num_heads: int                       # attention heads of the drafter's layer
     intermediate_size: int               # SwiGLU width
-    feature_layers: tuple[int, ...] = (-1,)   # target hidden_states read (EAGLE-1/2: (-1,); EAGLE-3: 3 layers)
+    feature_layers: tuple[int, ...] = (-1,)   # the target hidden_states index read (one)
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
 
@@ -42,21 +41,21 @@ class EagleLayout:
         object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
-        if not self.feature_layers:
-            raise ValueError("feature_layers must name at least one target layer")
+        if len(self.feature_layers) != 1:
+            raise ValueError(f"an EAGLE-1 drafter reads one target layer, got feature_layers={list(self.feature_layers)}: "
+                             f"several layers are the EAGLE-3 drafter's (specdec.heads.eagle3)")
 
-    @property
-    def fused(self) -> bool:
-        """EAGLE-3: several target layers fused into one H-wide input."""
-        return len(self.feature_layers) > 1
-
-    @property
-    def name(self) -> str:
-        return "eagle3" if self.fused else "eagle1"
+    fused = False          # one layer read as is (EAGLE-3's layouts fuse several)
+    name = "eagle1"
 
     @property
     def feature_size(self) -> int:
         return len(self.feature_layers) * self.hidden_size
+
+    @property
+    def width(self) -> int:
+        """The drafter's own hidden size (g and its outputs): the target's."""
+        return self.hidden_size
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -73,7 +72,7 @@ def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 def layout_for_target(target, feature_layers=(-1,), intermediate_size: int | None = None) -> EagleLayout:
-    """The drafter layout shaped like one layer of `target` (intermediate_size: a narrower (or wider)
+    """The EAGLE-1 layout shaped like one layer of `target` (intermediate_size: a narrower (or wider)
     SwiGLU than the target's, None = the target's own)."""
     config = target.config
     hidden = int(config.hidden_size)
@@ -159,7 +158,6 @@ class EagleDrafter(nn.Module):
         super().__init__()
         self.layout = layout
         h = layout.hidden_size
-        self.fuse = nn.Linear(layout.feature_size, h, bias=False) if layout.fused else None
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.block = DrafterBlock(layout)
         self.norm = nn.RMSNorm(h, eps=layout.norm_eps)
@@ -174,6 +172,10 @@ class EagleDrafter(nn.Module):
         """Share the target's (frozen) input embedding; not saved."""
         self._shared_embedding[:] = [embedding]
 
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """[..., H] outputs -> [..., V] logits over the drafter's vocabulary: the target's whole one."""
+        return self.logits(out)
+
     def _shared(self, which: list, what: str) -> nn.Module:
         if not which:
             raise RuntimeError(f"the drafter uses the target's {what}: call attach_lm_head / attach_embedding "
@@ -181,10 +183,13 @@ class EagleDrafter(nn.Module):
         return which[0]
 
     def input_features(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features [..., F] -> the drafter's feature input g [..., H] (EAGLE-3: fused)."""
-        return features if self.fuse is None else self.fuse(features)
+        """Target features [..., H] -> the drafter's feature input g [..., H]: as they are."""
+        return features
 
-    def lm_head(self, out: torch.Tensor) -> torch.Tensor:
+    uses_target_lm_head = True
+    draft_vocab = None                  # the whole target vocabulary
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] drafter outputs -> [..., V] logits, through the target's own lm_head."""
         return self._shared(self._shared_lm_head, "lm_head")(out)
 
@@ -197,4 +202,4 @@ class EagleDrafter(nn.Module):
         x = self.fc(torch.cat([g, embed], dim=-1))
         x, k, v = self.block(x, positions, past_k, past_v, visible, cache, start)
         out = self.norm(x)
-        return out, (self.lm_head(out) if with_logits else None), k, v
+        return out, (self.logits(out) if with_logits else None), k, v

@@ -3,7 +3,9 @@ drafter's own weights, never the target's shared lm_head or embedding) and `eagl
 
     eagle.json = {"format": "specdec-eagle-drafter", "version": 1,
                   "layout": {hidden_size, vocab_size, num_heads, intermediate_size, feature_layers,
-                             rope_theta, norm_eps},
+                             rope_theta, norm_eps}            (EAGLE-1, specdec.heads.eagle)
+                            | {"style": "eagle3", ...}         (standard EAGLE-3, specdec.heads.eagle3;
+                                                               weights under speculators' names),
                   "target": {architecture, hidden_size, vocab_size, fingerprint: [floats]},
                   "training": {...}}
 
@@ -13,6 +15,7 @@ it was trained for. Weights first, config last, each written atomically.
 from __future__ import annotations
 
 import copy
+import os
 import time
 
 import torch
@@ -21,6 +24,7 @@ from torch import nn
 from specdec.cache import BufferedLayer
 
 from .eagle import EagleDrafter, EagleLayout
+from .eagle3 import Eagle3Drafter, Eagle3Layout
 from .io import DrafterFiles, load_drafter, read_drafter_config, save_drafter
 
 WEIGHTS_FILE = "eagle.safetensors"
@@ -29,7 +33,17 @@ FORMAT = "specdec-eagle-drafter"
 TRAIN_HINT = "`specdec train-heads train_eagle target=/path/to/it output_dir=...`"
 
 
-EAGLE_FILES = DrafterFiles("EAGLE drafter", "eagle.path", WEIGHTS_FILE, CONFIG_FILE, FORMAT, EagleLayout, TRAIN_HINT)
+def eagle_layout(**fields) -> EagleLayout | Eagle3Layout:
+    """The layout a saved `layout` dict describes: {"style": "eagle3", ...} the standard EAGLE-3 one."""
+    return Eagle3Layout(**fields) if fields.get("style") == "eagle3" else EagleLayout(**fields)
+
+
+def drafter_for_layout(layout: EagleLayout | Eagle3Layout) -> EagleDrafter | Eagle3Drafter:
+    """A drafter of `layout` (random weights)."""
+    return Eagle3Drafter(layout) if isinstance(layout, Eagle3Layout) else EagleDrafter(layout)
+
+
+EAGLE_FILES = DrafterFiles("EAGLE drafter", "eagle.path", WEIGHTS_FILE, CONFIG_FILE, FORMAT, eagle_layout, TRAIN_HINT)
 
 
 def save_eagle(folder: str, drafter: EagleDrafter, target, training: dict | None = None) -> str:
@@ -40,20 +54,31 @@ def read_eagle_config(folder: str) -> dict:
     return read_drafter_config(EAGLE_FILES, folder)
 
 
-def load_eagle(folder: str, target=None) -> EagleDrafter:
-    """The drafter in `folder`; with `target`, checked against it and bound to it."""
-    drafter, _ = load_drafter(EAGLE_FILES, folder, EagleDrafter, target)
+def load_eagle(folder: str, target=None) -> EagleDrafter | Eagle3Drafter:
+    """The drafter in `folder`; with `target`, checked against it and bound to it. A folder holding
+    an EAGLE-3 checkpoint of `speculators` or of the EAGLE repository (no eagle.json) is imported
+    (specdec.interop.eagle)."""
+    if folder and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
+        from specdec.interop.eagle import import_eagle3
+        drafter = import_eagle3(folder, target)
+        if target is not None:
+            bind_eagle(drafter, target)
+        return drafter.eval()
+    drafter, _ = load_drafter(EAGLE_FILES, folder, drafter_for_layout, target)
     if target is not None:
         bind_eagle(drafter, target)
     return drafter.eval()
 
 
-def bind_eagle(drafter: EagleDrafter, target, dtype: torch.dtype | None = None) -> EagleDrafter:
+def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype | None = None):
     """Move the drafter to the target's device and to `dtype` (None: the target's); share the target's
-    lm_head and input embedding (in another dtype than the target's: a copy of the lm_head in it,
-    vocab x hidden values, not saved; the embedding is read as is and cast)."""
+    lm_head (EAGLE-1; in another dtype than the target's: a copy of it in that dtype, vocab x hidden
+    values, not saved) and input embedding (read as is and cast)."""
     dtype = dtype or target.dtype
     drafter.to(device=target.device, dtype=dtype)
+    drafter.attach_embedding(target.get_input_embeddings())
+    if not drafter.uses_target_lm_head:
+        return drafter
     lm_head = target.get_output_embeddings()
     if lm_head.weight.dtype != dtype:
         head_copy = nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
@@ -62,7 +87,6 @@ def bind_eagle(drafter: EagleDrafter, target, dtype: torch.dtype | None = None) 
             head_copy.load_state_dict(lm_head.state_dict())
         lm_head = head_copy.requires_grad_(False)
     drafter.attach_lm_head(lm_head)
-    drafter.attach_embedding(target.get_input_embeddings())
     return drafter
 
 
@@ -99,7 +123,7 @@ def _tree_level_seconds(drafter: EagleDrafter, target, dtype: torch.dtype, rows:
     """Best-of-3 time of `repeats` drafter forwards over `rows` tree nodes after `past` committed rows,
     on a copy of the drafter in `dtype` (a few ms on a CPU)."""
     trial = bind_eagle(copy.deepcopy(drafter), target, dtype)
-    hidden = drafter.layout.hidden_size
+    hidden = drafter.layout.width
     cache = BufferedLayer()
     trial(torch.randn(1, past, hidden, dtype=dtype), torch.zeros(1, past, dtype=torch.long),
           torch.arange(past)[None], with_logits=False, cache=cache, start=0)

@@ -42,6 +42,7 @@ from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .data import fixed_windows, sample_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
+from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_tokens
 from .eagle_io import save_eagle
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .io import atomic_write, target_fingerprint
@@ -62,8 +63,12 @@ class TrainEagleConfig:
     heldout: List[str] = field(default_factory=list)
     split_file: Optional[str] = None    # JSON with "train" / "heldout" file lists
     # drafter
-    layout: str = "eagle3"              # eagle1 (last hidden state) | eagle3 (low, middle, high layer fused)
+    layout: str = "eagle3"              # eagle1 (last hidden state, the target's lm_head) | eagle3 (the standard
+    #   EAGLE-3 drafter: low, middle and high layer fused, its own lm_head over draft_vocab_size tokens)
     feature_layers: Optional[List[int]] = None   # override the layers read (hidden_states indices)
+    draft_vocab_size: Optional[int] = None   # eagle3: the drafter's vocabulary, the corpus's most frequent
+    #   target tokens (None = the whole target vocabulary)
+    norm_before_residual: bool = False  # eagle3: the layer's residual is hidden_norm(g) (speculators' flag)
     intermediate_size: Optional[int] = None   # the drafter's SwiGLU width (None = the target's); narrower
     #   drafts faster where one target layer is a large share of the model (small targets, CPUs)
     # objective
@@ -110,6 +115,9 @@ def validate(cfg) -> None:
     if cfg.eval_new_tokens + 1 >= cfg.seq_len or cfg.eval_new_tokens <= cfg.eval_depth:
         raise ConfigError(f"need eval_depth ({cfg.eval_depth}) < eval_new_tokens ({cfg.eval_new_tokens}) < "
                           f"seq_len - 1 ({cfg.seq_len - 1})")
+    if cfg.draft_vocab_size is not None and (cfg.layout != "eagle3" or cfg.draft_vocab_size < 1):
+        raise ConfigError(f"draft_vocab_size={cfg.draft_vocab_size}: a reduced draft vocabulary is EAGLE-3's "
+                          f"(layout=eagle3, draft_vocab_size >= 1; null = the whole vocabulary)")
     if cfg.intermediate_size is not None and cfg.intermediate_size < 1:
         raise ConfigError(f"intermediate_size must be >= 1 (or null: the target's), got {cfg.intermediate_size}")
     if not cfg.lr > 0:
@@ -162,8 +170,11 @@ class Unrolled(nn.Module):
     def forward(self, features, last_hidden, teacher_logits, input_ids):
         rows = features.shape[1] - 1                                  # row s: feature s, token s + 1
         tokens = input_ids[:, 1:].to(features.device)                 # [B, n]
-        teacher_probs = teacher_logits[:, 1:].softmax(dim=-1)         # [B, n, V]: token s + 2
-        teacher_best = teacher_logits[:, 1:].argmax(dim=-1)           # [B, n]
+        vocab = self.drafter.draft_vocab                              # [N] target ids (None: all V)
+        teacher_best = teacher_logits[:, 1:].argmax(dim=-1)           # [B, n]: over the whole vocabulary
+        if vocab is not None:                                         # EAGLE-3's reduced vocabulary: the
+            teacher_logits = teacher_logits[..., vocab]               # target's distribution on it, renormalised
+        teacher_probs = teacher_logits[:, 1:].softmax(dim=-1)         # [B, n, N]: token s + 2
         want_feature = last_hidden[:, 1:]                             # [B, n, H]: f_{s+1}
         positions = torch.arange(rows, device=features.device)[None].expand(features.shape[0], -1)
         g = self.drafter.input_features(features[:, :-1])             # [B, n, H]
@@ -171,14 +182,15 @@ class Unrolled(nn.Module):
         token_losses, feature_losses, top1 = [], [], []
         for step in range(1, self.steps + 1):
             visible = ttt_visible(rows, step, features.device)
-            out, logits, k, v = self.drafter(g, tokens, positions, past_k, past_v, visible)
+            out, _, k, v = self.drafter(g, tokens, positions, past_k, past_v, visible, with_logits=False)
             valid = slice(step - 1, rows)
-            student = logits[:, valid].float().flatten(0, 1)           # [B * m, V]
+            student = self.drafter.draft_logits(out[:, valid]).float().flatten(0, 1)   # [B * m, N]
             token_losses.append(F.cross_entropy(student, teacher_probs[:, valid].flatten(0, 1)))
             feature_losses.append(F.smooth_l1_loss(out[:, valid].float(), want_feature[:, valid])
                                   if self.feature_loss else student.new_zeros(()))
             with torch.no_grad():
-                top1.append((student.argmax(-1) == teacher_best[:, valid].flatten()).float().mean())
+                guess = student.argmax(-1) if vocab is None else vocab[student.argmax(-1)]
+                top1.append((guess == teacher_best[:, valid].flatten()).float().mean())
             past_k = k if past_k is None else torch.cat([past_k, k], dim=2)
             past_v = v if past_v is None else torch.cat([past_v, v], dim=2)
             g = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)   # row s reads row s - 1's guess
@@ -264,13 +276,23 @@ def feature_layers_for(cfg, target) -> tuple[int, ...]:
     return eagle3_layers(int(target.config.num_hidden_layers))
 
 
-def build_drafter(cfg, target) -> EagleDrafter:
-    """A fresh fp32 drafter on the target's device with fp32 frozen copies of its lm_head and embedding."""
+def build_drafter(cfg, target, stream: torch.Tensor | None = None) -> EagleDrafter | Eagle3Drafter:
+    """A fresh fp32 drafter on the target's device with fp32 frozen copies of the target modules it
+    reads; eagle3 with a reduced vocabulary: the `draft_vocab_size` tokens most frequent in `stream`."""
     layers = feature_layers_for(cfg, target)
     if cfg.layout == "eagle1" and len(layers) != 1:
         raise ConfigError(f"layout eagle1 reads one layer, got feature_layers={list(layers)}: use layout=eagle3")
-    drafter = EagleDrafter(layout_for_target(target, layers, cfg.intermediate_size)).to(target.device)
-    drafter.attach_lm_head(copy.deepcopy(target.get_output_embeddings()).float().requires_grad_(False))
+    if cfg.layout == "eagle3":
+        layout = eagle3_layout_for_target(target, layers, cfg.draft_vocab_size, cfg.intermediate_size,
+                                          norm_before_residual=bool(cfg.norm_before_residual))
+        drafter = Eagle3Drafter(layout).to(target.device)
+        if layout.reduced_vocab:
+            if stream is None:
+                raise ConfigError("a reduced draft vocabulary is picked from the training corpus: none given")
+            drafter.set_draft_vocab(most_frequent_tokens(stream, layout.draft_vocab_size, layout.vocab_size))
+    else:
+        drafter = EagleDrafter(layout_for_target(target, layers, cfg.intermediate_size)).to(target.device)
+        drafter.attach_lm_head(copy.deepcopy(target.get_output_embeddings()).float().requires_grad_(False))
     drafter.attach_embedding(copy.deepcopy(target.get_input_embeddings()).float().requires_grad_(False))
     return drafter
 
@@ -350,7 +372,7 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
 
     train_files, heldout_files, train_stream, heldout_stream = training_streams(cfg, tokenizer, ddp.main)
-    drafter = build_drafter(cfg, target)
+    drafter = build_drafter(cfg, target, train_stream)
     layers = drafter.layout.feature_layers
     feature_loss = not drafter.layout.fused and cfg.feature_loss_weight > 0
     heldout = None

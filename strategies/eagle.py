@@ -207,7 +207,7 @@ class Eagle:
                 out, _, _, _ = self.drafter(self.drafter.input_features(part)[None], tokens[None], rows[None],
                                             with_logits=False, cache=self.kv, start=self.fed)
                 self.fed += m
-            self.root = (out[0, -1], self.drafter.lm_head(out[0, -1]).float())    # only the last row's logits
+            self.root = (out[0, -1], self.drafter.logits(out[0, -1]).float())    # only the last row's logits
         return self.root
 
     def _dtype(self) -> torch.dtype:

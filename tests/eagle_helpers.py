@@ -5,14 +5,32 @@ import torch
 
 from conftest import tiny_model
 from specdec.heads.eagle import EagleDrafter, layout_for_target
+from specdec.heads.eagle3 import Eagle3Drafter, eagle3_layout_for_target
 from specdec.types import DecodeState
 from specdec.sampling import SamplingParams, TorchRandom
 
 
-def random_drafter(model, layers=(-1,), seed: int = 0) -> EagleDrafter:
-    """An untrained drafter (PyTorch's default random init): its guesses are mostly wrong."""
+def random_drafter(model, layers=(-1,), seed: int = 0, draft_vocab=None) -> EagleDrafter | Eagle3Drafter:
+    """An untrained drafter (PyTorch's default random init): its guesses are mostly wrong. One layer:
+    EAGLE-1; several: the standard EAGLE-3 drafter, over the target ids `draft_vocab` (None: all)."""
     torch.manual_seed(seed)
-    return EagleDrafter(layout_for_target(model, layers))
+    if len(layers) == 1:
+        return EagleDrafter(layout_for_target(model, layers))
+    drafter = Eagle3Drafter(eagle3_layout_for_target(model, layers, len(draft_vocab) if draft_vocab else None))
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.tensor(draft_vocab))
+    return drafter
+
+
+def leaning_eagle3(model, layers, token: int = 7, seed: int = 0) -> Eagle3Drafter:
+    """A random EAGLE-3 drafter whose lm_head is zero but for `token`'s row: it guesses `token` where
+    that row's logit is positive (its random layer decides where), else token 0."""
+    drafter = random_drafter(model, layers, seed)
+    with torch.no_grad():
+        row = drafter.lm_head.weight[token].clone()
+        drafter.lm_head.weight.zero_()
+        drafter.lm_head.weight[token] = row * 10
+    return drafter
 
 
 def echo_drafter(model) -> EagleDrafter:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
-from eagle_helpers import biased_target, echo_drafter, random_drafter, state_for
+from eagle_helpers import biased_target, echo_drafter, leaning_eagle3, random_drafter, state_for
 from specdec.api import Speculator
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads.eagle import EagleDrafter, eagle3_layers, layout_for_target
@@ -67,7 +67,8 @@ def _fresh_root(model, drafter, token_ids):
 @pytest.mark.parametrize("layers", [(-1,), (1, 2)])
 def test_drafter_after_commits_equals_a_fresh_run(layers):
     model = biased_target("llama", 3.0)
-    drafter = echo_drafter(model) if layers == (-1,) else random_drafter(model, layers)
+    # seed 5: a random layer under which the EAGLE-3 drafter guesses 7 at some steps and not at others
+    drafter = echo_drafter(model) if layers == (-1,) else leaning_eagle3(model, layers, seed=5)
     strategy = Eagle(drafter, max_nodes=6, top_k=2, depth=4)
     seen = []
     propose = strategy.propose
@@ -167,16 +168,20 @@ def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k
     assert tree.num_nodes == min(max_nodes, len(candidates))
 
 
-@pytest.mark.parametrize("layers", [(-1,), (0, 1, 2)])
-def test_save_load_round_trip_gives_identical_trees(tmp_path, layers):
+@pytest.mark.parametrize("layers,draft_vocab", [((-1,), None), ((0, 1, 2), None), ((0, 1, 2), [7, 3, 40, 9, 11])])
+def test_save_load_round_trip_gives_identical_trees(tmp_path, layers, draft_vocab):
     model = tiny_model("llama", seed=1, sharpen=4.0)
-    drafter = random_drafter(model, layers)
+    drafter = random_drafter(model, layers, draft_vocab=draft_vocab)
     save_eagle(str(tmp_path), drafter, model, training={"steps": 3})
     loaded = load_eagle(str(tmp_path), model)
     assert loaded.layout == drafter.layout and loaded.layout.fused == (len(layers) > 1)
     info = json.loads((tmp_path / CONFIG_FILE).read_text())
     assert info["format"] == "specdec-eagle-drafter" and info["layout"]["feature_layers"] == list(layers)
-    assert "embed" not in " ".join(loaded.state_dict()) and "lm_head" not in " ".join(loaded.state_dict())
+    # the target's embedding is never saved; EAGLE-1 reads the target's lm_head, EAGLE-3 has its own
+    assert "embed" not in " ".join(loaded.state_dict())
+    assert ("lm_head" in " ".join(loaded.state_dict())) == (len(layers) > 1)
+    if draft_vocab:
+        assert sorted(loaded.draft_vocab.tolist()) == sorted(draft_vocab)
     trees = []
     for d in (drafter, loaded):
         sd = Speculator(model, None, Eagle(d, max_nodes=8, top_k=3, depth=4))
@@ -366,7 +371,7 @@ def test_a_bfloat16_drafter_beside_a_float32_target_keeps_greedy_identity(arch):
     accepted = run(model, strategy)
     assert sum(accepted) > 0                                   # the bf16 drafts are accepted
     assert next(strategy.drafter.parameters()).dtype == torch.bfloat16
-    assert strategy.drafter.lm_head(torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert strategy.drafter.logits(torch.zeros(1, model.config.hidden_size, dtype=torch.bfloat16)).dtype == torch.bfloat16
     assert model.get_output_embeddings().weight.dtype == torch.float32
     assert torch.equal(model.get_output_embeddings().weight, head_before)
     assert not any("lm_head" in name for name in strategy.drafter.state_dict())

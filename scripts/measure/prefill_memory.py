@@ -119,9 +119,11 @@ def measure_one(runner: str, length: int, device: str) -> dict:
             strategy = Autoregressive()
         else:
             from specdec.heads.eagle import EagleDrafter, layout_for_target
+            from specdec.heads.eagle3 import Eagle3Drafter, eagle3_layout_for_target
             from specdec.strategies.eagle import Eagle
-            layers = (-1,) if runner == "eagle" else (2, 4, 5)
-            strategy = Eagle(EagleDrafter(layout_for_target(model, layers)).to(device), max_nodes=8, top_k=2, depth=3)
+            drafter = EagleDrafter(layout_for_target(model)) if runner == "eagle" else \
+                Eagle3Drafter(eagle3_layout_for_target(model, (2, 4, 5)))
+            strategy = Eagle(drafter.to(device), max_nodes=8, top_k=2, depth=3)
         sd = Speculator(model, None, strategy)
         run = lambda: sd.generate(prompt, max_new_tokens=NEW_TOKENS, ignore_eos=True)
     gc.collect()
