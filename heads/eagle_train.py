@@ -46,7 +46,7 @@ from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_token
 from .eagle_io import save_eagle
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .io import atomic_write, target_fingerprint
-from .train import _fmt, load_checkpoint, save_checkpoint, training_streams
+from .train import _fmt, bf16_autocast_pays, load_checkpoint, save_checkpoint, training_streams
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
 LOG_FILE = "eagle_train.json"
@@ -86,7 +86,8 @@ class TrainEagleConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    bf16: bool = False                  # bf16 autocast for the target and drafter forwards
+    bf16: Optional[bool] = False        # bf16 autocast for the target and drafter forwards (null: where it pays -
+    #   CUDA with bf16, a CPU with bf16 dot products; elsewhere emulated bf16 is many times slower)
     # bookkeeping
     seed: int = 0
     eval_interval: int = 100
@@ -290,11 +291,27 @@ def build_drafter(cfg, target, stream: torch.Tensor | None = None) -> EagleDraft
             if stream is None:
                 raise ConfigError("a reduced draft vocabulary is picked from the training corpus: none given")
             drafter.set_draft_vocab(most_frequent_tokens(stream, layout.draft_vocab_size, layout.vocab_size))
+        start_from_target_head(drafter, target)
     else:
         drafter = EagleDrafter(layout_for_target(target, layers, cfg.intermediate_size)).to(target.device)
         drafter.attach_lm_head(copy.deepcopy(target.get_output_embeddings()).float().requires_grad_(False))
     drafter.attach_embedding(copy.deepcopy(target.get_input_embeddings()).float().requires_grad_(False))
     return drafter
+
+
+def start_from_target_head(drafter: Eagle3Drafter, target) -> None:
+    """The drafter's lm_head starts as (and stays, frozen, as speculators trains it) the target's rows of
+    its draft vocabulary; its final norm starts as the target's final norm, which those rows were
+    trained behind."""
+    with torch.no_grad():
+        head = target.get_output_embeddings().weight.float()                   # [V, H]
+        vocab = drafter.draft_vocab
+        drafter.lm_head.weight.copy_(head if vocab is None else head[vocab.to(head.device)])
+        final_norm = getattr(getattr(target, "model", None), "norm", None)
+        weight = getattr(final_norm, "weight", None)
+        if weight is not None and weight.shape == drafter.norm.weight.shape:
+            drafter.norm.weight.copy_(weight.float())
+    drafter.lm_head.weight.requires_grad_(False)
 
 
 def _write_log(folder, cfg, history, losses, extra) -> None:
@@ -395,7 +412,9 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
              "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
              "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(cfg.bf16))
+    bf16 = bf16_autocast_pays(device) if cfg.bf16 is None else bool(cfg.bf16)
+    extra["bf16"] = bf16
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-eagle",
                disable=not (cfg.progress and ddp.main), dynamic_ncols=True, file=sys.stderr)
 

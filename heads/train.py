@@ -160,6 +160,17 @@ def build_heads(cfg: TrainHeadsConfig, target) -> MedusaHeads:
     return heads
 
 
+def bf16_autocast_pays(device: torch.device) -> bool:
+    """Whether bfloat16 autocast speeds training up on `device`: CUDA with bf16 support, or a CPU
+    with bf16 dot products (oneDNN's check: AVX512-BF16 / AMX). CPUs without them emulate bf16
+    matrix products, many times slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
 def _rng_generator(seed: int) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(seed)
