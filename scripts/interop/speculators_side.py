@@ -142,10 +142,16 @@ def cmd_forward(args: argparse.Namespace) -> None:
         out["d2t"] = model.d2t.clone()
         out["t2d"] = model.t2d.clone()
     save_file(out, args.out)
+    # what from_pretrained kept: the checkpoint's embed_tokens / lm_head, not the verifier's
+    saved = load_file(str(Path(args.model) / "model.safetensors"))
+    kept = {name: torch.equal(getattr(model, name).weight, saved[f"{name}.weight"])
+            for name in ("embed_tokens", "lm_head") if f"{name}.weight" in saved}
     agree = all(bool((out[f"logits_{k}"].argmax(-1) == out[f"tokens_{k}"]).all())
                 for k in range(args.steps))
     print(json.dumps({"forward": str(args.model), "n": n, "steps": args.steps,
                       "draft_vocab": int(out["logits_0"].shape[-1]), "argmax_is_tokens": agree,
+                      "attn_implementation": model.layers[0].self_attn.config._attn_implementation,  # noqa: SLF001
+                      "checkpoint_weights_kept": kept,
                       "out": str(args.out), **_versions()}))
 
 
