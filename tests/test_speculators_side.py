@@ -77,3 +77,8 @@ def test_build_and_forward(side_python, tmp_path):
         assert out[f"layer_out_{k}"].shape == (SEQ, H)
     # the steps differ (each feeds back its own layer output and the next teacher-forced ids)
     assert not torch.allclose(out["logits_0"], out["logits_1"])
+    # and the semantics README.md states (re-implemented in plain torch) are speculators' own
+    proc = subprocess.run([side_python, str(SCRIPTS / "eagle3_semantics_check.py"), "--model", str(model_dir),
+                           "--inputs", str(inputs), "--side-out", str(out_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
