@@ -5,37 +5,18 @@ argmax of the logits it reports); the comparison with our drafter builds on thes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "scripts" / "interop"
+from speculators_env import SCRIPTS, side, side_python  # noqa: F401 - a fixture
+
 H, LAYERS, HEADS, KV_HEADS, V, N, I = 64, 4, 4, 2, 256, 96, 128
 STEPS, SEQ = 3, 12
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def side_python() -> str:
-    env_dir = os.environ.get("SPECDEC_SPECULATORS_ENV", str(ROOT / ".interop" / "speculators"))
-    proc = subprocess.run(["bash", str(SCRIPTS / "speculators_env.sh"), env_dir],
-                          capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        pytest.skip(f"speculators side env not available: {proc.stderr.strip()[-2000:]}")
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def side(python: str, *args: str) -> dict:
-    proc = subprocess.run([python, str(SCRIPTS / "speculators_side.py"), *args],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_build_and_forward(side_python, tmp_path):
