@@ -212,3 +212,73 @@ def test_export_command(tmp_path):
     assert isinstance(sd.strategy.drafter, Eagle3Drafter)
     out = sd.generate(PROMPT, max_new_tokens=8, ignore_eos=True)
     assert out.token_ids == hf_greedy(model, PROMPT, 8, min_new_tokens=8)
+
+
+# ---------------------------------------------------------------------- against the loaders' key lists
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "interop", "eagle3_keys.json")
+
+
+def _shape(formula, symbols: dict) -> tuple[int, ...] | None:
+    """'[H, A*Ht] (note)' -> the shape with symbols' values (None: not a shape formula)."""
+    text = formula["shape"] if isinstance(formula, dict) else formula
+    if not isinstance(text, str) or not text.startswith("["):
+        return None
+    dims = text[1: text.index("]")].split(",")
+    return tuple(int(eval(d, {"__builtins__": {}}, symbols)) for d in dims)    # noqa: S307 - fixture arithmetic
+
+
+def _optional(formula) -> bool:
+    text = formula if isinstance(formula, str) else formula.get("note", "")
+    return "when " in text or "optional" in text or "ignored" in text
+
+
+def _get(config: dict, path: str):
+    value = config
+    for part in path.replace("[0]", ".0").split("."):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+@pytest.mark.parametrize("loader,fmt", [("speculators", "speculators"), ("vllm", "speculators"),
+                                        ("sglang", "sglang"), ("eagle_repo", "eagle")])
+def test_exports_carry_what_each_loader_reads(tmp_path, loader, fmt):
+    """tests/fixtures/interop/eagle3_keys.json lists, from each loader's source (speculators 0.9.0 and
+    vLLM 0.33.0 wheels, SGLang 0.5.23, SafeAILab/EAGLE), the tensors and config keys it reads: our
+    export has every required tensor under that name (SGLang maps midlayer to layers.0), with that
+    shape, and every required config key."""
+    spec = json.load(open(FIXTURE))["loaders"][loader]
+    model = target_model()
+    drafter = drafter_for(model)
+    export_eagle3(drafter, str(tmp_path), fmt, target=model, verifier="org/tiny-target")
+    state = (torch.load(str(tmp_path / "pytorch_model.bin"), weights_only=True) if fmt == "eagle"
+             else load_file(str(tmp_path / "model.safetensors")))
+    if loader == "sglang":
+        state = {name.replace("midlayer.", "layers.0."): t for name, t in state.items()}
+    layout = drafter.layout
+    symbols = {"H": layout.width, "Ht": layout.hidden_size, "V": layout.vocab_size, "N": layout.draft_vocab_size,
+               "I": layout.intermediate_size, "A": len(layout.feature_layers), "heads": layout.num_heads,
+               "kv_heads": layout.num_kv_heads, "head_dim": layout.head_dim}
+    checked = 0
+    for name, formula in spec["tensors"].items():
+        if name == "note" or "{" in name or name == "t2d" and loader in ("vllm", "sglang"):
+            continue
+        if _optional(formula) and name not in state:
+            continue
+        assert name in state, f"{loader} reads {name}: not in our {fmt} export ({sorted(state)})"
+        shape = _shape(formula, symbols)
+        if shape is not None:
+            assert tuple(state[name].shape) == shape, (name, tuple(state[name].shape), shape)
+            checked += 1
+    assert checked >= 14
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key, want in spec["config_required"].items():
+        if key == "detection":                     # vLLM: speculators_config and no top-level model_type
+            assert "speculators_config" in config and "model_type" not in config
+        elif key != "format":
+            value = _get(config, key)
+            if isinstance(want, list) or isinstance(want, bool):
+                assert value == want, (key, value, want)
+    if loader == "vllm":                           # vLLM defaults an absent norm_before_residual to True
+        assert config["norm_before_residual"] is False
+    if loader == "eagle_repo":
+        assert config["draft_vocab_size"] == layout.draft_vocab_size and config["num_hidden_layers"] == 1

@@ -219,10 +219,19 @@ def _same_embedding(embedding: torch.Tensor, target) -> bool:
 
 # ---------------------------------------------------------------------- export
 def _layer_config_dict(layout: Eagle3Layout) -> dict:
-    config = layout.layer_config().to_dict()
-    config.pop("transformers_version", None)
-    config["architectures"] = ["LlamaForCausalLM"]
-    return config
+    """The drafter layer's Llama config as every loader reads it: the fields spelled out, rope both
+    as transformers 5 writes it (rope_parameters) and as older readers do (rope_theta, rope_scaling)."""
+    scaling = dict(layout.rope_scaling) if layout.rope_scaling else None
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": layout.width, "intermediate_size": layout.intermediate_size,
+        "num_attention_heads": layout.num_heads, "num_key_value_heads": layout.num_kv_heads,
+        "head_dim": layout.head_dim, "num_hidden_layers": 1, "vocab_size": layout.vocab_size,
+        "rms_norm_eps": layout.norm_eps, "max_position_embeddings": layout.max_position_embeddings,
+        "attention_bias": layout.attention_bias, "mlp_bias": layout.mlp_bias, "tie_word_embeddings": False,
+        "rope_theta": layout.rope_theta, "rope_scaling": scaling,
+        "rope_parameters": {"rope_type": "default", **(scaling or {}), "rope_theta": layout.rope_theta},
+    }
 
 
 def export_eagle3(drafter: Eagle3Drafter, out: str, fmt: str, target=None, verifier: str | None = None,
@@ -253,6 +262,14 @@ def export_eagle3(drafter: Eagle3Drafter, out: str, fmt: str, target=None, verif
                  if getattr(layout, name)]
         if extra:
             raise ConfigError(f"the {fmt} layout has no {', '.join(extra)}: export this drafter as speculators")
+        if fmt == "eagle" and layout.head_dim * layout.num_heads != layout.width:
+            raise ConfigError(f"the EAGLE repository's layer has head_dim = hidden / heads; this drafter's is "
+                              f"{layout.head_dim} (x {layout.num_heads} heads != {layout.width}): export it as sglang "
+                              f"or speculators")
+        if fmt == "eagle" and layout.rope_scaling and (layout.rope_scaling.get("rope_type")
+                                                       or layout.rope_scaling.get("type")) not in ("linear", "dynamic"):
+            raise ConfigError(f"the EAGLE repository reads linear or dynamic rope scaling only, not "
+                              f"{layout.rope_scaling}: export it as sglang or speculators")
         state = {(MIDLAYER + name[len(LAYER0):] if name.startswith(LAYER0) else name): t for name, t in state.items()}
         config = {**_layer_config_dict(layout), "architectures": ["LlamaForCausalLMEagle3"],
                   "draft_vocab_size": layout.draft_vocab_size}
