@@ -5,7 +5,7 @@ flag and `specdec.` name the pages mention must still exist.
 
 How a block runs: placeholders are replaced by tiny models built here (a 2-layer Llama target and a
 1-layer draft, one character-level tokenizer; untrained Medusa heads and an EAGLE drafter for the
-target): `/path/to/target`, `/path/to/draft`, `/path/to/heads`, `/path/to/eagle`; and
+target): `/path/to/target`, `/path/to/draft`, `/path/to/heads`, `/path/to/eagle` (EAGLE-1), `/path/to/eagle3`; and
 `/path/to/out` by a fresh folder. Python blocks of one page run in order in one namespace (a later
 block may use an earlier one's `sd`); `specdec` is imported. A bash block's lines (backslash
 continuations joined, `# comments` dropped) must each be a `specdec ...` or `python -m specdec ...`
@@ -22,6 +22,7 @@ import shlex
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
+import torch
 
 from conftest import char_tokenizer, tiny_model
 
@@ -67,11 +68,15 @@ def models(tmp_path_factory):
     save_heads(str(root / "heads"), MedusaHeads(HeadsLayout(3, 1, target.config.hidden_size, output_vocab(target))),
                target)
     save_eagle(str(root / "eagle"), EagleDrafter(layout_for_target(target)), target)
+    from specdec.heads.eagle3 import Eagle3Drafter, eagle3_layout_for_target
+    drafter = Eagle3Drafter(eagle3_layout_for_target(target, (0, 1, 2), draft_vocab_size=48))
+    drafter.set_draft_vocab(torch.arange(0, 96, 2))
+    save_eagle(str(root / "eagle3"), drafter, target)
     return root
 
 
 def substitute(code: str, models, out) -> str:
-    for name in ("target", "draft", "heads", "eagle"):
+    for name in ("target", "draft", "heads", "eagle3", "eagle"):
         code = code.replace(f"/path/to/{name}", str(models / name))
     return code.replace("/path/to/out", str(out))
 
