@@ -42,13 +42,15 @@ def strategy(name: str, target):
         "draft_tree": lambda: DraftModel(noisy_copy(target), branching=[2, 2, 1]),
         "draft_adaptive": lambda: DraftModel(noisy_copy(target), num_tokens=3, adaptive=True),
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
+        "eagle3": lambda: Eagle(random_drafter(target, (0, 1, 2), draft_vocab=list(range(0, 96, 3))), max_nodes=6,
+                                top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
         "suffix": lambda: Suffix(),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "medusa", "eagle",
-              "auto", "suffix"]
+              "eagle3", "auto", "suffix"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:

@@ -51,6 +51,7 @@ class Recorder:
         self.strategy = strategy
         self.name = strategy.name
         self.needs_hidden_states = strategy.needs_hidden_states
+        self.feature_layers = getattr(strategy, "feature_layers", None)
         self.kinds: Counter = Counter()
 
     def bind(self, target, tokenizer):
@@ -215,7 +216,9 @@ def test_eagle_reproduces_autoregressive(arch):
     from specdec.strategies.eagle import Eagle
     leaning = with_output_bias(target_of(arch), token=7, bias=3.0)
     kinds = Counter()
-    for target, drafter in ((target_of(arch), random_drafter(target_of(arch))), (leaning, echo_drafter(leaning))):
+    reduced = random_drafter(target_of(arch), (0, 1, 2), draft_vocab=list(range(0, 96, 3)))   # EAGLE-3, 32 tokens
+    for target, drafter in ((target_of(arch), random_drafter(target_of(arch))), (leaning, echo_drafter(leaning)),
+                            (target_of(arch), reduced)):
         for seed in (0, 1):
             prompt = prompt_ids(seed)
             tokens, step_kinds = run(target, Eagle(drafter, max_nodes=8, top_k=3, depth=4), prompt, seed)

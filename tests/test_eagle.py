@@ -36,8 +36,8 @@ def test_greedy_identity_all_none_and_partial_acceptance(arch):
     assert accepted[1:-1] and all(a == depth for a in accepted[1:-1])
     # none: an untrained drafter on a random target
     model = tiny_model(arch, seed=1, sharpen=4.0)
-    for layers in [(-1,), eagle3_layers(2)]:
-        accepted = run(model, Eagle(random_drafter(model, layers), max_nodes=8, top_k=3, depth=depth))
+    for layers, vocab in [((-1,), None), (eagle3_layers(2), None), ((0, 1, 2), list(range(1, 96, 2)))]:
+        accepted = run(model, Eagle(random_drafter(model, layers, draft_vocab=vocab), max_nodes=8, top_k=3, depth=depth))
         assert accepted.count(0) >= len(accepted) // 2
     # partial: a target leaning to 7 and a drafter echoing its feature (right early, drifting deeper);
     # at its own probabilities the drafter's tree is too bushy to reach the depth where it drifts
