@@ -30,6 +30,7 @@ from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads.eagle import eagle3_layers
 from specdec.heads.eagle3 import Eagle3Drafter, Eagle3Layout
 from specdec.heads.io import atomic_write, output_vocab
+from specdec.interop.files import read_json
 
 FORMATS = ("speculators", "eagle", "sglang")
 SAFETENSORS = "model.safetensors"
@@ -40,17 +41,6 @@ SPECULATORS_VERSION = "0.9.0"       # the release our exports were checked again
 
 
 # ---------------------------------------------------------------------- reading files
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is unreadable or not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} is not a JSON object")
-    return data
-
-
 def _load_weights(folder: str) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (or of pytorch_model.bin)."""
     files = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
@@ -75,7 +65,7 @@ def detect_eagle_format(folder: str) -> str | None:
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
         return None
-    config = _read_json(config_path)
+    config = read_json(config_path)
     if config.get("speculators_model_type") is not None or "speculators_config" in config:
         return "speculators"
     if "draft_vocab_size" in config or any("Eagle3" in a for a in config.get("architectures") or []):
@@ -169,7 +159,7 @@ def import_eagle3(folder: str, target=None) -> Eagle3Drafter:
                              f"written by `specdec train-heads train_eagle`, `specdec export eagle`, speculators or "
                              f"the EAGLE repository")
     where = f"the {kind} EAGLE-3 checkpoint in {folder!r}"
-    config = _read_json(os.path.join(folder, "config.json"))
+    config = read_json(os.path.join(folder, "config.json"))
     if kind == "speculators" and config.get("speculators_model_type") != "eagle3":
         raise ModelLoadError(f"{where}: speculators_model_type is {config.get('speculators_model_type')!r}; "
                              f"specdec's eagle strategy runs eagle3 speculators only")

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads.io import CONFIG_FILE, atomic_write, output_vocab
 from specdec.heads.module import HeadsLayout, MedusaHeads
+from specdec.interop.files import read_json
 
 FOREIGN_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -44,17 +45,6 @@ VLLM_PREFIX = "medusa_heads."
 
 
 # ---------------------------------------------------------------------- detection
-def _read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is unreadable or not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} is not a JSON object")
-    return data
-
-
 def detect_heads_format(folder: str) -> str | None:
     """"specdec" (heads.json), "medusa" (FasterDecoding's medusa_lm_head.*), "vllm" (config.json with
     model_type medusa), or None when the folder holds none of them."""
@@ -63,7 +53,7 @@ def detect_heads_format(folder: str) -> str | None:
     if any(os.path.isfile(os.path.join(folder, name)) for name in MEDUSA_WEIGHTS):
         return "medusa"
     config = os.path.join(folder, "config.json")
-    if os.path.isfile(config) and _read_json(config).get("model_type") == "medusa":
+    if os.path.isfile(config) and read_json(config).get("model_type") == "medusa":
         return "vllm"
     return None
 
@@ -97,7 +87,7 @@ def _medusa_state(folder: str) -> tuple[HeadsLayout, dict, str]:
     weights = next(os.path.join(folder, n) for n in MEDUSA_WEIGHTS if os.path.isfile(os.path.join(folder, n)))
     state = _strip(_load_tensors(weights), "medusa_head.")
     config_path = os.path.join(folder, "config.json")
-    config = _read_json(config_path) if os.path.isfile(config_path) else {}
+    config = read_json(config_path) if os.path.isfile(config_path) else {}
     heads = sorted({int(m.group(1)) for name in state if (m := re.match(r"(\d+)\.", name))})
     if not heads or heads != list(range(len(heads))):
         raise ModelLoadError(f"{weights}: no Medusa heads `0.*`, `1.*`, ... in it (keys {sorted(state)[:6]})")
@@ -124,7 +114,7 @@ def _medusa_state(folder: str) -> tuple[HeadsLayout, dict, str]:
 def _vllm_state(folder: str, target) -> tuple[HeadsLayout, dict, str]:
     """vLLM's layout -> (our layout, our state dict, a name for messages)."""
     config_path = os.path.join(folder, "config.json")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     try:
         hidden, vocab = int(config["hidden_size"]), int(config["vocab_size"])
         num_heads, num_layers = int(config["num_heads"]), int(config.get("num_hidden_layers", 1))
