@@ -1,7 +1,7 @@
 """Plot and tabulate a train-draft ablation: one folder per run (`<loss>-<data>`, each holding the
 train_draft.json its run wrote), held-out acceptance against training time per loss.
 
-    python -m specdec.benchmarks.distill_plot RUNS_FOLDER --out benchmarks/results/distill
+    python -m specdec.benchmarks.distill_plot RUNS_FOLDER --out benchmarks/results/distill [--name ablation]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def read_runs(folder: str) -> dict[tuple[str, str], dict]:
     return runs
 
 
-def plot(runs: dict, out: str) -> str:
+def plot(runs: dict, out: str, name: str = "ablation") -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -48,7 +48,7 @@ def plot(runs: dict, out: str) -> str:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
-    path = os.path.join(out, "ablation.png")
+    path = os.path.join(out, f"{name}.png")
     fig.savefig(path, dpi=110)
     return path
 
@@ -71,14 +71,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", help="folder with one sub-folder per run")
     parser.add_argument("--out", default="benchmarks/results/distill")
+    parser.add_argument("--name", default="ablation", help="the files written: NAME.png and NAME_table.md")
     args = parser.parse_args(argv)
     runs = read_runs(args.runs)
     if not runs:
         raise SystemExit(f"no runs (*/train_draft.json) under {args.runs}")
     os.makedirs(args.out, exist_ok=True)
-    print(f"plot: {plot(runs, args.out)}")
+    print(f"plot: {plot(runs, args.out, args.name)}")
     text = table(runs)
-    with open(os.path.join(args.out, "ablation_table.md"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}_table.md"), "w") as f:
         f.write(text + "\n")
     print(text)
     return 0

@@ -97,12 +97,19 @@ class TrainDraftConfig:
     warmup_steps: int = setting(20, min=0)
     weight_decay: float = setting(0.0, min=0.0)
     grad_clip: float = setting(1.0, min=0.0)
-    bf16: bool = False                  # bf16 autocast for the target's and the draft's forwards
+    bf16: bool = False                  # bf16 autocast for the target's and the draft's forwards (slower on a CPU
+    #   without native bf16 matmuls, such as AVX2 ones: measured in benchmarks/results/distill)
+    threads: int = setting(1, min=0)    # torch's CPU threads (intra-op) while training; 0 = torch's default (one per
+    #   core). 1 is what measured fastest on a shared 2-core CPU: the per-token forwards of on-policy sampling and
+    #   of the chain tau are too small to split, and a second thread that the scheduler gives to another process
+    #   stalls every op on it (10-20x slower steps at load ~9). Restored when train_draft returns
     # bookkeeping
     seed: int = setting(0, min=0)
     eval_interval: int = setting(200, min=1)
     eval_windows: int = setting(8, min=1)              # held-out windows of seq_len tokens (1 - TV, greedy match)
     eval_prompts: int = setting(8, min=0)              # held-out prompts for the chain tau (0 = skip it)
+    tau_interval: int = setting(0, min=0)              # also measure the chain tau every tau_interval steps (0: only
+    #   at the start and the end; the evaluations between measure 1 - TV and the greedy match, which are cheap)
     eval_prompt_tokens: int = setting(64, min=1)
     eval_new_tokens: int = setting(64, min=1)
     eval_gamma: int = setting(4, min=1)
@@ -248,7 +255,7 @@ class HeldOut:
         self.prompts = [row[:prompt_len].tolist() for row in windows[: cfg.eval_prompts]]
 
     @torch.no_grad()
-    def evaluate(self, draft) -> dict:
+    def evaluate(self, draft, tau: bool = True) -> dict:
         was_training = draft.training
         draft.eval()
         accept, match, count = 0.0, 0.0, 0
@@ -260,7 +267,7 @@ class HeldOut:
             match += float((target_logits.argmax(-1) == draft_logits.argmax(-1)).sum())
             count += tv.numel()
         result = {"acceptance_t1": accept / count, "greedy_match": match / count}
-        if self.prompts:
+        if self.prompts and tau:
             result["tau_greedy"] = self.chain_tau(draft, 0.0)
             result[f"tau_t{self.cfg.eval_temperature:g}"] = self.chain_tau(draft, self.cfg.eval_temperature)
         draft.train(was_training)
@@ -340,6 +347,16 @@ def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(TrainDraftConfig), OmegaConf.structured(cfg))
     validate(cfg)
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _train_draft(cfg, on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_draft(cfg, on_step) -> str:
     weights = loss_spec(cfg)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
@@ -372,9 +389,9 @@ def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-draft",
                disable=not (cfg.progress and ddp.main), dynamic_ncols=True, file=sys.stderr)
 
-    def evaluate(at_step: int) -> dict | None:
+    def evaluate(at_step: int, tau: bool = True) -> dict | None:
         if ddp.main:
-            result = {"step": at_step, "train_time_s": elapsed, **heldout.evaluate(draft)}
+            result = {"step": at_step, "train_time_s": elapsed, **heldout.evaluate(draft, tau)}
             if not history or history[-1]["step"] != at_step:
                 history.append(result)
             _write_log(cfg.output_dir, cfg, history, losses, extra)
@@ -427,7 +444,9 @@ def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
             if step % cfg.checkpoint_interval == 0 or last:
                 save(elapsed)
             if step % cfg.eval_interval == 0 and not last:
-                evaluate(step)
+                began = time.perf_counter()
+                evaluate(step, tau=bool(cfg.tau_interval) and step % cfg.tau_interval == 0)
+                started += time.perf_counter() - began      # training time leaves out the evaluations
             if on_step is not None:
                 on_step(step, metrics)
     except KeyboardInterrupt:

@@ -263,6 +263,23 @@ def test_a_few_steps_lower_the_heldout_tv_and_write_a_plain_hf_checkpoint(tiny, 
     assert out.token_ids == plain[0, 4:].tolist() == assisted[0, 4:].tolist()
 
 
+@pytest.mark.parametrize("tau_interval,expected", [(0, [True, False, False, True]),
+                                                    (4, [True, False, True, True])])
+def test_the_chain_tau_is_measured_at_the_ends_and_every_tau_interval(tiny, tmp_path, tau_interval, expected):
+    """The evaluations between the start and the end measure 1 - TV and the greedy match; the chain
+    tau (the expensive part) only at the ends, unless tau_interval asks for it; the run's torch
+    thread count is its own and the caller's is restored."""
+    before = torch.get_num_threads()
+    folder = train_draft(_cfg(tiny, tmp_path / "out", steps=6, eval_interval=2, tau_interval=tau_interval,
+                              threads=1 if before != 1 else 2))
+    assert torch.get_num_threads() == before
+    history = json.load(open(os.path.join(folder, LOG_FILE)))["history"]
+    assert [h["step"] for h in history] == [0, 2, 4, 6]
+    assert [{"tau_greedy", "tau_t0.8"} <= set(h) for h in history] == expected
+    assert all("acceptance_t1" in h and "greedy_match" in h for h in history)
+    assert [h["train_time_s"] for h in history] == sorted(h["train_time_s"] for h in history)
+
+
 def test_loading_a_draft_distilled_for_another_target_warns_with_both_names(tiny, tmp_path):
     folder = train_draft(_cfg(tiny, tmp_path / "out", steps=1, eval_prompts=0))
     with warnings.catch_warnings():
