@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from specdec.cache import BufferedLayer
+from specdec.models import cpu_has_bf16
 
 from .eagle import EagleDrafter, EagleLayout
 from .eagle3 import Eagle3Drafter, Eagle3Layout
@@ -96,8 +97,8 @@ _BF16_PAYS: dict[tuple, bool] = {}     # (device, layout, threads) -> measured
 def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDrafter) -> torch.dtype:
     """The dtype a drafter runs in beside `target`: None = the target's; a name or dtype; "auto" =
     bfloat16 when the target runs in float32 and bf16 pays on its device: on CUDA when supported,
-    on a CPU when a tree-level forward of `drafter` is measured >= 1.25x faster in bf16 (CPUs with
-    bf16 dot products; tiny drafters or CPUs that emulate bf16 run slower). Only what is drafted
+    on a CPU with bf16 dot products when a tree-level forward of `drafter` is measured >= 1.25x
+    faster in bf16 (tiny drafters run slower; CPUs without them emulate bf16, never faster). Only what is drafted
     changes: the target verifies in its own dtype (greedy identity holds; sampled trees carry the
     distributions they were drawn from)."""
     if requested is None:
@@ -108,7 +109,9 @@ def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDra
         return target.dtype
     if target.device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else target.dtype
-    if target.device.type != "cpu":
+    if target.device.type != "cpu" or not cpu_has_bf16():
+        # a CPU without bf16 dot products (AVX512-BF16 / AMX) emulates them: never faster, and a timing
+        # taken on a loaded machine could say otherwise
         return target.dtype
     key = (str(target.device), drafter.layout, torch.get_num_threads())
     if key not in _BF16_PAYS:

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from specdec.config import parse_overrides
 from specdec.errors import ConfigError, ModelLoadError
-from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
+from specdec.models import DTYPES, cpu_has_bf16, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
@@ -167,7 +167,7 @@ def bf16_autocast_pays(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return cpu_has_bf16()
     return False
 
 

@@ -13,6 +13,12 @@ from .errors import IncompatibleModelsError, ModelLoadError
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 dot products (oneDNN's check: AVX512-BF16 or AMX). Without them
+    bfloat16 matrix products are emulated, many times slower than float32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
