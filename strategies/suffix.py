@@ -47,13 +47,17 @@ CACHE_VERSION = 1
 
 @dataclass
 class SuffixConfig:
-    """The `suffix:` section. Defaults as Arctic Inference's vLLM integration (depth 24, factor 1,
-    min_token_prob 0.1) with a CPU-sized node budget like prompt lookup's."""
+    """The `suffix:` section. Depth 24 and min_token_prob 0.1 as Arctic Inference's vLLM integration;
+    a CPU-sized node budget like prompt lookup's, no 1-token matches and a speculation factor of 6
+    (Arctic: 1.0, and 1-token matches): on a CPU a verify step of a few nodes costs 1.2-1.4 plain
+    steps whatever they hold, so a draft must be worth it (prompt lookup's rule: a 2-gram match,
+    then up to 10 tokens). benchmarks/results/suffix/README.md has the replay and the runs behind it."""
     max_depth: int = setting(24, min=2)                # suffix tree depth: longest match + its continuation
     max_nodes: int = setting(16, min=1)                # node budget of one proposal
-    max_spec_factor: float = setting(1.0, above=0.0)   # a match of m tokens drafts at most factor * m + offset nodes
+    max_spec_factor: float = setting(6.0, above=0.0)   # a match of m tokens drafts at most factor * m + offset nodes
     max_spec_offset: float = setting(0.0, min=-64.0, max=64.0)   # (Arctic allows a negative offset)
     min_token_prob: float = setting(0.1, min=0.0, max=1.0)   # drop nodes whose path probability is lower
+    min_match: int = setting(2, min=1)                 # shortest suffix match drafted from (Arctic: 1)
     tree: bool = True                                  # False: a single path (Arctic Inference's path mode)
     max_cached_tokens: int = setting(200_000, min=0)   # outputs kept across calls (all scopes); 0: no cross-call cache
     corpus: List[str] = field(default_factory=list)    # files / folders loaded at start: .json token lists, else text
@@ -255,9 +259,10 @@ class Suffix:
                  max_spec_factor: float = SuffixConfig.max_spec_factor,
                  max_spec_offset: float = SuffixConfig.max_spec_offset,
                  min_token_prob: float = SuffixConfig.min_token_prob, tree: bool = SuffixConfig.tree,
+                 min_match: int = SuffixConfig.min_match,
                  max_cached_tokens: int = SuffixConfig.max_cached_tokens, scope: str = SuffixConfig.scope,
                  cache_path: str | None = None, cache: SuffixCache | None = None):
-        for key, value, low in (("max_depth", max_depth, 2), ("max_nodes", max_nodes, 1),
+        for key, value, low in (("max_depth", max_depth, 2), ("max_nodes", max_nodes, 1), ("min_match", min_match, 1),
                                 ("max_cached_tokens", max_cached_tokens, 0)):
             if int(value) < low:
                 raise ConfigError(f"suffix.{key} must be >= {low}, got {value}")
@@ -268,6 +273,7 @@ class Suffix:
         self.max_depth, self.max_nodes = int(max_depth), int(max_nodes)
         self.max_spec_factor, self.max_spec_offset = float(max_spec_factor), float(max_spec_offset)
         self.min_token_prob, self.tree = float(min_token_prob), bool(tree)
+        self.min_match = int(min_match)
         self.default_scope = str(scope)
         self.cache_path = cache_path
         self.cache = cache if cache is not None else SuffixCache(self.max_depth, max_cached_tokens)
@@ -338,29 +344,41 @@ class Suffix:
         its scope's cached trees and the corpus (walking the context's suffixes) - with their
         counts added up (suffix_tree.best_path / best_tree)."""
         stop = frozenset(eos_token_ids)
-        best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
         opened = self.local.open.get(0, [])                # [k]: the node of the context's length-k suffix
         with self.cache.lock:
+            # every match length's parts, shortest first, up to the first length no tree holds with a
+            # continuation (a longer suffix only occurs where every shorter one does)
             others = self.cache.trees_for(self.scope)
             nodes = [ROOT] * len(others)                  # per cached tree: its node of the current suffix
+            matches: list[tuple[int, list]] = []
             for length in range(1, min(self.max_depth - 1, len(context)) + 1):
-                parts = [(self.local, opened[length])] if length < len(opened) else []
+                parts = []
+                if length < len(opened) and self.local.cont[opened[length]] > 0:   # occurred before, here
+                    parts.append((self.local, opened[length]))
                 for k, tree in enumerate(others):
-                    if nodes[k] >= 0:                     # a longer suffix only occurs where a shorter one does
+                    if nodes[k] >= 0:
                         nodes[k] = tree.match(context[len(context) - length:])
-                        if nodes[k] >= 0:
+                        if nodes[k] >= 0 and tree.cont[nodes[k]] > 0:
                             parts.append((tree, nodes[k]))
                 if not parts:
                     break
+                matches.append((length, parts))
+            # longest first: a shorter match wins only with a strictly higher score (ties go to the
+            # longer, as Arctic), and it cannot when its node budget (an upper bound on its score, a
+            # sum of probabilities <= 1) is no higher than the best score so far
+            best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
+            for length, parts in reversed(matches):
+                if length < self.min_match:
+                    break
                 budget = min(self.max_nodes, int(length * self.max_spec_factor + self.max_spec_offset + 1e-6))
-                if budget <= 0:
-                    continue
+                if budget <= best[0]:
+                    break                                 # budgets only shrink with the match length
                 if self.tree:
                     drafted = best_tree(parts, budget, max_levels, self.min_token_prob, stop)
                 else:
                     drafted = best_path(parts, min(budget, max_levels), self.min_token_prob, stop)
                 score = sum(drafted[2])
-                if drafted[0] and score >= best[0]:      # a longer match wins ties (as Arctic)
+                if drafted[0] and score > best[0]:
                     best = (score, drafted, length)
         self.match_length = best[2]           # of the last draft: auto calibrates its nodes per match length
         return best[1]
@@ -381,7 +399,7 @@ class Suffix:
 def from_config(cfg, target, tokenizer, device, dtype) -> Suffix:
     c = cfg.suffix
     suffix = Suffix(max_depth=c.max_depth, max_nodes=c.max_nodes, max_spec_factor=c.max_spec_factor,
-                    max_spec_offset=c.max_spec_offset, min_token_prob=c.min_token_prob, tree=c.tree,
+                    max_spec_offset=c.max_spec_offset, min_token_prob=c.min_token_prob, tree=c.tree, min_match=c.min_match,
                     max_cached_tokens=c.max_cached_tokens, scope=c.scope, cache_path=c.cache_path)
     if c.corpus:
         suffix.cache.add_corpus(read_corpus(list(c.corpus), tokenizer))
