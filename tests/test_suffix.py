@@ -115,6 +115,36 @@ def test_matches_shorter_than_min_match_draft_nothing():
     assert suffix.match_length == 2
 
 
+def test_the_gate_pauses_drafts_that_keep_nothing_and_looks_again():
+    """Drafted steps whose drafts keep nothing (kept < min_gain on average) pause drafting from that
+    (temperature, match bucket); it is tried again after a gap that doubles; a bucket whose drafts
+    are kept goes on drafting, and so does every step with min_gain 0."""
+    from specdec.types import StepResult
+    from specdec.tree import CandidateTree
+
+    def steps(suffix, kept, n=40):
+        drafted = []
+        for _ in range(n):
+            state = state_of([1, 2, 3, 4, 5, 1, 2])            # a 2-token match of its own prompt
+            suffix.reset(state)
+            tree = suffix.propose(state)
+            drafted.append(tree.num_nodes > 0)
+            accepted = tuple(range(min(kept, tree.num_nodes)))
+            suffix.observe(state, StepResult(tree, accepted, 9, len(state.token_ids)))
+        return drafted
+
+    rejected = steps(Suffix(max_cached_tokens=0), kept=0)
+    looks = [i for i, drafted in enumerate(rejected) if drafted]
+    assert looks == [0, 1, 2, 3, 4, 5, 6, 10, 18, 34]   # 7 misses close it; looks after 3, 7, 15 skipped steps
+    assert all(steps(Suffix(max_cached_tokens=0), kept=2))
+    assert all(steps(Suffix(max_cached_tokens=0, min_gain=0.0), kept=0))
+    shared = Suffix(max_cached_tokens=0)
+    steps(shared, kept=0)
+    state = state_of([7, 8, 9, 10, 7, 8, 9])                 # a 3-token match: another bucket, not paused
+    shared.reset(state)
+    assert shared.propose(state).num_nodes > 0
+
+
 def _draft_every_length(suffix: Suffix, context: list[int], max_levels: int):
     """draft() by brute force: every match length from min_match up, scored, the longest best."""
     from specdec.strategies.suffix_tree import best_path, best_tree
