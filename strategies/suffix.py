@@ -42,18 +42,43 @@ from specdec.types import DecodeState, StepResult
 from .suffix_tree import ROOT, SuffixTree, best_path, best_tree
 
 CACHE_FORMAT = "specdec-suffix-cache"
+# the drafting gate (Suffix._gate_open): moving-average weight of a drafted step's kept tokens, the
+# steps skipped before the first look again, and the longest gap
+GATE_WEIGHT = 0.1
+GATE_PRIOR = 2.0          # a bucket's average before its first drafted step, x min_gain: ~7 misses in a row close it
+GATE_FIRST_GAP = 4
+GATE_MAX_GAP = 64
+# match lengths are gated per bucket (a copy after a long match goes on right far more often than
+# one after 2 tokens): each bound is its bucket's largest length
+GATE_BUCKETS = (2, 3, 5, 8, 13)
+
+
+def match_bucket(length: int) -> int:
+    return next((i for i, bound in enumerate(GATE_BUCKETS) if length <= bound), len(GATE_BUCKETS))
+
+
+def gate_temperature(sampling) -> str:
+    """greedy or sampled: a point mass is kept far less often when sampling."""
+    return "greedy" if sampling is None or sampling.greedy else "sampled"
 CACHE_VERSION = 1
 
 
 @dataclass
 class SuffixConfig:
-    """The `suffix:` section. Defaults as Arctic Inference's vLLM integration (depth 24, factor 1,
-    min_token_prob 0.1) with a CPU-sized node budget like prompt lookup's."""
+    """The `suffix:` section. Depth 24 and min_token_prob 0.1 as Arctic Inference's vLLM integration;
+    a CPU-sized node budget like prompt lookup's, no 1-token matches and a speculation factor of 6
+    (Arctic: 1.0, and 1-token matches): on a CPU a verify step of a few nodes costs 1.2-1.4 plain
+    steps whatever they hold, so a draft must be worth it (prompt lookup's rule: a 2-gram match,
+    then up to 10 tokens). benchmarks/results/suffix/README.md has the replay and the runs behind it."""
     max_depth: int = setting(24, min=2)                # suffix tree depth: longest match + its continuation
     max_nodes: int = setting(16, min=1)                # node budget of one proposal
-    max_spec_factor: float = setting(1.0, above=0.0)   # a match of m tokens drafts at most factor * m + offset nodes
+    max_spec_factor: float = setting(6.0, above=0.0)   # a match of m tokens drafts at most factor * m + offset nodes
     max_spec_offset: float = setting(0.0, min=-64.0, max=64.0)   # (Arctic allows a negative offset)
     min_token_prob: float = setting(0.1, min=0.0, max=1.0)   # drop nodes whose path probability is lower
+    min_match: int = setting(2, min=1)                 # shortest suffix match drafted from (Arctic: 1)
+    min_gain: float = setting(0.5, min=0.0)            # drafts from a (temperature, match length) bucket whose recent
+    #                                                    drafted steps kept fewer tokens than this on average pause
+    #                                                    (looked at again after a gap that doubles); 0: always draft
     tree: bool = True                                  # False: a single path (Arctic Inference's path mode)
     max_cached_tokens: int = setting(200_000, min=0)   # outputs kept across calls (all scopes); 0: no cross-call cache
     corpus: List[str] = field(default_factory=list)    # files / folders loaded at start: .json token lists, else text
@@ -255,9 +280,10 @@ class Suffix:
                  max_spec_factor: float = SuffixConfig.max_spec_factor,
                  max_spec_offset: float = SuffixConfig.max_spec_offset,
                  min_token_prob: float = SuffixConfig.min_token_prob, tree: bool = SuffixConfig.tree,
+                 min_match: int = SuffixConfig.min_match, min_gain: float = SuffixConfig.min_gain,
                  max_cached_tokens: int = SuffixConfig.max_cached_tokens, scope: str = SuffixConfig.scope,
                  cache_path: str | None = None, cache: SuffixCache | None = None):
-        for key, value, low in (("max_depth", max_depth, 2), ("max_nodes", max_nodes, 1),
+        for key, value, low in (("max_depth", max_depth, 2), ("max_nodes", max_nodes, 1), ("min_match", min_match, 1),
                                 ("max_cached_tokens", max_cached_tokens, 0)):
             if int(value) < low:
                 raise ConfigError(f"suffix.{key} must be >= {low}, got {value}")
@@ -268,6 +294,15 @@ class Suffix:
         self.max_depth, self.max_nodes = int(max_depth), int(max_nodes)
         self.max_spec_factor, self.max_spec_offset = float(max_spec_factor), float(max_spec_offset)
         self.min_token_prob, self.tree = float(min_token_prob), bool(tree)
+        self.min_match = int(min_match)
+        if not min_gain >= 0:
+            raise ConfigError(f"suffix.min_gain must be >= 0, got {min_gain}")
+        self.min_gain = float(min_gain)
+        # the drafting gate: per (temperature kind, match bucket) [kept tokens per drafted step (moving
+        # average), steps since the last look, gap]; shared by a Speculator's calls (per-call copies
+        # share the dict), like the cache
+        self.gate: dict[tuple, list] = {}
+        self.gate_key: tuple | None = None        # the bucket of this step's draft (None: nothing drafted)
         self.default_scope = str(scope)
         self.cache_path = cache_path
         self.cache = cache if cache is not None else SuffixCache(self.max_depth, max_cached_tokens)
@@ -294,19 +329,53 @@ class Suffix:
         self.state = state
         self.local = SuffixTree(self.max_depth)     # a new one: a call's copy must not share it
         self.local.extend(0, state.token_ids)
+        self.gate_key = None
 
     def propose(self, state: DecodeState) -> CandidateTree:
         self._catch_up(state)
+        self.gate_key = None
         if state.max_depth <= 0:
             return CandidateTree.empty(self.device)
         tokens, parents, _ = self.draft(state.token_ids, state.max_depth, state.eos_token_ids)
-        if not tokens:
+        if not tokens or not self._gate_open(state):
             return CandidateTree.empty(self.device)
         import torch
         return CandidateTree(torch.tensor(tokens, dtype=torch.long, device=self.device), tuple(parents))
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self._catch_up(state)
+        if self.gate_key is not None and result is not None:
+            self._gate_record(self.gate_key, result.num_accepted)
+            self.gate_key = None
+
+    # the gate: a drafted step costs more than a plain one (on a CPU 1.2-1.4 plain steps for a few nodes),
+    # so a draft pays only when it keeps enough tokens. Where this call's or earlier calls' drafts from
+    # matches of this length kept fewer than min_gain tokens per drafted step lately (e.g. samples at
+    # T = 0.8 drafting from other samples of the same prompt: point masses kept with p(x) only), drafting
+    # pauses, and is tried again after a gap that doubles while it keeps not paying (up to GATE_MAX_GAP).
+    def _gate_open(self, state: DecodeState) -> bool:
+        if self.min_gain <= 0:
+            return True
+        key = (gate_temperature(state.sampling), match_bucket(self.match_length))
+        entry = self.gate.get(key)
+        if entry is None or entry[0] >= self.min_gain:
+            self.gate_key = key
+            return True
+        entry[1] += 1
+        if entry[1] < entry[2]:
+            return False
+        entry[1] = 0                                       # a look after the gap
+        entry[2] = min(2 * entry[2], GATE_MAX_GAP)
+        self.gate_key = key
+        return True
+
+    def _gate_record(self, key: tuple, kept: int) -> None:
+        entry = self.gate.get(key)
+        if entry is None:
+            entry = self.gate[key] = [GATE_PRIOR * self.min_gain, 0, GATE_FIRST_GAP]
+        entry[0] = (1 - GATE_WEIGHT) * entry[0] + GATE_WEIGHT * kept
+        if entry[0] >= self.min_gain:
+            entry[2] = GATE_FIRST_GAP
 
     # auto's lookup part (strategies/auto.py calls these as it does prompt lookup's)
     def propose_paths(self, state: DecodeState) -> list[list[int]]:
@@ -338,29 +407,41 @@ class Suffix:
         its scope's cached trees and the corpus (walking the context's suffixes) - with their
         counts added up (suffix_tree.best_path / best_tree)."""
         stop = frozenset(eos_token_ids)
-        best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
         opened = self.local.open.get(0, [])                # [k]: the node of the context's length-k suffix
         with self.cache.lock:
+            # every match length's parts, shortest first, up to the first length no tree holds with a
+            # continuation (a longer suffix only occurs where every shorter one does)
             others = self.cache.trees_for(self.scope)
             nodes = [ROOT] * len(others)                  # per cached tree: its node of the current suffix
+            matches: list[tuple[int, list]] = []
             for length in range(1, min(self.max_depth - 1, len(context)) + 1):
-                parts = [(self.local, opened[length])] if length < len(opened) else []
+                parts = []
+                if length < len(opened) and self.local.cont[opened[length]] > 0:   # occurred before, here
+                    parts.append((self.local, opened[length]))
                 for k, tree in enumerate(others):
-                    if nodes[k] >= 0:                     # a longer suffix only occurs where a shorter one does
+                    if nodes[k] >= 0:
                         nodes[k] = tree.match(context[len(context) - length:])
-                        if nodes[k] >= 0:
+                        if nodes[k] >= 0 and tree.cont[nodes[k]] > 0:
                             parts.append((tree, nodes[k]))
                 if not parts:
                     break
+                matches.append((length, parts))
+            # longest first: a shorter match wins only with a strictly higher score (ties go to the
+            # longer, as Arctic), and it cannot when its node budget (an upper bound on its score, a
+            # sum of probabilities <= 1) is no higher than the best score so far
+            best: tuple[float, tuple, int] = (0.0, ([], [], []), 0)
+            for length, parts in reversed(matches):
+                if length < self.min_match:
+                    break
                 budget = min(self.max_nodes, int(length * self.max_spec_factor + self.max_spec_offset + 1e-6))
-                if budget <= 0:
-                    continue
+                if budget <= best[0]:
+                    break                                 # budgets only shrink with the match length
                 if self.tree:
                     drafted = best_tree(parts, budget, max_levels, self.min_token_prob, stop)
                 else:
                     drafted = best_path(parts, min(budget, max_levels), self.min_token_prob, stop)
                 score = sum(drafted[2])
-                if drafted[0] and score >= best[0]:      # a longer match wins ties (as Arctic)
+                if drafted[0] and score > best[0]:
                     best = (score, drafted, length)
         self.match_length = best[2]           # of the last draft: auto calibrates its nodes per match length
         return best[1]
@@ -381,7 +462,8 @@ class Suffix:
 def from_config(cfg, target, tokenizer, device, dtype) -> Suffix:
     c = cfg.suffix
     suffix = Suffix(max_depth=c.max_depth, max_nodes=c.max_nodes, max_spec_factor=c.max_spec_factor,
-                    max_spec_offset=c.max_spec_offset, min_token_prob=c.min_token_prob, tree=c.tree,
+                    max_spec_offset=c.max_spec_offset, min_token_prob=c.min_token_prob, tree=c.tree, min_match=c.min_match,
+                    min_gain=c.min_gain,
                     max_cached_tokens=c.max_cached_tokens, scope=c.scope, cache_path=c.cache_path)
     if c.corpus:
         suffix.cache.add_corpus(read_corpus(list(c.corpus), tokenizer))

@@ -110,6 +110,7 @@ class SuffixTree:
         store, open_nodes = self.streams[stream], self.open[stream]
         count, cont, depth = self.count, self.cont, self.max_depth
         child_token, child_node, branches = self.child_token, self.child_node, self.branches
+        free = self.free
         for token in tokens:
             token = int(token)
             grown = [ROOT]
@@ -117,12 +118,18 @@ class SuffixTree:
                 only = child_token[node]        # self.child(node, token), inlined: the hot loop
                 if only == token:
                     child = child_node[node]
-                elif only == BRANCHING:
-                    child = branches[node].get(token, -1)
-                    if child < 0:
-                        child = self._add_child(node, token)
-                else:
+                elif only == BRANCHING and token in branches[node]:
+                    child = branches[node][token]
+                elif free or only != NO_CHILD:
                     child = self._add_child(node, token)
+                else:                           # a new leaf below a leaf, no id to reuse: _add_child inlined
+                    child = len(count)          # (most substrings of a long stream are new)
+                    count.append(0)
+                    cont.append(0)
+                    child_token.append(NO_CHILD)
+                    child_node.append(NO_CHILD)
+                    child_token[node] = token
+                    child_node[node] = child
                 count[child] += 1
                 cont[node] += 1
                 grown.append(child)

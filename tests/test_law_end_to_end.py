@@ -150,7 +150,8 @@ def test_prompt_lookup_law_is_the_targets():
 
 class FrozenSuffix:
     """A Suffix whose cross-call cache does not learn from the enumerated calls (they replay one
-    call many times): the law is that of drafting from a fixed global tree."""
+    call many times): the law is that of drafting from a fixed global tree. Each replayed call gets
+    a fresh one (generation_law's factory): its drafting gate also learns across calls."""
 
     @staticmethod
     def make(outputs, **settings):
@@ -171,9 +172,8 @@ def test_suffix_law_is_the_targets_when_the_cache_disagrees(tree):
     unlikely = [t for t in range(V) if t != likely]
     outputs = [PROMPT[-2:] + [unlikely[0], unlikely[1]]] * 3 + [PROMPT[-2:] + [unlikely[2], likely]] * 2 + \
         [PROMPT[-2:] + [likely, unlikely[0]]]
-    suffix = FrozenSuffix.make(outputs, max_spec_factor=2.0, max_nodes=4, min_token_prob=0.0, tree=tree)
-    sd = Speculator(TARGET, None, suffix)
-    law = generation_law(sd, PROMPT, NEW, TOP2)
+    law = generation_law(lambda: Speculator(TARGET, None, FrozenSuffix.make(
+        outputs, max_spec_factor=2.0, max_nodes=4, min_token_prob=0.0, tree=tree)), PROMPT, NEW, TOP2)
     assert_lossless(law, PROMPT, TOP2)
     assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01   # a draft was kept sometimes
     assert probability(law, lambda tokens, accepted: accepted[0] == 0) > 0.01  # and rejected sometimes

@@ -91,13 +91,99 @@ def test_an_occurrence_at_the_end_does_not_dilute_the_estimate():
 # ---------------------------------------------------------------------- drafting
 def test_speculation_length_grows_with_the_match():
     """max_spec_factor=1: a 1-token match may draft 1 node, a 3-token match 3."""
-    suffix = Suffix(max_nodes=8, max_spec_factor=1.0, min_token_prob=0.0)
+    suffix = Suffix(max_nodes=8, max_spec_factor=1.0, min_token_prob=0.0, min_match=1)
     suffix.cache.add("default", [40, 41, 42, 43, 44, 45, 46, 47])
     suffix.reset(state_of([1, 2, 42]))
     assert suffix.propose(state_of([1, 2, 42])).num_nodes == 1
     state = state_of([1, 41, 42, 43])
     suffix.reset(state)
     assert suffix.propose(state).tokens.tolist() == [44, 45, 46]
+
+
+def test_matches_shorter_than_min_match_draft_nothing():
+    """The default min_match=2: a 1-token match drafts nothing; a 2-token match drafts
+    max_spec_factor * 2 nodes (capped by max_nodes)."""
+    suffix = Suffix(max_nodes=16, max_spec_factor=6.0, min_token_prob=0.0)
+    assert suffix.min_match == 2
+    suffix.cache.add("default", list(range(40, 70)))
+    state = state_of([1, 2, 42])
+    suffix.reset(state)
+    assert suffix.propose(state).num_nodes == 0
+    state = state_of([1, 41, 42])
+    suffix.reset(state)
+    assert suffix.propose(state).tokens.tolist() == list(range(43, 55))      # 12 nodes
+    assert suffix.match_length == 2
+
+
+def test_the_gate_pauses_drafts_that_keep_nothing_and_looks_again():
+    """Drafted steps whose drafts keep nothing (kept < min_gain on average) pause drafting from that
+    (temperature, match bucket); it is tried again after a gap that doubles; a bucket whose drafts
+    are kept goes on drafting, and so does every step with min_gain 0."""
+    from specdec.types import StepResult
+    from specdec.tree import CandidateTree
+
+    def steps(suffix, kept, n=40):
+        drafted = []
+        for _ in range(n):
+            state = state_of([1, 2, 3, 4, 5, 1, 2])            # a 2-token match of its own prompt
+            suffix.reset(state)
+            tree = suffix.propose(state)
+            drafted.append(tree.num_nodes > 0)
+            accepted = tuple(range(min(kept, tree.num_nodes)))
+            suffix.observe(state, StepResult(tree, accepted, 9, len(state.token_ids)))
+        return drafted
+
+    rejected = steps(Suffix(max_cached_tokens=0), kept=0)
+    looks = [i for i, drafted in enumerate(rejected) if drafted]
+    assert looks == [0, 1, 2, 3, 4, 5, 6, 10, 18, 34]   # 7 misses close it; looks after 3, 7, 15 skipped steps
+    assert all(steps(Suffix(max_cached_tokens=0), kept=2))
+    assert all(steps(Suffix(max_cached_tokens=0, min_gain=0.0), kept=0))
+    shared = Suffix(max_cached_tokens=0)
+    steps(shared, kept=0)
+    state = state_of([7, 8, 9, 10, 7, 8, 9])                 # a 3-token match: another bucket, not paused
+    shared.reset(state)
+    assert shared.propose(state).num_nodes > 0
+
+
+def _draft_every_length(suffix: Suffix, context: list[int], max_levels: int):
+    """draft() by brute force: every match length from min_match up, scored, the longest best."""
+    from specdec.strategies.suffix_tree import best_path, best_tree
+    best = (0.0, ([], [], []), 0)
+    trees = [suffix.local] + suffix.cache.trees_for(suffix.scope)
+    for length in range(suffix.min_match, min(suffix.max_depth - 1, len(context)) + 1):
+        parts = [(tree, tree.match(context[len(context) - length:])) for tree in trees]
+        parts = [(tree, node) for tree, node in parts if node >= 0]
+        budget = min(suffix.max_nodes, int(length * suffix.max_spec_factor + suffix.max_spec_offset + 1e-6))
+        if not parts or budget <= 0:
+            continue
+        drafted = (best_tree(parts, budget, max_levels, suffix.min_token_prob, frozenset()) if suffix.tree
+                   else best_path(parts, min(budget, max_levels), suffix.min_token_prob, frozenset()))
+        if drafted[0] and sum(drafted[2]) >= best[0]:
+            best = (sum(drafted[2]), drafted, length)
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_pruned_search_drafts_what_scoring_every_match_length_drafts(seed):
+    """draft() scores the longest matches first and stops where no shorter match's node budget can
+    beat the best score: the same draft and match length as scoring every length (random streams
+    over a small vocabulary, cached outputs and the call's own context, random settings)."""
+    rng = random.Random(seed)
+    drafted = 0
+    for trial in range(20):
+        suffix = Suffix(max_depth=rng.randint(3, 9), max_nodes=rng.randint(1, 10),
+                        max_spec_factor=rng.choice([0.5, 1.0, 2.0, 6.0]), max_spec_offset=rng.choice([0.0, 1.0]),
+                        min_token_prob=rng.choice([0.0, 0.1, 0.4]), min_match=rng.randint(1, 3),
+                        tree=rng.random() < 0.7)
+        for _ in range(rng.randint(0, 3)):
+            suffix.cache.add("default", [rng.randrange(4) for _ in range(rng.randint(1, 30))])
+        context = [rng.randrange(4) for _ in range(rng.randint(1, 40))]
+        suffix.reset(state_of(context))
+        expected, length = _draft_every_length(suffix, context, 8)
+        assert suffix.draft(context, 8) == expected, f"trial {trial}"
+        assert suffix.match_length == length
+        drafted += bool(expected[0])
+    assert drafted >= 5, "precondition: most trials draft something"
 
 
 def test_the_most_frequent_continuations_form_a_tree():

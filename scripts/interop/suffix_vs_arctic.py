@@ -192,7 +192,8 @@ def run_ours(requests, budget: dict, tree: bool) -> dict:
     from specdec.strategies.suffix import Suffix
     from specdec.types import DecodeState
     suffix = Suffix(max_depth=budget["max_depth"], max_nodes=budget["max_nodes"],
-                    max_spec_factor=budget["max_spec_factor"], min_token_prob=budget["min_token_prob"], tree=tree)
+                    max_spec_factor=budget["max_spec_factor"], min_token_prob=budget["min_token_prob"], tree=tree,
+                    min_match=1)                                # Arctic drafts from 1-token matches too
     state_box = {}
 
     def start(rid, prompt):
