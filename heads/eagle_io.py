@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from specdec.cache import BufferedLayer
-from specdec.models import cpu_has_bf16
+from specdec.models import has_native_bf16
 
 from .eagle import EagleDrafter, EagleLayout
 from .eagle3 import Eagle3Drafter, Eagle3Layout
@@ -107,12 +107,12 @@ def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDra
         return requested if isinstance(requested, torch.dtype) else getattr(torch, requested)
     if target.dtype != torch.float32:
         return target.dtype
-    if target.device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else target.dtype
-    if target.device.type != "cpu" or not cpu_has_bf16():
-        # a CPU without bf16 dot products (AVX512-BF16 / AMX) emulates them: never faster, and a timing
-        # taken on a loaded machine could say otherwise
+    if not has_native_bf16(target.device):
+        # e.g. a CPU without bf16 dot products (AVX512-BF16 / AMX) emulates them: never faster, and a
+        # timing taken on a loaded machine could say otherwise
         return target.dtype
+    if target.device.type == "cuda":
+        return torch.bfloat16
     key = (str(target.device), drafter.layout, torch.get_num_threads())
     if key not in _BF16_PAYS:
         seconds = {dtype: _tree_level_seconds(drafter, target, dtype) for dtype in (torch.float32, torch.bfloat16)}

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from specdec.config import build_config, find_config_file
 from specdec.errors import ConfigError
-from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
+from specdec.models import DTYPES, has_native_bf16, load_model, load_tokenizer, resolve_device
 
 from .data import fixed_windows, sample_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
@@ -46,7 +46,7 @@ from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_token
 from .eagle_io import save_eagle
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .io import atomic_write, target_fingerprint
-from .train import _fmt, bf16_autocast_pays, load_checkpoint, save_checkpoint, training_streams
+from .train import _fmt, load_checkpoint, save_checkpoint, training_streams
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
 LOG_FILE = "eagle_train.json"
@@ -412,7 +412,7 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
              "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
              "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
-    bf16 = bf16_autocast_pays(device) if cfg.bf16 is None else bool(cfg.bf16)
+    bf16 = has_native_bf16(device) if cfg.bf16 is None else bool(cfg.bf16)
     extra["bf16"] = bf16
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-eagle",

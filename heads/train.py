@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from specdec.config import parse_overrides
 from specdec.errors import ConfigError, ModelLoadError
-from specdec.models import DTYPES, cpu_has_bf16, load_model, load_tokenizer, resolve_device
+from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
@@ -158,17 +158,6 @@ def build_heads(cfg: TrainHeadsConfig, target) -> MedusaHeads:
     heads.attach_lm_head(copy.deepcopy(lm_head).float().requires_grad_(False))
     heads.attach_embedding(copy.deepcopy(target.get_input_embeddings()).float().requires_grad_(False))
     return heads
-
-
-def bf16_autocast_pays(device: torch.device) -> bool:
-    """Whether bfloat16 autocast speeds training up on `device`: CUDA with bf16 support, or a CPU
-    with bf16 dot products (oneDNN's check: AVX512-BF16 / AMX). CPUs without them emulate bf16
-    matrix products, many times slower than fp32."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        return cpu_has_bf16()
-    return False
 
 
 def _rng_generator(seed: int) -> torch.Generator:

@@ -19,6 +19,14 @@ def cpu_has_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def has_native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes in bfloat16 natively: CUDA with bf16 support, or a CPU with bf16 dot
+    products (elsewhere bf16 is emulated or unsupported: never faster than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and cpu_has_bf16()
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -42,6 +42,7 @@ from specdec.types import DecodeState, StepResult
 from .suffix_tree import ROOT, SuffixTree, best_path, best_tree
 
 CACHE_FORMAT = "specdec-suffix-cache"
+CACHE_VERSION = 1
 # the drafting gate (Suffix._gate_open): moving-average weight of a drafted step's kept tokens, the
 # steps skipped before the first look again, and the longest gap
 GATE_WEIGHT = 0.1
@@ -60,7 +61,6 @@ def match_bucket(length: int) -> int:
 def gate_temperature(sampling) -> str:
     """greedy or sampled: a point mass is kept far less often when sampling."""
     return "greedy" if sampling is None or sampling.greedy else "sampled"
-CACHE_VERSION = 1
 
 
 @dataclass

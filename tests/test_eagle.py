@@ -348,7 +348,7 @@ def test_drafter_dtype_is_the_targets_a_named_one_or_measured(monkeypatch):
     assert eagle_io.drafter_dtype(None, model, drafter) == torch.float32
     assert eagle_io.drafter_dtype("bfloat16", model, drafter) == torch.bfloat16
     assert eagle_io.drafter_dtype(torch.float16, model, drafter) == torch.float16
-    monkeypatch.setattr(eagle_io, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(eagle_io, "has_native_bf16", lambda device: device.type == "cpu")
     for bf16_seconds, expected in ((1.0, torch.bfloat16), (2.5, torch.float32)):    # float32 takes 2 s
         monkeypatch.setattr(eagle_io, "_BF16_PAYS", {})
         monkeypatch.setattr(eagle_io, "_tree_level_seconds",
@@ -357,7 +357,7 @@ def test_drafter_dtype_is_the_targets_a_named_one_or_measured(monkeypatch):
     assert eagle_io.drafter_dtype("auto", model.to(torch.bfloat16), drafter) == torch.bfloat16   # not fp32: kept
     model.to(torch.float32)
     # a CPU that emulates bf16: float32, whatever a (loaded machine's) timing would say
-    monkeypatch.setattr(eagle_io, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(eagle_io, "has_native_bf16", lambda device: False)
     monkeypatch.setattr(eagle_io, "_BF16_PAYS", {})
     assert eagle_io.drafter_dtype("auto", model, drafter) == torch.float32
     # the measurement itself: a positive time, on a copy (the drafter keeps its dtype)
