@@ -271,6 +271,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
     batch = BatchVerifier(verifier.model, verifier.layout)
     waiting = deque(jobs)
     active: list[_Slot] = []
+    draft_batches: dict = {}          # batch key -> the rows' batched drafter state (propose_rows)
 
     def start(rows: list[int]) -> None:
         """The next waiting jobs in slots `rows`: their prompts prefilled together (one forward per
@@ -300,7 +301,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             start(list(range(len(active), min(batch_size, len(active) + len(waiting)))))
         for slot in active:
             slot.decoding.state.batch_size = len(active)
-        trees = [slot.decoding.propose() for slot in active]
+        trees = propose_rows([slot.decoding for slot in active], draft_batches, clock)
         t1 = clock()
         logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)
         verify_s = (clock() - t1) / len(active)             # each row's share of the forward
@@ -315,11 +316,56 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             if reason is not None:
                 finished.append(row)
         yield step
+        for row in finished:
+            release_drafter(active[row].decoding.strategy)
         refill, done = finished[:len(waiting)], finished[len(waiting):]   # the next prompts take freed slots
         if refill:
             start(refill)
         if done:
             active = [active[row] for row in batch.drop_rows(done)]
+
+
+def batch_drafter(strategy):
+    """The drafter whose proposals rows run together (an object with batch_key, new_batch and
+    propose_many: a draft model's chains), or None: the strategy's `batch_drafter()` where it has one."""
+    get = getattr(strategy, "batch_drafter", None)
+    return get() if callable(get) else None
+
+
+def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Callable[[], float]) -> list[CandidateTree]:
+    """Every row's tree. A row whose strategy drafts with a batch drafter proposes in two phases
+    (propose_start: does it call the drafter this step; propose_end: its tree from the drafter's), and
+    the drafters of all rows that call one run together: ONE propose_many per draft model for the
+    batch (one draft forward per chain position for all rows, not one per row); each row is charged
+    its share of that time. Other rows propose on their own."""
+    trees: list = [None] * len(decodings)
+    groups: dict = {}
+    for row, decoding in enumerate(decodings):
+        drafter = batch_drafter(decoding.strategy)
+        if drafter is None:
+            trees[row] = decoding.propose()
+        elif decoding.propose_start():
+            groups.setdefault(drafter.batch_key(), []).append((row, drafter))
+        else:
+            trees[row] = decoding.propose_end(None, None)
+    for key, members in groups.items():
+        drafters = [drafter for _, drafter in members]
+        if key not in draft_batches:
+            draft_batches[key] = drafters[0].new_batch()
+        started = clock()
+        drafted = type(drafters[0]).propose_many(drafters, [decodings[row].state for row, _ in members],
+                                                 draft_batches[key])
+        share = (clock() - started) / len(members)
+        for (row, _), tree in zip(members, drafted):
+            trees[row] = decodings[row].propose_end(tree, share)
+    return trees
+
+
+def release_drafter(strategy) -> None:
+    """A finished row's batch drafter gives back its row of the batched draft state."""
+    drafter = batch_drafter(strategy)
+    if drafter is not None and getattr(drafter, "batch", None) is not None:
+        drafter.batch.release(drafter)
 
 
 def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list[list[int] | None]:

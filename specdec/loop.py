@@ -94,6 +94,24 @@ class Decoding:
         self.stats.draft_time_s += self.clock() - t0
         return tree
 
+    def propose_start(self) -> bool:
+        """A batch's two-phase proposal (specdec.batch.propose_rows), phase one: whether the row's
+        strategy calls its batch drafter this step."""
+        t0 = self.clock()
+        wants = self.strategy.propose_start(self.state)
+        self.proposed_at = t0
+        self.stats.draft_time_s += self.clock() - t0
+        return wants
+
+    def propose_end(self, drafted: CandidateTree | None, drafted_s: float | None) -> CandidateTree:
+        """Phase two: the row's tree from its drafter's proposal in the batch (None: not called), which
+        took the row `drafted_s` seconds (its share of the batch's drafting)."""
+        t0 = self.clock()
+        tree = self.strategy.propose_end(self.state, drafted, drafted_s)
+        check_depth(tree, self.state.max_depth, self.strategy)
+        self.stats.draft_time_s += self.clock() - t0 + (drafted_s or 0.0)
+        return tree
+
     def target_rows(self, tree: CandidateTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(processed target logits [1 + N, V], the target's token per row [1 + N] on the device or None):
         the tokens greedy (argmax) and the coupled sampler (noisy argmax) walk the tree with; None

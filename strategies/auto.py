@@ -236,6 +236,7 @@ class Auto:
         self.step = 0
         self.steps_since_call = 2             # the drafter has not seen this prompt: its first call catches up
         self.pending = None                   # what propose decided, for observe
+        self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
         self.gate_mark = None                 # (gate, speculated, perf_counter, committed length, rows, first step
         #                                       of its mode) at the last proposal
@@ -246,9 +247,26 @@ class Auto:
         return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes) / self.batch_size
 
     def propose(self, state: DecodeState) -> CandidateTree:
+        calls = self.propose_start(state)
+        if not calls:
+            return self.propose_end(state, None, None)
+        started = time.perf_counter()
+        neural_tree = self.drafter.propose(state)
+        return self.propose_end(state, neural_tree, time.perf_counter() - started)
+
+    # the two phases of a proposal, apart so that a batch runs the drafters of all its rows together
+    # (specdec.batch.propose_rows); propose() is the two with the drafter called in between
+    def batch_drafter(self):
+        """The drafter a batch may run for all its rows at once (a draft model's chains), or None."""
+        get = getattr(self.drafter, "batch_drafter", None)
+        return get() if callable(get) else None
+
+    def propose_start(self, state: DecodeState) -> bool:
+        """Lookup's paths and their plan; whether the drafter is called this step."""
         self.batch_size = state.batch_size
+        self.started = None                   # what phase two needs (None: a plain step)
         if not self._gate_speculates(state):
-            return self._plain()
+            return False
         self.step += 1
         paths, lookup_nodes = [], 0
         self.match_length = None              # suffix: the match its paths continue (keys their calibration)
@@ -261,18 +279,25 @@ class Auto:
         context = _lookup_context(lookup_tree.parents, accept, lookup_keep)
         self.plan_without[context] = _ema_pair(self.plan_without.get(context),
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
-
-        neural_tree = CandidateTree.empty(self.device)
         self.steps_since_call += 1
-        draft_start = None                    # perf_counter when the drafter was called this step
-        if self._call_drafter(state, context):
-            draft_start = time.perf_counter()
-            neural_tree = self.drafter.propose(state)
+        self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context)
+        return self._call_drafter(state, context)
+
+    def propose_end(self, state: DecodeState, neural_tree: CandidateTree | None,
+                    drafted_s: float | None) -> CandidateTree:
+        """The merged, planned tree, with the drafter's tree if it was called (it took drafted_s seconds)."""
+        if self.started is None:
+            return self._plain()
+        end_start = time.perf_counter()
+        paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context = self.started
+        if neural_tree is not None:
             self.neural_calls += 1
             # a call after a gap (or the first of a generation) also catches the drafter up on the
             # tokens it missed: not what a call costs while it keeps drafting
             self.steady_call = self.steps_since_call <= 1
             self.steps_since_call = 0
+        else:
+            neural_tree = CandidateTree.empty(self.device)
         if not neural_tree.num_nodes:
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
@@ -287,7 +312,7 @@ class Auto:
             tree = merged.select(keep)
             lookup_source = source
         # what calling the drafter cost this step: its propose, and merging and planning its tree
-        self.last_draft_s = None if draft_start is None else time.perf_counter() - draft_start
+        self.last_draft_s = None if drafted_s is None else drafted_s + time.perf_counter() - end_start
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context)
         self.tree_sizes.append(tree.num_nodes)
         return tree

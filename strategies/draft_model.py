@@ -104,6 +104,7 @@ class DraftModel:
         self.acceptance = 0.7                 # running estimate of the per-token acceptance rate
         self.processing = self._start_processing(state)
         self._committed: torch.Tensor | None = None   # [C] the committed ids on the device (processing only)
+        self.batch = None   # the DraftBatch whose rows hold this row's KV (batched calls: specdec.batch), else own cache
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
@@ -117,8 +118,53 @@ class DraftModel:
             no_path = torch.empty(1, 0, dtype=torch.long, device=device)
             pending_logits = self._process(pending_logits[None], state, no_path)[0]
         if self.branching is None:
-            return self._chain(pending_logits, depth, state)
+            return chains([self], [state], [depth], [pending_logits], feed_alone)[0]
         return self._tree(pending_logits, self.branching[:depth], state)
+
+    # ------------------------------------------------------------------ batched drafting (specdec.batch)
+    def batch_drafter(self):
+        """The drafter whose proposals a batch runs together across its rows (propose_many): this one
+        for chains; a tree drafts row by row."""
+        return self if self.branching is None else None
+
+    def batch_key(self) -> int:
+        """Rows whose drafters share this key draft in one DraftBatch: the draft model's."""
+        return id(self.draft)
+
+    def new_batch(self):
+        from .draft_batch import DraftBatch
+        return DraftBatch(self.draft, self.layout)
+
+    def propose_start(self, state: DecodeState) -> bool:
+        """Phase one of a batched proposal: whether this row calls its drafter (always, here)."""
+        return True
+
+    def propose_end(self, state: DecodeState, drafted: CandidateTree | None, drafted_s: float | None) -> CandidateTree:
+        """Phase two: the row's tree from what its drafter proposed in the batch."""
+        return drafted if drafted is not None else CandidateTree.empty(self.draft.device)
+
+    @staticmethod
+    @torch.inference_mode()
+    def propose_many(drafters: Sequence["DraftModel"], states: Sequence[DecodeState], batch) -> list[CandidateTree]:
+        """Every row's chain with ONE draft forward per chain position for all rows (and one for their
+        catch-up), through `batch` (a DraftBatch over this draft model): what propose() gives each row
+        alone, drafted side by side."""
+        depths = [min(d.gamma, s.max_depth) for d, s in zip(drafters, states)]
+        live = [i for i, depth in enumerate(depths) if depth > 0]
+        trees = [CandidateTree.empty(d.draft.device) for d in drafters]
+        if not live:
+            return trees
+        drafters, states, depths = [drafters[i] for i in live], [states[i] for i in live], [depths[i] for i in live]
+        for drafter in drafters:
+            drafter.batch = batch
+        logits = batch.catch_up(drafters, states)                                   # per row [V]
+        for r, (drafter, state) in enumerate(zip(drafters, states)):
+            if drafter.processing:
+                no_path = torch.empty(1, 0, dtype=torch.long, device=logits[r].device)
+                logits[r] = drafter._process(logits[r][None], state, no_path)[0]
+        for i, tree in zip(live, chains(drafters, states, depths, logits, batch.feed)):
+            trees[i] = tree
+        return trees
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         fed = set(self.fed_nodes)
@@ -132,7 +178,10 @@ class DraftModel:
             path = tree_shape(with_pending_root(result.tree.parents), self.cache_device()).path(
                 result.accepted[len(kept) - 1] + 1, len(kept) + 1)
             on_device = path[1:] - 1
-        commit_rows(self.cache, self.cached, rows, on_device)
+        if self.batch is not None:        # a chain's kept entries are a leading run of its fed ones: a new fill
+            self.batch.keep(self, self.cached + len(kept))
+        else:
+            commit_rows(self.cache, self.cached, rows, on_device)
         self.cached += len(kept)
         unfed = result.accepted[len(kept):]                          # the path's deepest node, if not fed
         if len(unfed) == 1:
@@ -149,7 +198,11 @@ class DraftModel:
         """[L, V] draft logits of every input row ([1, V]: the last row's only)."""
         out = self.draft(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **cache_kwargs(self.draft, self.cache), use_cache=True, logits_to_keep=1 if last_only else 0)
-        logits = out.logits[0].float()                                 # [L, Vd]
+        return self.fit_vocab(out.logits[0])
+
+    def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[L, Vd] draft logits -> [L, V] float, cut or padded (-inf) to the target's vocabulary."""
+        logits = logits.float()
         if logits.shape[-1] > self.vocab:
             logits = logits[:, : self.vocab]
         elif logits.shape[-1] < self.vocab:
@@ -162,17 +215,22 @@ class DraftModel:
         tokens per forward (a long prompt's peak activations are bounded by the chunk). After a step
         they are the accepted drafted token the draft was not fed (`tail`, on the device) and the
         pending one (`pending` [1], the engine's, on the device): nothing is copied from the host."""
-        tail, self.tail = self.tail, None
-        if pending is not None and tail is not None and len(token_ids) - self.cached == len(tail) + 1:
-            new = torch.cat([tail, pending.to(self.draft.device)])[None]                         # [1, C]
-        elif pending is not None and tail is None and len(token_ids) - self.cached == 1:
-            new = pending.to(self.draft.device)[None]                                             # [1, 1]
-        else:                                                        # a prompt: its ids come from the host
-            new = torch.tensor([token_ids[self.cached:]], dtype=torch.long, device=self.draft.device)
+        new = self.unfed(token_ids, pending)[None]                      # [1, C]
         for chunk in new.split(CATCH_UP_CHUNK, dim=1):                 # [1, C] each
             logits = self._logits(chunk, last_only=True)[-1]            # the lm_head on the last row only
         self.cached = len(token_ids)
         return logits
+
+    def unfed(self, token_ids: list[int], pending: torch.Tensor | None) -> torch.Tensor:
+        """[C] the committed tokens the draft has not been fed (at least the pending one), on the
+        device: after a step the accepted drafted token it was not fed (`tail`) and the pending one
+        (both on the device already), else (a prompt, a gap) the ids from the host. Clears `tail`."""
+        tail, self.tail = self.tail, None
+        if pending is not None and tail is not None and len(token_ids) - self.cached == len(tail) + 1:
+            return torch.cat([tail, pending.to(self.draft.device)])
+        if pending is not None and tail is None and len(token_ids) - self.cached == 1:
+            return pending.to(self.draft.device).view(1)
+        return torch.tensor(token_ids[self.cached:], dtype=torch.long, device=self.draft.device)
 
     def _pick(self, logits: torch.Tensor, widths: list[int], state: DecodeState, position: int):
         """Children of R nodes at one depth from their [R, V] draft logits guessing `position`:
@@ -203,23 +261,6 @@ class DraftModel:
         if all(w == top.shape[1] for w in widths):
             return top.reshape(-1), widths
         return torch.cat([top[r, :w] for r, w in enumerate(widths)]), widths
-
-    def _chain(self, logits: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
-        """gamma tokens, each fed back to the draft; the tokens never leave the device (no host
-        read, unless min_confidence asks one per token)."""
-        tokens, rows = [], []
-        for i in range(depth):
-            token, _, draft_probs = self._pick(logits[None], [1], state, len(state.token_ids) + i)   # [1]
-            tokens.append(token)
-            rows.append(draft_probs)
-            if i == depth - 1 or self._unsure(logits, token, draft_probs):
-                break
-            logits = self._logits(token.view(1, 1))[-1]
-            if self.processing:
-                logits = self._process(logits[None], state, torch.cat(tokens)[None])[0]
-            self.fed_nodes.append(i)
-        draft_probs = None if rows[0] is None else torch.cat(rows)                 # [n, V]
-        return CandidateTree(torch.cat(tokens), tuple(range(-1, len(tokens) - 1)), draft_probs)
 
     def _unsure(self, logits: torch.Tensor, token: torch.Tensor, draft_probs: torch.Tensor | None) -> bool:
         """Stop the chain when the draft gave its own token less than min_confidence: the rest
@@ -307,6 +348,45 @@ class DraftModel:
             return (1 - a ** (g + 1)) / (1 - a) / (1 + self.draft_cost * g)
 
         self.gamma = max(range(self.min_tokens, self.max_tokens + 1), key=rate)
+
+
+def chains(drafters: Sequence[DraftModel], states: Sequence[DecodeState], depths: Sequence[int],
+           logits: Sequence[torch.Tensor], feed) -> list[CandidateTree]:
+    """Each row's chain of up to depths[r] tokens from its draft logits [V] at the pending token, each
+    token fed back to the draft: `feed([(drafter, token [1]), ...])` runs the draft on the rows still
+    going (one forward for all of them in a batch; feed_alone: the row's own) and gives each its next
+    logits [V]. The tokens never leave the device (no host read, unless min_confidence asks one per
+    token and row)."""
+    tokens: list[list[torch.Tensor]] = [[] for _ in drafters]
+    rows: list[list] = [[] for _ in drafters]                  # per row: [1, V] draft distributions (sampling)
+    logits = list(logits)
+    going = list(range(len(drafters)))
+    for i in range(max(depths)):
+        fed = []
+        for r in going:
+            drafter, state = drafters[r], states[r]
+            token, _, draft_probs = drafter._pick(logits[r][None], [1], state, len(state.token_ids) + i)   # [1]
+            tokens[r].append(token)
+            rows[r].append(draft_probs)
+            if i < depths[r] - 1 and not drafter._unsure(logits[r], token, draft_probs):
+                fed.append(r)
+        going = fed
+        if not going:
+            break
+        for r, next_logits in zip(going, feed([(drafters[r], tokens[r][-1]) for r in going])):
+            drafter, state = drafters[r], states[r]
+            if drafter.processing:
+                next_logits = drafter._process(next_logits[None], state, torch.cat(tokens[r])[None])[0]
+            logits[r] = next_logits
+            drafter.fed_nodes.append(i)
+    return [CandidateTree(torch.cat(row_tokens), tuple(range(-1, len(row_tokens) - 1)),
+                          None if row_probs[0] is None else torch.cat(row_probs))             # [n, V]
+            for row_tokens, row_probs in zip(tokens, rows)]
+
+
+def feed_alone(fed: Sequence[tuple[DraftModel, torch.Tensor]]) -> list[torch.Tensor]:
+    """chains' feed for rows drafting on their own caches: one forward per row."""
+    return [drafter._logits(token.view(1, 1))[-1] for drafter, token in fed]
 
 
 def _repeat_rows(rows: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -70,6 +70,14 @@ class Count:
                 self.shapes.add(with_pending_root(tree.parents))
             return tree
 
+        propose_start = getattr(cls, "propose_start", None)
+
+        def marked_propose_start(strategy, state):
+            """A batch's two-phase proposal (draft-model chains drafted together): the first step's start."""
+            if self.setup is None:
+                self.setup = (reads.total("engine"), reads.writes("engine"))
+            return propose_start(strategy, state)
+
         batch_forward = BatchVerifier.forward
 
         def spied_batch_forward(batch, pending, trees, *args, **kwargs):
@@ -85,6 +93,8 @@ class Count:
         # on the class: a batch runs per-call copies of the strategy
         with HostReads() as reads, mock.patch.object(cls, "propose", marked_propose), \
                 mock.patch.object(BatchVerifier, "forward", spied_batch_forward), \
+                (mock.patch.object(cls, "propose_start", marked_propose_start) if propose_start is not None
+                 else contextlib.nullcontext()), \
                 (extra() if extra is not None else contextlib.nullcontext()):
             self.out = speculator.generate(prompt, max_new_tokens=NEW_TOKENS, seed=0, ignore_eos=True, **kwargs)
         self.syncs = reads

@@ -1,0 +1,105 @@
+"""One draft model's forwards for every row of a batch call (specdec.batch).
+
+Each row of a batch drafts with a DraftModel of its own (a per-call copy: its committed count, its
+tail, its adaptive gamma), but their KV caches live here, side by side in one ragged buffer (the
+target's own batch machinery, specdec.batch.BatchVerifier: each row at its own fill, per-row masks and
+positions). A step then runs ONE draft forward for all rows' catch-up (the pending token, and the
+accepted drafted token the draft was not fed) and one per chain position, instead of one per row
+each: on a small draft the forward's fixed cost, not its width, is what a step pays.
+
+A row's drafted tokens are written after its fill and kept provisionally (the next position attends
+to them); the row's observe then sets its fill to the committed entries plus the accepted drafted
+ones it was fed, a leading run of a chain, so nothing moves. Rows that do not draft this step (auto
+skipped its drafter, a row at its last token) ride along in the forward without keeping anything.
+A long catch-up (a new row's prompt, the tokens of steps auto drafted nothing) is fed first, all such
+rows together, keeping only the last token's logits, so the step's catch-up stays at most 2 wide.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.batch import BatchVerifier
+from specdec.tree import CandidateTree
+from specdec.types import DecodeState
+from specdec.verifier import CATCH_UP_CHUNK
+
+SHORT_CATCH_UP = 2        # tokens a step's catch-up feeds with its logits read (tail + pending)
+
+
+class DraftBatch:
+    """The rows of one draft model in a batch call, keyed by the DraftModel that drafts each row."""
+
+    def __init__(self, draft, layout):
+        self.rows = BatchVerifier(draft, layout)
+        self.row_of: dict[int, int] = {}       # id(drafter) -> its row
+        self.device = draft.device
+
+    def _row(self, drafter) -> int:
+        """The drafter's row, a new empty one (after the others) the first time."""
+        key = id(drafter)
+        if key not in self.row_of:
+            row = self.rows.rows
+            self.rows.set_row(row, self.rows.cache.layers, 0, 0, 0)
+            self.row_of[key] = row
+        return self.row_of[key]
+
+    @torch.inference_mode()
+    def release(self, drafter) -> None:
+        """The drafter's row finished: drop it (the last rows move into its place)."""
+        row = self.row_of.pop(id(drafter), None)
+        if row is None:
+            return
+        order = self.rows.drop_rows([row])
+        new_row = {old: new for new, old in enumerate(order)}
+        self.row_of = {key: new_row[old] for key, old in self.row_of.items()}
+
+    @torch.inference_mode()
+    def keep(self, drafter, fill: int) -> None:
+        """The drafter's row keeps its first `fill` entries (its observe: committed + accepted fed ones)."""
+        row = self.row_of[id(drafter)]
+        self.rows.fills[row] = fill
+        self.rows.fills_on_device[row] = fill
+
+    def _forward(self, inputs: dict[int, torch.Tensor], logits_to_keep: int = 0) -> torch.Tensor:
+        """One draft forward over every row: row r feeds inputs[r] ([C] on the device) after its fill and
+        keeps them; rows without inputs feed a throw-away token and keep nothing. Logits [B, R, V]."""
+        pending, trees = [], []
+        for row in range(self.rows.rows):
+            tokens = inputs.get(row)
+            if tokens is None:
+                pending.append(0)
+                trees.append(CandidateTree.empty(self.device))
+            else:
+                pending.append(tokens[:1])
+                trees.append(CandidateTree.chain(tokens[1:]))
+        logits, _ = self.rows.forward(pending, trees, None, logits_to_keep=logits_to_keep)
+        for row, tokens in inputs.items():
+            self.rows.commit(row, range(len(tokens)))
+        return logits
+
+    @torch.inference_mode()
+    def catch_up(self, drafters: Sequence, states: Sequence[DecodeState]) -> list[torch.Tensor]:
+        """Feed every drafter's unfed committed tokens (DraftModel.unfed): per drafter the draft's
+        logits [V] at its last committed token (the pending one)."""
+        rows = [self._row(drafter) for drafter in drafters]
+        new = [drafter.unfed(state.token_ids, state.pending) for drafter, state in zip(drafters, states)]
+        for drafter, state in zip(drafters, states):
+            drafter.cached = len(state.token_ids)
+        long = {row: tokens[:-SHORT_CATCH_UP] for row, tokens in zip(rows, new) if len(tokens) > SHORT_CATCH_UP}
+        while long:                                # prompts and gaps, CATCH_UP_CHUNK tokens a forward
+            self._forward({row: tokens[:CATCH_UP_CHUNK] for row, tokens in long.items()}, logits_to_keep=1)
+            long = {row: tokens[CATCH_UP_CHUNK:] for row, tokens in long.items() if len(tokens) > CATCH_UP_CHUNK}
+        short = {row: tokens[-SHORT_CATCH_UP:] for row, tokens in zip(rows, new)}
+        logits = self._forward(short)                                              # [B, <= 2, V]
+        return [drafter.fit_vocab(logits[row, len(short[row]) - 1: len(short[row])])[0]
+                for drafter, row in zip(drafters, rows)]
+
+    @torch.inference_mode()
+    def feed(self, fed: Sequence[tuple]) -> list[torch.Tensor]:
+        """chains' feed: each (drafter, token [1]) fed after its row's entries, all in one forward; the
+        draft's logits [V] there per drafter."""
+        rows = [self.row_of[id(drafter)] for drafter, _ in fed]
+        logits = self._forward({row: token.view(1) for row, (_, token) in zip(rows, fed)})   # [B, 1, V]
+        return [drafter.fit_vocab(logits[row, :1])[0] for row, (drafter, _) in zip(rows, fed)]
