@@ -42,6 +42,8 @@ class DraftConfig:
     max_tokens: int = setting(12, min=1)
     draft_cost: float = setting(0.1, min=0.0)   # draft forward time / target forward time, for adaptive gamma
     min_confidence: float = setting(0.0, min=0.0, max=1.0)   # chains stop early where the draft's own token prob < this (0 = off)
+    batch_rows: bool = True             # generate(list): all rows' chains in one draft forward per position (false: a
+    #                                     forward per row, as before; kept for the A/B in benchmarks/results/batch)
 
 
 CONFIG_SECTIONS = {"draft": DraftConfig}
@@ -67,7 +69,8 @@ class DraftModel:
                  branching: Sequence[int] | None = DraftConfig.branching, max_nodes: int = DraftConfig.max_nodes,
                  adaptive: bool = DraftConfig.adaptive, min_tokens: int = DraftConfig.min_tokens,
                  max_tokens: int = DraftConfig.max_tokens, draft_cost: float = DraftConfig.draft_cost,
-                 min_confidence: float = DraftConfig.min_confidence, draft_tokenizer=None):
+                 min_confidence: float = DraftConfig.min_confidence, batch_rows: bool = DraftConfig.batch_rows,
+                 draft_tokenizer=None):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
@@ -82,6 +85,7 @@ class DraftModel:
         self.min_tokens, self.max_tokens = int(min_tokens), int(max_tokens)
         self.draft_cost = float(draft_cost)
         self.min_confidence = float(min_confidence)
+        self.batch_rows = bool(batch_rows)
         self.draft_tokenizer = draft_tokenizer
         self.vocab = output_vocab_size(draft)
         self.layout = None                    # the draft's attention layout, known at bind
@@ -125,7 +129,7 @@ class DraftModel:
     def batch_drafter(self):
         """The drafter whose proposals a batch runs together across its rows (propose_many): this one
         for chains; a tree drafts row by row."""
-        return self if self.branching is None else None
+        return self if self.branching is None and self.batch_rows else None
 
     def batch_key(self) -> int:
         """Rows whose drafters share this key draft in one DraftBatch: the draft model's."""
@@ -412,4 +416,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
                       max_tokens=d.max_tokens, draft_cost=d.draft_cost, min_confidence=d.min_confidence,
-                      draft_tokenizer=draft_tokenizer)
+                      batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer)

@@ -41,6 +41,7 @@ def strategy(name: str, target):
         "draft_chain": lambda: DraftModel(noisy_copy(target), num_tokens=3),
         "draft_tree": lambda: DraftModel(noisy_copy(target), branching=[2, 2, 1]),
         "draft_adaptive": lambda: DraftModel(noisy_copy(target), num_tokens=3, adaptive=True),
+        "draft_per_row": lambda: DraftModel(noisy_copy(target), num_tokens=3, batch_rows=False),
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
         "eagle3": lambda: Eagle(random_drafter(target, (0, 1, 2), draft_vocab=list(range(0, 96, 3))), max_nodes=6,
                                 top_k=2, depth=4),
@@ -49,7 +50,8 @@ def strategy(name: str, target):
     }[name]()
 
 
-STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "medusa", "eagle",
+STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
+              "medusa", "eagle",
               "eagle3", "auto", "suffix"]
 
 
