@@ -317,7 +317,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
                 finished.append(row)
         yield step
         for row in finished:
-            release_drafter(active[row].decoding.strategy)
+            release_drafter(active[row].decoding.strategy, draft_batches)
         refill, done = finished[:len(waiting)], finished[len(waiting):]   # the next prompts take freed slots
         if refill:
             start(refill)
@@ -361,11 +361,11 @@ def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Call
     return trees
 
 
-def release_drafter(strategy) -> None:
-    """A finished row's batch drafter gives back its row of the batched draft state."""
+def release_drafter(strategy, draft_batches: dict) -> None:
+    """A finished row's batch drafter gives back its row of the batched draft state (if it had one)."""
     drafter = batch_drafter(strategy)
-    if drafter is not None and getattr(drafter, "batch", None) is not None:
-        drafter.batch.release(drafter)
+    if drafter is not None and drafter.batch_key() in draft_batches:
+        draft_batches[drafter.batch_key()].release(drafter)
 
 
 def read_walks(trees: Sequence[CandidateTree], targets: Sequence[tuple]) -> list[list[int] | None]:

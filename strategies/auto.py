@@ -258,8 +258,8 @@ class Auto:
     # (specdec.batch.propose_rows); propose() is the two with the drafter called in between
     def batch_drafter(self):
         """The drafter a batch may run for all its rows at once (a draft model's chains), or None."""
-        get = getattr(self.drafter, "batch_drafter", None)
-        return get() if callable(get) else None
+        from specdec.batch import batch_drafter
+        return batch_drafter(self.drafter)
 
     def propose_start(self, state: DecodeState) -> bool:
         """Lookup's paths and their plan; whether the drafter is called this step."""

@@ -60,7 +60,7 @@ class DraftBatch:
         """The drafter's row keeps its first `fill` entries (its observe: committed + accepted fed ones)."""
         row = self.row_of[id(drafter)]
         self.rows.fills[row] = fill
-        self.rows.fills_on_device[row] = fill
+        self.rows._sync_fill(row)
 
     def _forward(self, inputs: dict[int, torch.Tensor], logits_to_keep: int = 0) -> torch.Tensor:
         """One draft forward over every row: row r feeds inputs[r] ([C] on the device) after its fill and

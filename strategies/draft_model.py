@@ -117,10 +117,7 @@ class DraftModel:
         device = self.draft.device
         if depth <= 0:
             return CandidateTree.empty(device)
-        pending_logits = self._catch_up(state.token_ids, state.pending)              # [V]
-        if self.processing:
-            no_path = torch.empty(1, 0, dtype=torch.long, device=device)
-            pending_logits = self._process(pending_logits[None], state, no_path)[0]
+        pending_logits = self._at_pending(self._catch_up(state.token_ids, state.pending), state)   # [V]
         if self.branching is None:
             return chains([self], [state], [depth], [pending_logits], feed_alone)[0]
         return self._tree(pending_logits, self.branching[:depth], state)
@@ -161,11 +158,8 @@ class DraftModel:
         drafters, states, depths = [drafters[i] for i in live], [states[i] for i in live], [depths[i] for i in live]
         for drafter in drafters:
             drafter.batch = batch
-        logits = batch.catch_up(drafters, states)                                   # per row [V]
-        for r, (drafter, state) in enumerate(zip(drafters, states)):
-            if drafter.processing:
-                no_path = torch.empty(1, 0, dtype=torch.long, device=logits[r].device)
-                logits[r] = drafter._process(logits[r][None], state, no_path)[0]
+        logits = [drafter._at_pending(row_logits, state)                              # per row [V]
+                  for drafter, state, row_logits in zip(drafters, states, batch.catch_up(drafters, states))]
         for i, tree in zip(live, chains(drafters, states, depths, logits, batch.feed)):
             trees[i] = tree
         return trees
@@ -329,6 +323,13 @@ class DraftModel:
         if start is None:
             return LogitsProcessing()
         return start(state.token_ids[: state.prompt_len], state.max_depth + 1)
+
+    def _at_pending(self, logits: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """The draft's logits [V] at the pending token, processed as the target's would be there."""
+        if not self.processing:
+            return logits
+        no_path = torch.empty(1, 0, dtype=torch.long, device=logits.device)
+        return self._process(logits[None], state, no_path)[0]
 
     def _process(self, logits: torch.Tensor, state: DecodeState, drafted: torch.Tensor) -> torch.Tensor:
         """[R, V] draft logits processed as the target's generate() would process them: row r
