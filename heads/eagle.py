@@ -99,12 +99,71 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
+class RaggedRows:
+    """The drafter's keys / values for the rows of a batch, side by side (strategies/eagle_batch.py):
+    buffers [rows, heads, capacity, d], each row filled to its own length. Before a forward the batch
+    calls `prepare` with the rows it runs, where each writes its new entries and how many slots the
+    forward attends over; the block's update then writes row i's n entries at start[i] .. start[i] + n
+    and reads the first `width` slots of those rows. Capacity grows by doubling."""
+
+    def __init__(self):
+        self.key_buffer = self.value_buffer = None
+        self.rows = 0                               # rows allocated
+        self.index: torch.Tensor | None = None      # [b] the rows of this forward (None: all, in order)
+        self.start: torch.Tensor | None = None      # [b] where each writes
+        self.width = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.key_buffer is None else self.key_buffer.shape[2]
+
+    def prepare(self, index: torch.Tensor | None, start: torch.Tensor, width: int) -> None:
+        self.index, self.start, self.width = index, start, width
+
+    def _reserve(self, like: torch.Tensor, rows: int, slots: int) -> None:
+        if self.key_buffer is not None and rows <= self.rows and slots <= self.capacity:
+            return
+        capacity = self.capacity if slots <= self.capacity else max(slots, 2 * self.capacity)
+        rows = max(rows, self.rows)
+        keys = like.new_zeros(rows, like.shape[1], capacity, like.shape[-1])
+        values = like.new_zeros(rows, like.shape[1], capacity, like.shape[-1])
+        if self.key_buffer is not None:
+            keys[: self.rows, :, : self.capacity] = self.key_buffer
+            values[: self.rows, :, : self.capacity] = self.value_buffer
+        self.key_buffer, self.value_buffer, self.rows = keys, values, rows
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k / v [b, heads, n, d] of the prepared rows -> their keys / values [b, heads, width, d]."""
+        b, _, n, _ = k.shape
+        rows = self.index if self.index is not None else torch.arange(b, device=k.device)      # [b]
+        self._reserve(k, int(rows.max()) + 1 if self.index is not None else b, self.width)
+        slots = self.start[:, None] + torch.arange(n, device=k.device)                         # [b, n]
+        self.key_buffer[rows[:, None], :, slots] = k.transpose(1, 2)                           # [b, n, heads, d]
+        self.value_buffer[rows[:, None], :, slots] = v.transpose(1, 2)
+        if self.index is None and b == self.rows:          # every row, in order: views, nothing copied
+            return self.key_buffer[:, :, : self.width], self.value_buffer[:, :, : self.width]
+        return (self.key_buffer.index_select(0, rows)[:, :, : self.width],
+                self.value_buffer.index_select(0, rows)[:, :, : self.width])
+
+    def drop(self, order: list[int]) -> None:
+        """Keep the rows `order` (old row of each new one), in that order."""
+        if self.key_buffer is not None:
+            index = torch.tensor(order, dtype=torch.long, device=self.key_buffer.device)
+            self.key_buffer = self.key_buffer.index_select(0, index)
+            self.value_buffer = self.value_buffer.index_select(0, index)
+        self.rows = len(order)
+
+
 def write_rows(cache: BufferedLayer, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Store k / v [1, heads, n, d] at rows start..start+n of `cache` (start <= the rows it holds;
     the rows after `start` are dropped first: a rolled-back tree's) and return the keys / values
     of rows 0..start+n (views).
     The buffer is preallocated and grows by doubling, so a tree level writes its n rows instead of
-    copying every row before them (a torch.cat per drafter forward costs O(context) per depth)."""
+    copying every row before them (a torch.cat per drafter forward costs O(context) per depth).
+    A RaggedRows cache (a batch's rows, k / v [B, heads, n, d]) writes where its `prepare` said and
+    returns its rows' keys / values [B, heads, width, d]."""
+    if isinstance(cache, RaggedRows):
+        return cache.update(k, v)
     cache.keep(start, None, start)
     return cache.update(k, v)
 
@@ -132,7 +191,8 @@ class DrafterBlock(nn.Module):
         """x [B, n, H], positions [B, n]; past_k / past_v [B, heads, L, d] (or None);
         visible [B or 1, n, L + n] bool (None: causal over the new rows, all past visible).
         cache (inference, B = 1): instead of past_k / past_v, the past is rows 0..start of `cache`
-        (L = start) and the new rows are written there, at start..start+n.
+        (L = start) and the new rows are written there, at start..start+n; a RaggedRows cache (a
+        batch's rows, B >= 1) writes and reads where its `prepare` said (start unused).
         Returns (x [B, n, H], k [B, heads, n, d], v [B, heads, n, d]) - the new rows' keys and values."""
         h = self.attn_norm(x)
         q = rotate(self._split(self.q_proj(h)), positions, self.theta)

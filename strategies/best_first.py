@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from specdec.strategies.lockstep import run_steps
 from specdec.tree import CandidateTree
 
 # children(depth, nodes, tokens, parents) -> (log-probs [n][k] on the host, tokens [n, k] on the device):
@@ -38,6 +39,14 @@ def best_first_tree(children: Children, depth_limit: int, max_nodes: int, device
     """The max_nodes best nodes, `depth_limit` levels at most. expand: nodes expanded per depth at most
     (the best of the newest level still among the best so far; None = all of them); stop_below:
     stop once the nodes to expand hold less path probability in all than this (0 = never)."""
+    return run_steps(best_first_steps(depth_limit, max_nodes, device, expand, stop_below), children)
+
+
+def best_first_steps(depth_limit: int, max_nodes: int, device, expand: int | None = None,
+                     stop_below: float = 0.0):
+    """best_first_tree as a step generator (strategies.lockstep): yields each `children` request
+    (depth, nodes, tokens, parents), takes its answer (log-probs [n][k], tokens [n, k]) by send(),
+    returns the tree."""
     scores: list[float] = []
     depths: list[int] = []
     parent_of: list[int] = []            # candidate index of the parent, -1 = the pending token
@@ -53,7 +62,7 @@ def best_first_tree(children: Children, depth_limit: int, max_nodes: int, device
             if not frontier or sum(math.exp(scores[i]) for i in frontier) < stop_below:
                 break
             frontier_tokens = torch.stack([token_of[i] for i in frontier])                 # [n]
-        logprobs, tokens = children(depth, frontier, frontier_tokens, parent_of)           # [n][k], [n, k]
+        logprobs, tokens = yield depth, frontier, frontier_tokens, parent_of               # [n][k], [n, k]
         for row, (parent, row_logprobs) in enumerate(zip(frontier, logprobs)):
             base = scores[parent] if parent >= 0 else 0.0
             for rank, logprob in enumerate(row_logprobs):

@@ -70,6 +70,8 @@ class EagleConfig:
     #                                     node is verified
     score_temperature: float = setting(0.5, above=0.0)  # greedy: the tree is ranked by the drafter's probabilities
     #                                     at this temperature (< 1 sharpens; 1 = as drafted)
+    batch_rows: bool = True             # in a batch (generate(list)), draft every row's tree level in one drafter
+    #                                     forward (strategies/eagle_batch.py); false: each row drafts alone
     dtype: Optional[str] = setting("auto", choices=(None, "auto", "float32", "float16", "bfloat16"))   # the
     #                                     drafter's dtype: null = the target's; auto = bfloat16 beside a float32 target
     #                                     on CUDA, or on a CPU where a drafter forward is measured faster in it
@@ -89,7 +91,8 @@ class Eagle:
                  stop_below: float = EagleConfig.stop_below,
                  sampled_top_k: int | None = EagleConfig.sampled_top_k,
                  sampled_depth: int | None = EagleConfig.sampled_depth,
-                 score_temperature: float = EagleConfig.score_temperature, dtype: str | torch.dtype | None = None):
+                 score_temperature: float = EagleConfig.score_temperature, dtype: str | torch.dtype | None = None,
+                 batch_rows: bool = EagleConfig.batch_rows):
         if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
             raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
                               f"{max_nodes}, {top_k}, {depth}, {expand}")
@@ -108,6 +111,7 @@ class Eagle:
             raise ConfigError(f"eagle.score_temperature must be > 0 (1 = the drafter's own probabilities), "
                               f"got {score_temperature}")
         self.score_temperature = float(score_temperature)
+        self.batch_rows = bool(batch_rows)
         self.dtype = dtype                       # the drafter's dtype: None = the target's; "auto" = measured (bind)
         self.drafter = drafter.eval()
         self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
@@ -143,11 +147,47 @@ class Eagle:
         root = self.catch_up(state.token_ids)
         if root is None or depth_limit <= 0:            # a one-token prompt: no target feature yet
             return CandidateTree.empty(self.device)
-        if state.sampling.greedy:
-            return self._greedy_tree(*root, depth_limit, self._sharpened if self.score_temperature != 1.0 else None)
-        if state.noise is not None:                     # coupled sampler: rank by the target's noise
-            return self._greedy_tree(*root, depth_limit, self._coupled_scorer(state))
+        if state.sampling.greedy or state.noise is not None:    # the coupled sampler ranks by the target's noise
+            return self._greedy_tree(*root, depth_limit, self.scorer(state))
         return self._sampled_tree(*root, min(self.sampled_depth, state.max_depth), state)
+
+    # ------------------------------------------------------------------ batched drafting (specdec.batch)
+    def batch_drafter(self):
+        """The drafter a batch runs for all its rows at once (propose_many): this one, unless batch_rows
+        is off."""
+        return self if self.batch_rows else None
+
+    def batch_key(self) -> int:
+        """Rows whose eagles share this key draft in one EagleBatch: the drafter module's."""
+        return id(self.drafter)
+
+    def new_batch(self):
+        from .eagle_batch import EagleBatch
+        return EagleBatch(self.drafter, self.device)
+
+    def propose_start(self, state: DecodeState) -> bool:
+        """Phase one of a batched proposal: whether this row calls its drafter (always, here)."""
+        return True
+
+    def propose_end(self, state: DecodeState, drafted: CandidateTree | None, drafted_s: float | None) -> CandidateTree:
+        """Phase two: the row's tree from what its drafter proposed in the batch."""
+        return drafted if drafted is not None else CandidateTree.empty(self.device)
+
+    @staticmethod
+    @torch.inference_mode()
+    def propose_many(eagles, states, batch) -> list[CandidateTree]:
+        """Every row's tree with ONE drafter forward per level for all rows (and one for their
+        catch-up), through `batch` (an EagleBatch over this drafter): what propose() gives each row
+        alone, drafted side by side."""
+        batch.catch_up(eagles, states)
+        depths = [min(eagle.depth, state.max_depth) for eagle, state in zip(eagles, states)]
+        trees = [CandidateTree.empty(eagle.device) for eagle in eagles]
+        live = [i for i, (eagle, depth) in enumerate(zip(eagles, depths)) if eagle.root is not None and depth > 0]
+        if live:
+            built = batch.trees([eagles[i] for i in live], [states[i] for i in live], [depths[i] for i in live])
+            for i, tree in zip(live, built):
+                trees[i] = tree
+        return trees
 
     @staticmethod
     def _coupled_scorer(state: DecodeState):
@@ -189,26 +229,32 @@ class Eagle:
         """Feed the committed rows not in the drafter's cache yet (one forward per CATCH_UP_CHUNK rows:
         a long prompt's peak activations are bounded by the chunk); returns the last row's (out [H],
         logits [V]) - the parent of the tree - or None before any feature."""
-        if self.unfed:
-            features = torch.cat(self.unfed).to(device=self.device, dtype=self._dtype())     # [n, F]
-            on_device = torch.cat(self.unfed_tokens).to(self.device) if self.unfed_tokens else None   # [n]
-            self.unfed, self.unfed_tokens = [], []
-            n = features.shape[0]
-            if len(token_ids) - 1 - self.fed < n:
-                raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
-                                   f"(expected one fewer feature than tokens)")
-            first = self.fed
-            for part in features.split(CATCH_UP_CHUNK):                                 # [m, F] each
-                m = part.shape[0]
+        unfed = self.take_unfed(token_ids)
+        if unfed is not None:
+            for g, tokens in zip(*(part.split(CATCH_UP_CHUNK) for part in unfed)):     # [m, H], [m] each
+                m = g.shape[0]
                 rows = torch.arange(self.fed, self.fed + m, device=self.device)          # [m]
-                done = self.fed - first                                                 # rows of this catch-up so far
-                tokens = on_device[done: done + m] if on_device is not None and len(on_device) == n else \
-                    torch.tensor(token_ids[self.fed + 1: self.fed + 1 + m], device=self.device)
-                out, _, _, _ = self.drafter(self.drafter.input_features(part)[None], tokens[None], rows[None],
-                                            with_logits=False, cache=self.kv, start=self.fed)
+                out, _, _, _ = self.drafter(g[None], tokens[None], rows[None], with_logits=False, cache=self.kv,
+                                            start=self.fed)
                 self.fed += m
             self.root = (out[0, -1], self.drafter.logits(out[0, -1]).float())    # only the last row's logits
         return self.root
+
+    def take_unfed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The committed rows to feed, taken off the unfed list: (drafter inputs g [n, H], their next
+        tokens [n] on the device), or None when there are none."""
+        if not self.unfed:
+            return None
+        features = torch.cat(self.unfed).to(device=self.device, dtype=self._dtype())     # [n, F]
+        on_device = torch.cat(self.unfed_tokens).to(self.device) if self.unfed_tokens else None   # [n]
+        self.unfed, self.unfed_tokens = [], []
+        n = features.shape[0]
+        if len(token_ids) - 1 - self.fed < n:
+            raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
+                               f"(expected one fewer feature than tokens)")
+        if on_device is None or len(on_device) != n:
+            on_device = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + n], device=self.device)
+        return self.drafter.input_features(features), on_device
 
     def _dtype(self) -> torch.dtype:
         return next(self.drafter.parameters()).dtype
@@ -220,6 +266,16 @@ class Eagle:
         out / column maps and the parent row of each tree row in the cache (written after the
         committed rows, in feeding order). Returns logits [n, V] (fp32) and records each node's
         output and cache column."""
+        g, tokens, positions, visible, start = self.level_inputs(tree, nodes, tokens, depth)
+        out, logits, _, _ = self.drafter(g[None], tokens[None], positions[None], visible=visible[None],
+                                         cache=self.kv, start=start)
+        self.level_outputs(tree, nodes, out[0])
+        return logits[0].float()
+
+    def level_inputs(self, tree, nodes: list[int], tokens: torch.Tensor, depth: int):
+        """The drafter's inputs for the tree nodes `nodes` (see _feed): (g [n, H], tokens [n], positions
+        [n], visible [n, fed + tree rows in the cache + n], the cache row the first is written at);
+        records their parents' cache rows."""
         parents, outs, column, fed_parents = tree["parent"], tree["out"], tree["column"], tree["fed_parents"]
         g = torch.stack([tree["root_out"] if parents[i] < 0 else outs[parents[i]] for i in nodes])   # [n, H]
         positions = torch.full((len(nodes),), self.fed + depth, device=self.device)
@@ -228,12 +284,15 @@ class Eagle:
         # the cache's tree rows form a tree of their own (row -> parent row): each new row sees the
         # committed rows, its ancestors' rows and itself
         visible = tree_visibility(fed_parents, self.fed, self.device, first_row=fed_tree)   # [n, fed + fed_tree + n]
-        out, logits, _, _ = self.drafter(g[None], tokens.to(self.device)[None], positions[None], visible=visible[None],
-                                         cache=self.kv, start=self.fed + fed_tree)
+        return g, tokens.to(self.device), positions, visible, self.fed + fed_tree
+
+    @staticmethod
+    def level_outputs(tree, nodes: list[int], out: torch.Tensor) -> None:
+        """Record the drafter's outputs out [n, H] of the nodes `nodes` and their cache columns."""
+        fed_tree = len(tree["fed_parents"]) - len(nodes)
         for row, node in enumerate(nodes):
-            outs[node] = out[0, row]
-            column[node] = fed_tree + row
-        return logits[0].float()
+            tree["out"][node] = out[row]
+            tree["column"][node] = fed_tree + row
 
     @staticmethod
     def _new_tree(root_out) -> dict:
@@ -258,6 +317,13 @@ class Eagle:
 
         return best_first_tree(children, depth_limit, self.max_nodes, self.device, self.expand, self.stop_below)
 
+    def scorer(self, state: DecodeState):
+        """How greedy / coupled trees rank children: scorer(logits [n, V], depth) -> scores, or None (the
+        logits); None too for the rejection sampler's sampled trees."""
+        if state.sampling.greedy:
+            return self._sharpened if self.score_temperature != 1.0 else None
+        return self._coupled_scorer(state) if state.noise is not None else None
+
     # ------------------------------------------------------------------ sampling: real distributions
     def _sampled_tree(self, root_out, root_logits, depth_limit: int, state: DecodeState) -> CandidateTree:
         """strategies.sampled_tree over the drafter's warped distributions; one drafter forward per depth."""
@@ -281,4 +347,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
     e = cfg.eagle
     return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand,
                  stop_below=e.stop_below, sampled_top_k=e.sampled_top_k, sampled_depth=e.sampled_depth,
-                 score_temperature=e.score_temperature, dtype=e.dtype)
+                 score_temperature=e.score_temperature, dtype=e.dtype, batch_rows=e.batch_rows)

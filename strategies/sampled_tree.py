@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from specdec.strategies.lockstep import run_steps
 from specdec.tree import WITHOUT_REPLACEMENT, CandidateTree
 
 
@@ -31,6 +32,13 @@ NextProbs = Callable[[int, list, torch.Tensor, list], torch.Tensor]
 def sampled_tree(root_probs: torch.Tensor, next_probs: NextProbs, depth_limit: int, max_nodes: int,
                  width: int, rng) -> CandidateTree:
     """The sampled tree below the pending token: root_probs [V] is the distribution of its children."""
+    return run_steps(sampled_tree_steps(root_probs, depth_limit, max_nodes, width, rng), next_probs)
+
+
+def sampled_tree_steps(root_probs: torch.Tensor, depth_limit: int, max_nodes: int, width: int, rng):
+    """sampled_tree as a step generator (strategies.lockstep): yields each `next_probs` request
+    (depth, nodes, tokens, parents), takes its answer (the distributions [n, V]) by send(), returns
+    the tree."""
     device = root_probs.device
     tokens: list[torch.Tensor] = []          # per sibling group: [c] drawn tokens
     parents: list[int] = []
@@ -65,7 +73,7 @@ def sampled_tree(root_probs: torch.Tensor, next_probs: NextProbs, depth_limit: i
         if depth == depth_limit - 1 or len(parents) >= max_nodes or not level_nodes:
             break
         level_tokens_flat = torch.cat(level_tokens)                                         # [m]
-        frontier_probs = next_probs(depth, level_nodes, level_tokens_flat, parents)                # [m, V]
+        frontier_probs = yield depth, level_nodes, level_tokens_flat, parents                      # [m, V]
         frontier_scores = torch.cat(level_scores)                                           # [m]
         frontier_nodes = level_nodes
     if not parents:

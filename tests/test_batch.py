@@ -192,6 +192,49 @@ def test_draft_model_rows_draft_together(name):
         assert 2 * batched_calls < alone_calls, (batched_calls, alone_calls)
 
 
+@pytest.mark.parametrize("name", ["eagle", "eagle3"])
+@pytest.mark.parametrize("sampling", ["greedy", "rejection", "coupled"])
+def test_eagle_rows_draft_together(name, sampling):
+    """A batch's EAGLE trees are built side by side: one drafter forward per tree level for all rows
+    (plus one for their catch-up), and each row drafts what it drafts alone: the same accepted lengths
+    step by step, greedy and sampled with the row's seed (a drafter cache left wrong by a ragged step, a
+    finished row or a reused slot, or a random draw taken out of turn, would change them)."""
+    sd = speculator(name)
+    kwargs = dict(ignore_eos=True) if sampling == "greedy" else dict(temperature=0.9, top_k=30, sampler=sampling,
+                                                                    ignore_eos=True)
+    seeds = list(range(21, 21 + len(PROMPTS)))
+    calls = []
+    handle = sd.strategy.drafter.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, seed=seeds, batch_size=4, **kwargs)
+        batched_calls = len(calls)
+        alone = [sd.generate(prompt, max_new_tokens=n, seed=seed, **kwargs)
+                 for prompt, n, seed in zip(PROMPTS, LENGTHS, seeds)]
+        alone_calls = len(calls) - batched_calls
+    finally:
+        handle.remove()
+    for prompt, out, one, n in zip(PROMPTS, outs, alone, LENGTHS):
+        assert out.token_ids == one.token_ids
+        assert out.stats.accepted_lengths == one.stats.accepted_lengths
+        if sampling == "greedy":
+            assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
+    levels = sd.strategy.depth if sampling != "rejection" else sd.strategy.sampled_depth
+    # per batched step: one catch-up forward and a forward per level below the first; a group of
+    # starting prompts adds one (their prompts' features, fed together)
+    assert batched_calls <= levels * outs.stats.target_forwards + len(PROMPTS)
+    assert 2 * batched_calls < alone_calls, (batched_calls, alone_calls)
+
+
+def test_eagle_per_row_drafting_switch():
+    """eagle.batch_rows=false: every row drafts alone (its own cache), with the same outputs."""
+    sd = speculator("eagle")
+    sd.strategy.batch_rows = False
+    outs = sd.generate(PROMPTS[:4], max_new_tokens=LENGTHS[:4], ignore_eos=True, batch_size=4)
+    for prompt, out, n in zip(PROMPTS, outs, LENGTHS):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
+    assert sd.strategy.batch_drafter() is None
+
+
 def test_a_reused_slot_starts_clean():
     """batch_size=1: every prompt runs in slot 0 after the one before; nothing of the previous row
     (KV, lookup index, draft cache) leaks into the next."""
