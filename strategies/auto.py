@@ -333,9 +333,9 @@ class Auto:
         if self.gate_mark is not None:            # then this row's sample of the last step
             last_gate, speculated, at, length, rows, last_switched = self.gate_mark
             switched = speculated != speculate
-            if not last_switched:     # a mode's first step pays for the switch (the drafter catches up on
-                #                       the tokens it skipped): not the mode's rate, and a probe would mostly be it
-                last_gate.record(speculated, len(state.token_ids) - length, now - at, rows)
+            # a mode's first step pays for the switch (the drafter catches up on the tokens it skipped):
+            # not the mode's rate (a probe would mostly be it), but part of what the probe cost
+            last_gate.record(speculated, len(state.token_ids) - length, now - at, rows, switch=last_switched)
         self.gate_mark = (gate, speculate, now, len(state.token_ids), state.batch_size, switched)
         return speculate
 

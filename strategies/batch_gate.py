@@ -11,9 +11,14 @@ everything a row costs: the draft model's forwards, lookup, planning, the paddin
 
 vLLM picks a draft length per batch size from offline tuning; here the choice is made online, like
 auto's drafter choice: the gate keeps its mode and looks at the other one for `probe_steps` steps
-after `gap` steps, the gap doubling (up to `max_gap`) while the other mode keeps losing (a probe of
-speculation in a batch where it loses costs little per step, but the drafter catches up on every
-token it skipped: hence a long gap). A row's
+after `gap` steps, the gap doubling (up to `max_gap`) while the other mode keeps losing. A probe that
+loses costs more than its steps' rate says: its first step pays for the switch (the drafter catches
+up on every token it skipped, and is not counted in the mode's rate), and where speculation loses
+(a large batch: the verify forward is compute-bound) a speculating step costs several plain ones. So
+the gate also measures what each losing probe cost - its steps' wall time, the switch included,
+less the time the best mode would have taken for the tokens they made - and waits until it has
+run `1 / explore` times that long in the best mode before the next probe: looking around costs at
+most about `explore` of the time, whatever a probe costs. A row's
 sample is its new tokens over the wall time since its last proposal (one batch step, its forward and
 every row's drafting and settling), times the rows of that step: the batch's rate, as that row saw it.
 
@@ -31,8 +36,9 @@ from collections import deque
 class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
-    def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16):
-        self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
+    def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16,
+                 explore: float = 0.02):
+        self.probe_steps, self.base_gap, self.max_gap, self.explore = probe_steps, gap, max_gap, explore
         self.best = True                       # the mode that measured faster (speculate first: it may pay)
         self.speculate = True                  # this step's mode
         self.probing = False                   # this step runs the other mode to measure it
@@ -44,6 +50,13 @@ class BatchGate:
         self.samples = {True: deque(maxlen=memory), False: deque(maxlen=memory)}
         self.step_sum = {True: 0.0, False: 0.0}     # this step's row samples so far (they describe the last step)
         self.step_rows = {True: 0, False: 0}
+        self.step_seconds = {True: 0.0, False: 0.0}  # ... and their seconds and new tokens, switch steps included
+        self.step_tokens = {True: 0, False: 0}
+        self.step_records = {True: 0, False: 0}
+        self.recent = {True: deque(maxlen=probe_steps), False: deque(maxlen=probe_steps)}   # per mode, its
+        #                                        last steps' (seconds, new tokens), switch steps left out
+        self.probe_loss = 0.0                  # seconds the last probe lost against the best mode's rate
+        self.best_seconds = 0.0                # seconds run in the best mode since the last probe
         self.rows_this_step: set[int] = set()
         self._lock = threading.RLock()             # mode() decides (rate()) under it
 
@@ -63,21 +76,37 @@ class BatchGate:
             self.rows_this_step.add(row)
             return self.speculate
 
-    def record(self, speculated: bool, new_tokens: int, seconds: float, rows: int) -> None:
-        """A row's last step: `new_tokens` over `seconds` of wall time in a batch of `rows` rows."""
+    def record(self, speculated: bool, new_tokens: int, seconds: float, rows: int, switch: bool = False) -> None:
+        """A row's last step: `new_tokens` over `seconds` of wall time in a batch of `rows` rows. switch:
+        the step was its mode's first (it paid for the switch): counted in a probe's cost, not in the rate."""
         if seconds <= 0:
             return
         with self._lock:
-            self.step_sum[speculated] += new_tokens * rows / seconds
-            self.step_rows[speculated] += 1
+            if not switch:
+                self.step_sum[speculated] += new_tokens * rows / seconds
+                self.step_rows[speculated] += 1
+            self.step_seconds[speculated] += seconds
+            self.step_tokens[speculated] += new_tokens
+            self.step_records[speculated] += 1
 
     def end_step(self) -> None:
-        """The rows' samples recorded since the last call make one step's rate (mode() calls it)."""
+        """The rows' samples recorded since the last call make one step's rate (mode() calls it), and
+        the step's time goes to the best mode's run or to the cost of a probe."""
         with self._lock:
             for mode in (True, False):
                 if self.step_rows[mode]:
                     self.samples[mode].append(self.step_sum[mode] / self.step_rows[mode])
+                if self.step_records[mode]:
+                    seconds = self.step_seconds[mode] / self.step_records[mode]    # the step's wall time
+                    if self.step_rows[mode]:          # not a switch step (its catch-up is a probe's own cost)
+                        self.recent[mode].append((seconds, self.step_tokens[mode]))
+                    best_rate = self.rate(self.best)
+                    if mode == self.best:
+                        self.best_seconds += seconds
+                    elif best_rate:          # a probe's step: what it took beyond the best mode's time
+                        self.probe_loss += seconds - self.step_tokens[mode] / best_rate
                 self.step_sum[mode], self.step_rows[mode] = 0.0, 0
+                self.step_seconds[mode], self.step_tokens[mode], self.step_records[mode] = 0.0, 0, 0
 
     def _next_step(self) -> None:
         self.steps += 1
@@ -88,9 +117,19 @@ class BatchGate:
             # counted, the last one's samples arrive during the next step)
             other, best = self.rate(not self.best), self.rate(self.best)
             if other is not None and (best is None or other > best):
+                # it won: what the old mode's last steps lost against it is what looking at that mode
+                # again will cost (speculation's steps at a batch size where it loses); not its switch
+                # step, which may have caught the drafter up on whole prompts
+                self.probe_loss = max(0.0, sum(seconds - tokens / other for seconds, tokens in self.recent[self.best]))
                 self.best, self.gap = not self.best, self.base_gap
             else:
                 self.gap = min(2 * self.gap, self.max_gap)
-            self.probing, self.speculate, self.steps = False, self.best, 0
-        elif self.steps >= (self.probe_steps if self.rate(not self.best) is None else self.gap):
-            self.probing, self.speculate, self.steps = True, not self.best, 0
+            self.probing, self.speculate, self.steps, self.best_seconds = False, self.best, 0, 0.0
+        elif self.rate(not self.best) is None:
+            if self.steps >= self.probe_steps:   # the other mode never measured: look at it soon
+                self._start_probe()
+        elif self.steps >= self.gap and self.best_seconds * self.explore >= self.probe_loss:
+            self._start_probe()
+
+    def _start_probe(self) -> None:
+        self.probing, self.speculate, self.steps, self.probe_loss = True, not self.best, 0, 0.0

@@ -51,6 +51,22 @@ def test_gate_keeps_speculating_when_it_measures_faster():
     assert modes[100:].count(False) <= 3 * (100 // 64 + 1)
 
 
+def test_gate_bounds_what_looking_around_costs():
+    """Probes of a losing mode are spaced by what they cost: the time they lose against the best mode is
+    at most about `explore` of the time (here a speculating step costs two plain ones for the same tokens,
+    so with the step gap at its floor the time rule alone spaces the probes)."""
+    plain_s, spec_s = 4 * 4 / 100.0, 4 * 4 / 50.0           # one step's seconds in each mode (4 rows)
+    lost_share = {}
+    for explore in (0.05, 1.0):
+        gate = BatchGate(probe_steps=3, gap=4, max_gap=4, explore=explore)
+        tail = run_steps(gate, 800, 4, {True: 50.0, False: 100.0})[100:]
+        assert gate.best is False
+        lost = tail.count(True) * (spec_s - plain_s)
+        lost_share[explore] = lost / (tail.count(True) * spec_s + tail.count(False) * plain_s)
+    assert 0 < lost_share[0.05] <= 0.05 * 1.5               # still looks, at a bounded cost
+    assert lost_share[1.0] > 3 * lost_share[0.05]            # without the rule the step gap alone decides
+
+
 def test_gate_follows_a_change():
     """A machine (or a text) where speculation stops paying: the gate moves to plain decoding."""
     gate = BatchGate(probe_steps=3, gap=8, max_gap=16)
