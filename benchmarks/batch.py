@@ -2,10 +2,11 @@
 list of prompts at each batch size, for every row: our strategies through generate(list,
 batch_size=B) and Hugging Face's own batched generate() (left padding, plain decoding). Rows run
 one after another at each (temperature, batch size), their order rotating, after an untimed
-warm-up; at temperature 0 every row's outputs are checked against our batched autoregressive."""
+warm-up, `repeats` rounds of them (each row's median rate kept); at temperature 0 every row's outputs are checked against our batched autoregressive."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import torch
@@ -60,23 +61,31 @@ def run_batches(rows, prompts: list[list[int]], cfg, console) -> list[dict]:
     step = 0
     for temperature in cfg.temperatures:
         for batch_size in cfg.batch_sizes:
-            shift = step % len(rows)
-            step += 1
-            outputs = {}
-            for row in rows[shift:] + rows[:shift]:
-                generate = our_batch_generate if row.kind == "specdec" else hf_batch_generate
-                if cfg.warmup_tokens > 0:
-                    generate(row, prompts[:batch_size], min(cfg.warmup_tokens, cfg.max_new_tokens), temperature,
-                             cfg.seeds[0], batch_size)
-                start = time.perf_counter()
-                tokens = generate(row, prompts, cfg.max_new_tokens, temperature, cfg.seeds[0], batch_size)
-                elapsed = time.perf_counter() - start
-                outputs[row.label] = tokens
-                new = sum(len(t) for t in tokens)
+            outputs, rates = {}, {row.label: [] for row in rows}
+            # `repeats` rounds over the rows, each round in a rotated order: a load swing on a shared
+            # machine then hits every row alike, and each row's rate is the median of its rounds
+            for _ in range(cfg.repeats):
+                shift = step % len(rows)
+                step += 1
+                for row in rows[shift:] + rows[:shift]:
+                    generate = our_batch_generate if row.kind == "specdec" else hf_batch_generate
+                    if cfg.warmup_tokens > 0:
+                        generate(row, prompts[:batch_size], min(cfg.warmup_tokens, cfg.max_new_tokens), temperature,
+                                 cfg.seeds[0], batch_size)
+                    start = time.perf_counter()
+                    tokens = generate(row, prompts, cfg.max_new_tokens, temperature, cfg.seeds[0], batch_size)
+                    elapsed = time.perf_counter() - start
+                    outputs[row.label] = tokens
+                    rates[row.label].append(sum(len(t) for t in tokens) / elapsed)
+                    console.print(f"T={temperature:g} batch {batch_size:>3} {row.label:<32} "
+                                  f"{rates[row.label][-1]:8.1f} tok/s")
+            for row in rows:
+                new = sum(len(t) for t in outputs[row.label])
+                rate = statistics.median(rates[row.label])
                 records.append({"row": row.label, "kind": row.kind, "temperature": temperature,
                                 "batch_size": batch_size, "prompts": len(prompts), "new_tokens": new,
-                                "time_s": elapsed, "tokens_per_second": new / elapsed, "identical": None})
-                console.print(f"T={temperature:g} batch {batch_size:>3} {row.label:<32} {new / elapsed:8.1f} tok/s")
+                                "time_s": new / rate, "tokens_per_second": rate,
+                                "rounds_tokens_per_second": rates[row.label], "identical": None})
             if temperature == 0 and baseline is not None:
                 for record in records[-len(rows):]:
                     record["identical"] = outputs[record["row"]] == outputs[baseline]

@@ -72,7 +72,8 @@ class BenchConfig:
     temperatures: List[float] = field(default_factory=lambda: [0.0])
     max_new_tokens: int = 128
     seeds: List[int] = field(default_factory=lambda: [0])   # sampling seeds (temperature 0 uses the first)
-    repeats: int = 1                    # timed generations per (row, prompt, temperature, seed)
+    repeats: int = 1                    # timed generations per (row, prompt, temperature, seed); batch presets:
+    #                                     rounds over the rows at each batch size, each row's median rate kept
     warmup_tokens: int = 16             # one untimed warm-up generation per row and temperature; 0 = none
     only: List[str] = field(default_factory=list)   # keep rows whose label contains one of these
     output_dir: str = "bench_out/${name}"

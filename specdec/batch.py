@@ -111,7 +111,10 @@ class BatchVerifier:
         from the buffers or from `like` (a row's layers); with neither (only empty prefixes so far)
         the first forward allocates."""
         allocated = self.cache.layers[0].key_buffer is not None
-        if allocated and rows <= self.rows and slots <= self.capacity:
+        # rows the buffers hold (a batch's rows are set one by one: compared with the rows set so far,
+        # every new row would copy the whole cache)
+        allocated_rows = self.cache.layers[0].key_buffer.shape[0] if allocated else 0
+        if allocated and rows <= allocated_rows and slots <= self.capacity:
             return
         capacity = self.capacity if allocated and slots <= self.capacity else max(slots, 2 * self.capacity)
         for index, layer in enumerate(self.cache.layers):
@@ -119,7 +122,7 @@ class BatchVerifier:
             if source is None or source.keys is None:
                 layer.wanted_capacity = max(layer.wanted_capacity, capacity)
                 continue
-            layer.allocate(max(rows, self.rows), capacity, source.keys[:1], source.values[:1])
+            layer.allocate(max(rows, self.rows, allocated_rows), capacity, source.keys[:1], source.values[:1])
 
     def set_row(self, row: int, source_layers: Sequence[DynamicLayer], source_row: int, fill: int, room: int) -> None:
         """Row `row` (== rows: a new last row) takes the first `fill` KV entries of row `source_row`
@@ -286,6 +289,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         share = (clock() - started) / len(group)
         # the group's pending tokens in one copy; from then on each row's stays on the device (its verdicts')
         pending = to_device(torch.tensor([job.prompt_ids[-1] for job in group], dtype=torch.long), verifier.device)
+        batch._reserve(max(rows) + 1, max(job.room for job in group), fresh.cache.layers)   # all of them at once
         for i, (row, job) in enumerate(zip(rows, group)):
             job.stats.prefill_time_s = share
             batch.set_row(row, fresh.cache.layers, i, fresh.fills[i], job.room)
