@@ -1,0 +1,97 @@
+"""auto's batch gate, A/B in one process: total tokens/s of generate(list, batch_size=B) for
+
+  * auto          - auto as shipped (its batch gate measures speculation against plain decoding);
+  * auto-plain    - the same auto with its gate forced to plain decoding (what the gate can reach
+                    where speculation loses: auto's own per-step overhead included);
+  * auto-no-gate  - auto.batch_gate off (every row speculates whenever its planner says so);
+  * autoregressive,
+
+in interleaved rounds (each variant once per round, gates reset before each run, an untimed 8-token
+warm-up first), each variant's median over the rounds and its ratio to autoregressive.
+
+    python scripts/measure/batch_gate_ab.py --eagle /path/to/eagle [--batch 16] [--temperature 0.8]
+        [--prompts 32] [--rounds 3] [--draft ../shared/models/pycode/draft]
+
+Prompts: 256-token windows of the pycode split's held-out standard-library files (several per file
+where there are too few files), 128 new tokens each, seeds 0.. per prompt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sysconfig
+import time
+
+import specdec
+from specdec.strategies.batch_gate import BatchGate
+
+PYCODE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "pycode")
+
+
+def held_out_prompts(tokenizer, count: int, length: int = 256) -> list[list[int]]:
+    files = json.load(open(os.path.join(PYCODE, "split.json")))["heldout"]
+    stdlib, rng, prompts = sysconfig.get_paths()["stdlib"], random.Random(0), []
+    while len(prompts) < count:
+        for name in sorted(files):
+            path = os.path.join(stdlib, name)
+            if not os.path.exists(path):
+                continue
+            ids = tokenizer(open(path, errors="ignore").read())["input_ids"]
+            if len(ids) > 2 * length + 100:
+                start = rng.randrange(0, len(ids) - length - 50)
+                prompts.append(ids[start: start + length])
+            if len(prompts) >= count:
+                break
+    return prompts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eagle", default=None)
+    parser.add_argument("--draft", default=None)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    target = {"target.path": os.path.join(PYCODE, "target")}
+    drafters = {key: path for key, path in (("eagle.path", args.eagle), ("draft.path", args.draft)) if path}
+    auto = specdec.load("auto", **target, **drafters)
+    plain = specdec.load("autoregressive", **target)
+    prompts = held_out_prompts(auto.tokenizer, args.prompts)
+    sampling = dict(temperature=args.temperature, ignore_eos=True)
+    real_mode = BatchGate.mode
+
+    def run(variant: str) -> float:
+        sd = plain if variant == "autoregressive" else auto
+        auto.strategy.batch_gates = {}
+        auto.strategy.use_batch_gate = variant != "auto-no-gate"
+        BatchGate.mode = (lambda self, row: False) if variant == "auto-plain" else real_mode
+        try:
+            sd.generate(prompts[: args.batch], max_new_tokens=8, batch_size=args.batch,
+                        seed=list(range(args.batch)), **sampling)
+            start = time.perf_counter()
+            out = sd.generate(prompts, max_new_tokens=128, batch_size=args.batch, seed=list(range(len(prompts))),
+                              **sampling)
+            return out.stats.new_tokens / (time.perf_counter() - start)
+        finally:
+            BatchGate.mode = real_mode
+
+    variants = ["autoregressive", "auto", "auto-plain", "auto-no-gate"]
+    rates = {variant: [] for variant in variants}
+    for _ in range(args.rounds):
+        for variant in variants:
+            rates[variant].append(run(variant))
+    base = statistics.median(rates["autoregressive"])
+    print(f"batch {args.batch}, T = {args.temperature:g}, {len(prompts)} prompts, drafters {sorted(drafters) or 'none'}")
+    for variant in variants:
+        median = statistics.median(rates[variant])
+        print(f"{variant:16s} {median:7.1f} tok/s  x autoregressive {median / base:.3f}  "
+              f"rounds {[round(rate, 1) for rate in rates[variant]]}")
+
+
+if __name__ == "__main__":
+    main()
