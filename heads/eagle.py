@@ -112,13 +112,15 @@ class RaggedRows:
         self.index: torch.Tensor | None = None      # [b] the rows of this forward (None: all, in order)
         self.start: torch.Tensor | None = None      # [b] where each writes
         self.width = 0
+        self.needed_rows = 0                        # rows the buffers must hold for this forward
 
     @property
     def capacity(self) -> int:
         return 0 if self.key_buffer is None else self.key_buffer.shape[2]
 
-    def prepare(self, index: torch.Tensor | None, start: torch.Tensor, width: int) -> None:
-        self.index, self.start, self.width = index, start, width
+    def prepare(self, index: torch.Tensor | None, start: torch.Tensor, width: int, needed_rows: int) -> None:
+        """needed_rows: 1 + the largest row of `index` (the batch knows it on the host: no read back)."""
+        self.index, self.start, self.width, self.needed_rows = index, start, width, needed_rows
 
     def _reserve(self, like: torch.Tensor, rows: int, slots: int) -> None:
         if self.key_buffer is not None and rows <= self.rows and slots <= self.capacity:
@@ -136,7 +138,7 @@ class RaggedRows:
         """k / v [b, heads, n, d] of the prepared rows -> their keys / values [b, heads, width, d]."""
         b, _, n, _ = k.shape
         rows = self.index if self.index is not None else torch.arange(b, device=k.device)      # [b]
-        self._reserve(k, int(rows.max()) + 1 if self.index is not None else b, self.width)
+        self._reserve(k, self.needed_rows, self.width)
         slots = self.start[:, None] + torch.arange(n, device=k.device)                         # [b, n]
         self.key_buffer[rows[:, None], :, slots] = k.transpose(1, 2)                           # [b, n, heads, d]
         self.value_buffer[rows[:, None], :, slots] = v.transpose(1, 2)

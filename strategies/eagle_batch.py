@@ -20,7 +20,7 @@ import torch
 
 from specdec.heads.eagle import RaggedRows
 from specdec.sampling import logits_to_probs
-from specdec.strategies.best_first import best_first_steps
+from specdec.strategies.best_first import best_first_steps, top_children
 from specdec.strategies.lockstep import run_together
 from specdec.strategies.sampled_tree import sampled_tree_steps
 from specdec.tree import CandidateTree
@@ -37,26 +37,20 @@ class EagleBatch:
     def __init__(self, drafter, device):
         self.drafter, self.device = drafter, device
         self.kv = RaggedRows()
-        self.row_of: dict[int, int] = {}        # id(eagle) -> its row
-        self.fills: list[int] = []              # per row: the committed rows in the cache (its eagle's fed)
+        self.row_of: dict[int, int] = {}        # id(eagle) -> its row (rows 0 .. len - 1; a row's fill is its eagle's fed)
 
     def _row(self, eagle) -> int:
-        key = id(eagle)
-        if key not in self.row_of:
-            self.row_of[key] = len(self.fills)
-            self.fills.append(0)
-        return self.row_of[key]
+        return self.row_of.setdefault(id(eagle), len(self.row_of))
 
     def release(self, eagle) -> None:
         """The eagle's row finished: drop it (the rows after it move up)."""
         row = self.row_of.pop(id(eagle), None)
         if row is None:
             return
-        order = [r for r in range(len(self.fills)) if r != row]
+        order = [r for r in range(len(self.row_of) + 1) if r != row]
         self.kv.drop([r for r in order if r < self.kv.rows])
         new_row = {old: new for new, old in enumerate(order)}
         self.row_of = {key: new_row[old] for key, old in self.row_of.items()}
-        self.fills = [self.fills[r] for r in order]
 
     # ------------------------------------------------------------------ one forward over some rows
     def _forward(self, rows: list[int], g: list[torch.Tensor], tokens: list[torch.Tensor],
@@ -81,7 +75,7 @@ class EagleBatch:
                 visible_in[i, pad[m:], row_start + pad[m:]] = True
         every = rows == list(range(self.kv.rows)) and len(rows) == self.kv.rows
         index = None if every else torch.tensor(rows, dtype=torch.long, device=device)
-        self.kv.prepare(index, torch.tensor(start, dtype=torch.long, device=device), width)
+        self.kv.prepare(index, torch.tensor(start, dtype=torch.long, device=device), width, max(rows) + 1)
         out, _, _, _ = self.drafter(g_in, token_in, position_in, visible=visible_in, with_logits=False, cache=self.kv)
         return [out[i, : part.shape[0]] for i, part in enumerate(g)]
 
@@ -131,9 +125,8 @@ class EagleBatch:
             visible.append(torch.ones(m, eagle.fed + m, dtype=torch.bool, device=self.device).tril(eagle.fed))
             start.append(eagle.fed)
         outs = self._forward(rows, g, tokens, positions, visible, start)
-        for i, row in zip(order, rows):
+        for i in order:
             eagles[i].fed += parts[i][0].shape[0]
-            self.fills[row] = eagles[i].fed
         return {i: out[-1] for i, out in zip(order, outs)}
 
     # ------------------------------------------------------------------ trees in lockstep
@@ -176,12 +169,11 @@ class EagleBatch:
             children = [i for i in logits if kinds[i][0] == "children"]
             if children:                  # every best-first row's ranked children: one host read
                 scores = [logits[i] if kinds[i][1] is None else kinds[i][1](logits[i], requests[i][0]) for i in children]
-                k = max(eagles[i].top_k for i in children)
-                top = torch.cat(scores).log_softmax(dim=-1).topk(min(k, scores[0].shape[-1]), dim=-1)
-                values, start = top.values.tolist(), 0
+                values, indices = top_children(torch.cat(scores), max(eagles[i].top_k for i in children))
+                start = 0
                 for i, part in zip(children, scores):
-                    n, k_i = part.shape[0], min(eagles[i].top_k, part.shape[-1])
-                    answers[i] = ([row[:k_i] for row in values[start: start + n]], top.indices[start: start + n, :k_i])
+                    n, k_i = part.shape[0], eagles[i].top_k
+                    answers[i] = ([row[:k_i] for row in values[start: start + n]], indices[start: start + n, :k_i])
                     start += n
             for i in logits:
                 if kinds[i][0] == "probs":
