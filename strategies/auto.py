@@ -18,10 +18,12 @@ rows of its own accepted nodes, then one plain step per token committed after th
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 import copy
 import itertools
+import statistics
 import time
 from typing import NamedTuple
 
@@ -73,6 +75,9 @@ PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # counted, and what the greedy prior cost).
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
+# steady drafter calls whose median is its cost: one slow call (the OS, a collection) must not price
+# the drafter out, because a drafter that looks dear is called only on looks, far apart
+DRAFT_TIMES = 9
 _ROW_IDS = itertools.count()          # a row's id for its batch gate (id() of a finished row's object is reused)
 
 # suffix decoding's nodes are calibrated per length of the match they were drafted from (a copy after
@@ -94,7 +99,7 @@ class _Step(NamedTuple):
     keep: list                    # merged nodes verified (closed under parents)
     neural_tree: CandidateTree    # the drafter's own tree (empty when not called)
     proposed_at: float            # perf_counter when propose returned
-    context: int                  # the lookup context (_lookup_context)
+    context: tuple                # (temperature key, lookup context: _lookup_context)
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
@@ -154,22 +159,23 @@ class Auto:
         self.draft_cost_s = draft_cost_s      # seconds a drafter call adds to a step (its propose and observe, merging
         #                                       and planning its tree), measured as it runs
         # planned (expected new tokens, nodes verified) of recent steps with the drafter / with lookup
-        # alone, per lookup context (what lookup offers this step: nothing, a short guess, a long one;
-        # see _lookup_context), as moving averages. Their rates are priced when a decision is made, at
+        # alone, per context (greedy or how hot the sampling, and what lookup offers this step: nothing, a
+        # short guess, a long one; see _lookup_context), as moving averages. Their rates are priced when a decision is made, at
         # the costs known then: a rate stored when the drafter was last called would keep that step's
         # costs (the first call's catch-up, a verify cost the step times have since corrected) and, as
         # the drafter is not called while it looks dear, would never be corrected.
-        self.plan_with: dict[int, tuple[float, float]] = {}
-        self.plan_without: dict[int, tuple[float, float]] = {}
+        self.plan_with: dict[tuple, tuple[float, float]] = {}
+        self.plan_without: dict[tuple, tuple[float, float]] = {}
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
-        self.explore_gap: dict[int, int] = {}    # per context: steps between looks at a drafter that has not paid
-        self.since_look: dict[int, int] = {}     # per context: steps without a call
+        self.explore_gap: dict[tuple, int] = {}    # per context: steps between looks at a drafter that has not paid
+        self.since_look: dict[tuple, int] = {}     # per context: steps without a call
         self.steps_since_call = 0
         self.steady_call = False
         self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
+        self.draft_times: deque = deque(maxlen=DRAFT_TIMES)  # seconds of the last steady calls (median: draft_cost_s)
         self.device = "cpu"
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
         # compiled forward, the one each step runs (set by Speculator before bind)
@@ -218,6 +224,7 @@ class Auto:
         twin = copy.copy(self)
         twin.lookup = per_call(self.lookup) if self.lookup is not None else None
         twin.drafter = per_call(self.drafter) if self.drafter is not None else None
+        twin.draft_times = deque(self.draft_times, maxlen=DRAFT_TIMES)
         return twin
 
     def profile_setup(self, target) -> tuple[tuple[int, ...], int]:
@@ -276,7 +283,9 @@ class Auto:
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
-        context = _lookup_context(lookup_tree.parents, accept, lookup_keep)
+        # greedy and sampled steps apart: lookup that copies right greedy mostly fails when sampling, so
+        # a greedy request's plans must not keep the drafter uncalled on the sampled ones after it
+        context = (temperature_key(state.sampling.temperature), _lookup_context(lookup_tree.parents, accept, lookup_keep))
         self.plan_without[context] = _ema_pair(self.plan_without.get(context),
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
         self.steps_since_call += 1
@@ -344,7 +353,7 @@ class Auto:
         tree = CandidateTree.empty(self.device)
         self.steps_since_call += 1            # the drafter's next call catches up: not a steady call
         self.last_draft_s = None
-        self.pending = _Step(tree, [], [], [], tree, time.perf_counter(), 0)
+        self.pending = _Step(tree, [], [], [], tree, time.perf_counter(), (None, 0))
         self.tree_sizes.append(0)
         return tree
 
@@ -372,13 +381,17 @@ class Auto:
                 self.drafter.observe(state, step)
             if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or not self.steady_cost_known):
                 # until a steady call is timed, each call's time replaces the estimate (the first one
-                # catches up on the whole prompt: many times a steady call)
+                # catches up on the whole prompt: many times a steady call); then the median of steady calls
                 spent = self.last_draft_s + time.perf_counter() - start
-                self.draft_cost_s = _ema(self.draft_cost_s if self.steady_cost_known else None, spent)
-                self.steady_cost_known |= self.steady_call
+                if self.steady_call:
+                    self.draft_times.append(spent)
+                    self.draft_cost_s = statistics.median(self.draft_times)
+                    self.steady_cost_known = True
+                else:
+                    self.draft_cost_s = spent
 
     # ------------------------------------------------------------------ policy
-    def planned_rates(self, context: int) -> tuple[float | None, float]:
+    def planned_rates(self, context) -> tuple[float | None, float]:
         """(planned tokens/s with the drafter or None before its first call, with lookup alone) in
         a lookup context: recent plans' expected new tokens over what their trees cost now."""
         rate_with = rate_without = None
@@ -390,7 +403,7 @@ class Auto:
             rate_without = tokens / self.verify_cost(nodes)
         return rate_with, rate_without or 0.0
 
-    def _call_drafter(self, state: DecodeState, context: int) -> bool:
+    def _call_drafter(self, state: DecodeState, context) -> bool:
         """Call the drafter when its recent planned rate (planned_rates) beats lookup alone in the same lookup
         context (a drafter that pays where lookup has nothing may not pay beside a long lookup
         match); otherwise look again after a gap that doubles (up to MAX_EXPLORE_GAP) each look
@@ -399,8 +412,10 @@ class Auto:
             return False
         if self.explore_every <= 1:                          # every step
             return True
-        if not self.steady_cost_known and self.steps_since_call == 1:
-            return True       # the last step called after a gap (a catch-up): call once more to time a steady call
+        if self.steps_since_call == 1 and not self.steady_call:
+            # the last step called after a gap (a catch-up, not what a call costs): call once more, so
+            # every look times a steady call; else a cost once measured high would never be measured again
+            return True
         self.since_look[context] = self.since_look.get(context, 0) + 1
         rate_with, rate_without = self.planned_rates(context)
         if rate_with is None or rate_with >= rate_without:

@@ -271,3 +271,37 @@ def test_the_drafter_observes_its_own_tree_with_its_own_rows(explore_every):
             followed += 1
     assert committed == len(ids) - out.stats.accepted_lengths[-1] - 1    # all but the last step's run
     assert followed > 0, "precondition: lookup nodes were accepted below the drafter's"
+
+
+@pytest.mark.parametrize("planned_for,expect_calls", [("greedy", True), ("mid", False)])
+def test_greedy_plans_do_not_decide_sampled_steps(planned_for, expect_calls):
+    """Plans are kept per temperature kind: lookup that wins beside the drafter on greedy requests
+    (edited copies of a prompt) mostly fails when sampling, so greedy plans saying 'lookup alone pays
+    more' must not keep the drafter uncalled at T = 0.8. Control: the same plans made at T = 0.8
+    do keep it uncalled but for looks."""
+    target = target_of("llama")
+    strategy = auto(DraftModel(target, num_tokens=4), explore_every=8)
+    for context in range(3):           # 'lookup alone makes 5 tokens a step, the drafter 1'
+        strategy.plan_with[(planned_for, context)] = (1.0, 4)
+        strategy.plan_without[(planned_for, context)] = (5.0, 4)
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=40, ignore_eos=True,
+                                                       temperature=0.8, seed=0)
+    steps = out.stats.target_forwards
+    if expect_calls:
+        assert strategy.neural_calls >= steps - 1
+    else:
+        assert strategy.neural_calls <= steps // 2
+
+
+def test_a_drafter_priced_out_is_timed_again_on_its_looks():
+    """A drafter whose cost was measured high (a busy minute, a slow call) is called on looks only;
+    every look (a catch-up call after the gap) is followed by a steady call whose time is recorded,
+    so the estimate comes back down. Before, looks were never timed and the drafter stayed priced
+    out for good."""
+    target = target_of("llama")
+    strategy = Auto(PromptLookup(min_ngram=1, max_ngram=3), DraftModel(target, num_tokens=4), costs=FREE,
+                    explore_every=2, draft_cost_s=100.0)
+    strategy.draft_times.extend([100.0] * 9)            # 100 s a call: rate 5 / 101 against lookup's 1 / 1
+    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=120, ignore_eos=True)
+    timed = [t for t in strategy.draft_times if t < 100.0]
+    assert len(timed) >= 5 and strategy.draft_cost_s < 1.0
