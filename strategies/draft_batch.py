@@ -13,6 +13,13 @@ ones it was fed, a leading run of a chain, so nothing moves. Rows that do not dr
 skipped its drafter, a row at its last token) ride along in the forward without keeping anything.
 A long catch-up (a new row's prompt, the tokens of steps auto drafted nothing) is fed first, all such
 rows together, keeping only the last token's logits, so the step's catch-up stays at most 2 wide.
+
+Trees (draft.branching) grow a level per forward, and a level's nodes must see their ancestors only:
+the tree-masked forward of BatchVerifier takes a pending token and a tree below it. So a tree row's
+pending token is caught up and then left out of its fill, and each level's forward feeds every row's
+pending token and its whole tree so far (the level's logits are read from its own rows): the draft is
+small and its forward's width costs little beside its fixed cost, and a row that asks nothing this
+round writes again what it wrote. The row's observe keeps the pending token and its accepted nodes.
 """
 from __future__ import annotations
 
@@ -80,9 +87,33 @@ class DraftBatch:
         return logits
 
     @torch.inference_mode()
-    def catch_up(self, drafters: Sequence, states: Sequence[DecodeState]) -> list[torch.Tensor]:
+    def keep_tree(self, drafter, node_rows: Sequence[int], node_rows_on_device: torch.Tensor | None = None) -> None:
+        """A tree row's observe: keep its pending token and the fed nodes at node_rows (their order
+        among the fed nodes: node k was fed at row 1 + k of the last forward) after its fill.
+        node_rows_on_device: the same [K] on the device (None where they are 0..K-1: nothing moves)."""
+        on_device = None
+        if node_rows_on_device is not None:
+            on_device = torch.cat([node_rows_on_device.new_zeros(1), node_rows_on_device + 1])      # [1 + K]
+        self.rows.commit(self.row_of[id(drafter)], [0] + [1 + k for k in node_rows], on_device)
+
+    @torch.inference_mode()
+    def tree_forward(self, fed: Sequence[tuple]) -> list[torch.Tensor]:
+        """One draft forward: each (drafter, pending token [1], tree so far) feeds its pending token and
+        its tree after its fill, keeping nothing; other rows ride along. Per drafter the logits
+        [1 + tree nodes, Vd] of its rows."""
+        rows = {self.row_of[id(drafter)]: (token, tree) for drafter, token, tree in fed}
+        empty = CandidateTree.empty(self.device)
+        pending = [rows[row][0] if row in rows else 0 for row in range(self.rows.rows)]
+        trees = [rows[row][1] if row in rows else empty for row in range(self.rows.rows)]
+        logits, _ = self.rows.forward(pending, trees, None)                                # [B, R, Vd]
+        return [logits[self.row_of[id(drafter)], : 1 + tree.num_nodes] for drafter, _, tree in fed]
+
+    @torch.inference_mode()
+    def catch_up(self, drafters: Sequence, states: Sequence[DecodeState], under_tree: bool = False):
         """Feed every drafter's unfed committed tokens (DraftModel.unfed): per drafter the draft's
-        logits [V] at its last committed token (the pending one)."""
+        logits [V] at its last committed token (the pending one). under_tree: the pending tokens are
+        left out of the rows' fills, to be fed again under each tree level (tree_forward); then
+        (the logits, per drafter its pending token [1])."""
         rows = [self._row(drafter) for drafter in drafters]
         new = [drafter.unfed(state.token_ids, state.pending) for drafter, state in zip(drafters, states)]
         for drafter, state in zip(drafters, states):
@@ -93,8 +124,14 @@ class DraftBatch:
             long = {row: tokens[CATCH_UP_CHUNK:] for row, tokens in long.items() if len(tokens) > CATCH_UP_CHUNK}
         short = {row: tokens[-SHORT_CATCH_UP:] for row, tokens in zip(rows, new)}
         logits = self._forward(short)                                              # [B, <= 2, V]
-        return [drafter.fit_vocab(logits[row, len(short[row]) - 1: len(short[row])])[0]
-                for drafter, row in zip(drafters, rows)]
+        at_pending = [drafter.fit_vocab(logits[row, len(short[row]) - 1: len(short[row])])[0]
+                      for drafter, row in zip(drafters, rows)]
+        if not under_tree:
+            return at_pending
+        for row in rows:
+            self.rows.fills[row] -= 1
+            self.rows._sync_fill(row)
+        return at_pending, [short[row][-1:] for row in rows]
 
     @torch.inference_mode()
     def feed(self, fed: Sequence[tuple]) -> list[torch.Tensor]:

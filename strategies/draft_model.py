@@ -42,8 +42,8 @@ class DraftConfig:
     max_tokens: int = setting(12, min=1)
     draft_cost: float = setting(0.1, min=0.0)   # draft forward time / target forward time, for adaptive gamma
     min_confidence: float = setting(0.0, min=0.0, max=1.0)   # chains stop early where the draft's own token prob < this (0 = off)
-    batch_rows: bool = True             # generate(list): all rows' chains in one draft forward per position (false: a
-    #                                     forward per row, as before; kept for the A/B in benchmarks/results/batch)
+    batch_rows: bool = True             # generate(list): all rows' chains (trees) in one draft forward per position
+    #                                     (level); false: a forward per row, as before; kept for the A/B in benchmarks/results/batch
 
 
 CONFIG_SECTIONS = {"draft": DraftConfig}
@@ -124,9 +124,9 @@ class DraftModel:
 
     # ------------------------------------------------------------------ batched drafting (specdec.batch)
     def batch_drafter(self):
-        """The drafter whose proposals a batch runs together across its rows (propose_many): this one
-        for chains; a tree drafts row by row."""
-        return self if self.branching is None and self.batch_rows else None
+        """The drafter whose proposals a batch runs together across its rows (propose_many): chains and
+        trees alike (batch_rows false: each row drafts alone, for the A/B)."""
+        return self if self.batch_rows else None
 
     def batch_key(self) -> int:
         """Rows whose drafters share this key draft in one DraftBatch: the draft model's."""
@@ -147,9 +147,12 @@ class DraftModel:
     @staticmethod
     @torch.inference_mode()
     def propose_many(drafters: Sequence["DraftModel"], states: Sequence[DecodeState], batch) -> list[CandidateTree]:
-        """Every row's chain with ONE draft forward per chain position for all rows (and one for their
-        catch-up), through `batch` (a DraftBatch over this draft model): what propose() gives each row
-        alone, drafted side by side."""
+        """Every row's chain (or tree) with ONE draft forward per chain position (tree level) for all rows
+        and one for their catch-up, through `batch` (a DraftBatch over this draft model): what propose()
+        gives each row alone, drafted side by side. The rows of a call share one configuration: all
+        chains or all trees."""
+        if drafters and drafters[0].branching is not None:
+            return DraftModel._trees_together(drafters, states, batch)
         depths = [min(d.gamma, s.max_depth) for d, s in zip(drafters, states)]
         live = [i for i, depth in enumerate(depths) if depth > 0]
         trees = [CandidateTree.empty(d.draft.device) for d in drafters]
@@ -161,6 +164,38 @@ class DraftModel:
         logits = [drafter._at_pending(row_logits, state)                              # per row [V]
                   for drafter, state, row_logits in zip(drafters, states, batch.catch_up(drafters, states))]
         for i, tree in zip(live, chains(drafters, states, depths, logits, batch.feed)):
+            trees[i] = tree
+        return trees
+
+    @staticmethod
+    def _trees_together(drafters: Sequence["DraftModel"], states: Sequence[DecodeState], batch) -> list[CandidateTree]:
+        """propose_many for trees: every row's tree level by level (strategies/lockstep.run_together),
+        each level of every row in one draft forward (DraftBatch.tree_forward)."""
+        from .lockstep import run_together
+        depths = [min(len(d.branching), s.max_depth) for d, s in zip(drafters, states)]
+        live = [i for i, depth in enumerate(depths) if depth > 0]
+        trees = [CandidateTree.empty(d.draft.device) for d in drafters]
+        if not live:
+            return trees
+        drafters, states, depths = [drafters[i] for i in live], [states[i] for i in live], [depths[i] for i in live]
+        for drafter in drafters:
+            drafter.batch = batch
+        row_logits, pending = batch.catch_up(drafters, states, under_tree=True)
+        builders = [drafter._tree_steps(drafter._at_pending(logits, state), drafter.branching[:depth], state)
+                    for drafter, state, logits, depth in zip(drafters, states, row_logits, depths)]
+        fed = {i: CandidateTree.empty(drafters[i].draft.device) for i in range(len(drafters))}   # each row's tree so far
+
+        def answer_all(requests: dict[int, tuple]) -> dict[int, torch.Tensor]:
+            for i, (tokens, parents, _) in requests.items():
+                fed[i] = CandidateTree(tokens, parents)
+            # every row feeds its pending token and its whole tree so far: a row not asking this round
+            # writes again what it wrote, which the rows provisionally kept past its fill must keep
+            logits = batch.tree_forward([(drafter, token, fed[i]) for i, (drafter, token) in
+                                         enumerate(zip(drafters, pending))])               # per row [1 + n, Vd]
+            return {i: drafters[i].fit_vocab(logits[i][1 + level_start: 1 + len(parents)])
+                    for i, (_, parents, level_start) in requests.items()}
+
+        for i, tree in zip(live, run_together(builders, answer_all)):
             trees[i] = tree
         return trees
 
@@ -176,7 +211,9 @@ class DraftModel:
             path = tree_shape(with_pending_root(result.tree.parents), self.cache_device()).path(
                 result.accepted[len(kept) - 1] + 1, len(kept) + 1)
             on_device = path[1:] - 1
-        if self.batch is not None:        # a chain's kept entries are a leading run of its fed ones: a new fill
+        if self.batch is not None and self.branching is not None:   # the pending token and the kept nodes
+            self.batch.keep_tree(self, rows, on_device)
+        elif self.batch is not None:      # a chain's kept entries are a leading run of its fed ones: a new fill
             self.batch.keep(self, self.cached + len(kept))
         else:
             commit_rows(self.cache, self.cached, rows, on_device)
@@ -272,6 +309,20 @@ class DraftModel:
     def _tree(self, logits: torch.Tensor, branching: list[int], state: DecodeState) -> CandidateTree:
         """Depth by depth: every node of the level gets its children in one pick (one host read at
         most) and the new level goes through the draft in one forward. Tokens stay on the device."""
+        from .lockstep import run_steps
+        return run_steps(self._tree_steps(logits, branching, state), self._feed_level)
+
+    def _feed_level(self, tokens: torch.Tensor, parents: tuple[int, ...], level_start: int) -> torch.Tensor:
+        """[L, V] the draft's logits of the level from level_start (the nodes' tokens [N]), each node
+        seeing its ancestors only, on this row's own cache."""
+        mask = self._tree_mask(parents, level_start)
+        positions = tree_position_ids(parents, self.cached, self.draft.device)
+        return self._logits(tokens[level_start:][None], mask, positions[:, level_start:])
+
+    def _tree_steps(self, logits: torch.Tensor, branching: list[int], state: DecodeState):
+        """_tree as a step generator (strategies/lockstep.py): yields (tokens [N] of the nodes so far,
+        their parents, first node of the new level) and takes the draft's logits [L, V] of that level;
+        returns the tree."""
         tokens: list[torch.Tensor] = []      # per level: [L] its nodes' tokens
         parents: list[int] = []
         rows: list[torch.Tensor] = []        # per level: [L, V] the distribution each node was drawn from
@@ -298,10 +349,7 @@ class DraftModel:
             if depth == len(branching) - 1 or not new_nodes:
                 break
             # one draft forward over the whole new level, each node seeing only its ancestors
-            all_parents = tuple(parents)
-            mask = self._tree_mask(all_parents, level_start)
-            positions = tree_position_ids(all_parents, self.cached, self.draft.device)
-            level_logits = self._logits(children[None], mask, positions[:, level_start:])    # [L, V]
+            level_logits = yield torch.cat(tokens), tuple(parents), level_start                # [L, V]
             if self.processing:
                 level_logits = self._process(level_logits, state, new_paths)
             self.fed_nodes.extend(new_nodes)

@@ -162,31 +162,41 @@ def test_each_rows_cache_is_its_own_after_ragged_steps():
                                        atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["draft_chain", "draft_adaptive", "auto"])
-def test_draft_model_rows_draft_together(name):
-    """A batch's draft-model chains run in one draft forward per chain position for all rows (plus one
-    for their catch-up), not one per row, and each row drafts what it drafts alone: the same accepted
-    lengths step by step (a draft cache left wrong by a ragged step, a finished row or a reused slot
-    would change its drafts). auto plans with measured times, so only the forward count holds there."""
+@pytest.mark.parametrize("name,sampling", [("draft_chain", "greedy"), ("draft_adaptive", "greedy"), ("auto", "greedy"),
+                                           ("draft_tree", "greedy"), ("draft_tree", "rejection"),
+                                           ("draft_tree", "coupled")])
+def test_draft_model_rows_draft_together(name, sampling):
+    """A batch's draft-model chains run in one draft forward per chain position (trees: per level) for
+    all rows (plus one for their catch-up), not one per row, and each row drafts what it drafts alone:
+    the same tokens and accepted lengths step by step, greedy and sampled with the row's seed (a draft
+    cache left wrong by a ragged step, a finished row or a reused slot, or a tree level seeing another
+    row's or a sibling's entries, would change its drafts). auto plans with measured times, so only
+    the forward count holds there."""
     sd = speculator(name)
     drafter = sd.strategy.drafter if name == "auto" else sd.strategy
+    kwargs = dict(ignore_eos=True) if sampling == "greedy" else dict(temperature=0.9, top_k=30, sampler=sampling,
+                                                                    ignore_eos=True)
+    seeds = list(range(21, 21 + len(PROMPTS)))
     calls = []
     handle = drafter.draft.register_forward_pre_hook(lambda *args: calls.append(1))
     try:
-        outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, ignore_eos=True, batch_size=4)
+        outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, seed=seeds, batch_size=4, **kwargs)
         batched_calls = len(calls)
-        alone = [sd.generate(prompt, max_new_tokens=n, ignore_eos=True) for prompt, n in zip(PROMPTS, LENGTHS)]
+        alone = [sd.generate(prompt, max_new_tokens=n, seed=seed, **kwargs)
+                 for prompt, n, seed in zip(PROMPTS, LENGTHS, seeds)]
         alone_calls = len(calls) - batched_calls
     finally:
         handle.remove()
     for prompt, out, one, n in zip(PROMPTS, outs, alone, LENGTHS):
-        assert out.token_ids == one.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], n,
-                                                          eos_token_id=None)
+        assert out.token_ids == one.token_ids
+        if sampling == "greedy":
+            assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
         if name != "auto":
             assert out.stats.accepted_lengths == one.stats.accepted_lengths
-    longest_chain = drafter.max_tokens if drafter.adaptive else drafter.num_tokens
-    # per batched step: one catch-up forward and longest_chain - 1 chain positions at most; a group of
-    # starting prompts adds one (their prompts, fed together)
+    longest_chain = (len(drafter.branching) if drafter.branching else
+                     drafter.max_tokens if drafter.adaptive else drafter.num_tokens)
+    # per batched step: one catch-up forward and longest_chain - 1 chain positions (tree levels) at most;
+    # a group of starting prompts adds one (their prompts, fed together)
     assert batched_calls <= longest_chain * outs.stats.target_forwards + len(PROMPTS)
     if name != "auto":        # 4 rows at once: far fewer forwards than the rows' own runs together
         assert 2 * batched_calls < alone_calls, (batched_calls, alone_calls)
