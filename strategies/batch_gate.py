@@ -37,8 +37,12 @@ class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
     def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16,
-                 explore: float = 0.02):
+                 explore: float = 0.02, first_samples: int | None = None):
         self.probe_steps, self.base_gap, self.max_gap, self.explore = probe_steps, gap, max_gap, explore
+        # counted steps of the first mode before the other is looked at: a call's first steps (the drafter
+        # catching up on whole prompts, a warm-up call of a few tokens) are its slowest, and a switch made
+        # on them is paid for long after (the next look waits 1 / explore times what the wrong mode lost)
+        self.first_samples = memory // 2 if first_samples is None else first_samples
         self.best = True                       # the mode that measured faster (speculate first: it may pay)
         self.speculate = True                  # this step's mode
         self.probing = False                   # this step runs the other mode to measure it
@@ -126,7 +130,8 @@ class BatchGate:
                 self.gap = min(2 * self.gap, self.max_gap)
             self.probing, self.speculate, self.steps, self.best_seconds = False, self.best, 0, 0.0
         elif self.rate(not self.best) is None:
-            if self.steps >= self.probe_steps:   # the other mode never measured: look at it soon
+            # the other mode never measured: look at it once this one has been measured enough
+            if self.steps >= self.probe_steps and len(self.samples[self.best]) >= self.first_samples:
                 self._start_probe()
         elif self.steps >= self.gap and self.best_seconds * self.explore >= self.probe_loss:
             self._start_probe()

@@ -67,6 +67,19 @@ def test_gate_bounds_what_looking_around_costs():
     assert lost_share[1.0] > 3 * lost_share[0.05]            # without the rule the step gap alone decides
 
 
+def test_gate_does_not_switch_on_a_calls_first_steps():
+    """A call's first speculating steps are its slowest (the drafter catches up on whole prompts; a
+    warm-up call is nothing else): the gate measures speculation for first_samples steps before it
+    looks at plain decoding, so those steps alone do not send it to plain decoding, where the next look
+    at speculation would wait 1 / explore times what they lost."""
+    gate = BatchGate(probe_steps=4, gap=8, max_gap=64)
+    modes = run_steps(gate, 3, 8, {True: 40.0, False: 200.0})          # slow start: 5x below plain
+    modes += run_steps(gate, 120, 8, {True: 300.0, False: 200.0})       # then speculation pays
+    assert gate.best is True
+    runs = "".join("P" if mode is False else "S" for mode in modes).split("S")
+    assert max(len(run) for run in runs) <= gate.probe_steps            # plain decoding only in looks
+
+
 def test_gate_follows_a_change():
     """A machine (or a text) where speculation stops paying: the gate moves to plain decoding."""
     gate = BatchGate(probe_steps=3, gap=8, max_gap=16)
@@ -99,7 +112,7 @@ def test_gate_rate_is_the_batch_rate_of_a_step():
 
 def test_gate_mode_changes_only_between_steps():
     """A row asking twice opens a new step; until then every row gets the same mode."""
-    gate = BatchGate(probe_steps=1, gap=1)
+    gate = BatchGate(probe_steps=1, gap=1, first_samples=0)
     first = [gate.mode(row) for row in (0, 1, 2)]
     second = [gate.mode(row) for row in (0, 1, 2)]
     assert len(set(first)) == 1 and len(set(second)) == 1
