@@ -275,10 +275,12 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
     waiting = deque(jobs)
     active: list[_Slot] = []
     draft_batches: dict = {}          # batch key -> the rows' batched drafter state (propose_rows)
+    setup_s = 0.0                     # seconds spent starting prompts so far (DecodeState.batch_setup_s)
 
     def start(rows: list[int]) -> None:
         """The next waiting jobs in slots `rows`: their prompts prefilled together (one forward per
         chunk for all of them, in a batch of their own), then copied into the running batch."""
+        nonlocal setup_s
         group = [waiting.popleft() for _ in rows]
         started = clock()
         fresh = BatchVerifier(verifier.model, verifier.layout)
@@ -299,12 +301,14 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
                 active.append(slot)
             else:
                 active[row] = slot
+        setup_s += clock() - started
 
     while waiting or active:
         if waiting and len(active) < batch_size:
             start(list(range(len(active), min(batch_size, len(active) + len(waiting)))))
         for slot in active:
             slot.decoding.state.batch_size = len(active)
+            slot.decoding.state.batch_setup_s = setup_s
         trees = propose_rows([slot.decoding for slot in active], draft_batches, clock)
         t1 = clock()
         logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)

@@ -32,6 +32,8 @@ class DecodeState:
     #   noise, k); a node at depth d guesses position len(token_ids) + d.
     batch_size: int = 1                   # rows verified together this step (generate(list)): strategies that
     #   price their trees (auto) use the verify cost of a forward of that many rows
+    batch_setup_s: float = 0.0            # seconds the batch call has spent so far starting prompts (their
+    #   prefill, between steps): time between a row's steps that no mode of decoding spent (auto's batch gate)
     pending: torch.Tensor | None = None   # [1] the pending token (token_ids[-1]) on the target's device, where
     #   the engine has it (greedy, coupled: the verdict's; None otherwise): drafters feed it without a copy
     cache_scope: str | None = None        # the call's cache scope (generate(..., cache_scope=)): strategies

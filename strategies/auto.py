@@ -245,8 +245,8 @@ class Auto:
         self.pending = None                   # what propose decided, for observe
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
-        self.gate_mark = None                 # (gate, speculated, perf_counter, committed length, rows, first step
-        #                                       of its mode) at the last proposal
+        self.gate_mark = None                 # (gate, speculated, perf_counter, batch_setup_s, committed length, rows,
+        #                                       first step of its mode) at the last proposal
 
     def verify_cost(self, num_nodes: int) -> float:
         """This row's share of a verify forward with num_nodes nodes per row: the forward of
@@ -340,12 +340,14 @@ class Auto:
         speculate = gate.mode(self.gate_row)      # first: a new step closes the last one's samples
         switched = True                           # this step's mode differs from the row's last step's
         if self.gate_mark is not None:            # then this row's sample of the last step
-            last_gate, speculated, at, length, rows, last_switched = self.gate_mark
+            last_gate, speculated, at, setup_at, length, rows, last_switched = self.gate_mark
             switched = speculated != speculate
             # a mode's first step pays for the switch (the drafter catches up on the tokens it skipped):
-            # not the mode's rate (a probe would mostly be it), but part of what the probe cost
-            last_gate.record(speculated, len(state.token_ids) - length, now - at, rows, switch=last_switched)
-        self.gate_mark = (gate, speculate, now, len(state.token_ids), state.batch_size, switched)
+            # not the mode's rate (a probe would mostly be it), but part of what the probe cost; the
+            # prompts the batch started meanwhile are neither mode's cost
+            seconds = now - at - (state.batch_setup_s - setup_at)
+            last_gate.record(speculated, len(state.token_ids) - length, seconds, rows, switch=last_switched)
+        self.gate_mark = (gate, speculate, now, state.batch_setup_s, len(state.token_ids), state.batch_size, switched)
         return speculate
 
     def _plain(self) -> CandidateTree:

@@ -20,7 +20,13 @@ less the time the best mode would have taken for the tokens they made - and wait
 run `1 / explore` times that long in the best mode before the next probe: looking around costs at
 most about `explore` of the time, whatever a probe costs. A row's
 sample is its new tokens over the wall time since its last proposal (one batch step, its forward and
-every row's drafting and settling), times the rows of that step: the batch's rate, as that row saw it.
+every row's drafting and settling), less the time the batch spent starting new prompts meanwhile
+(their prefill is paid whatever the mode; speculation spreads the rows' ends over many steps where
+plain decoding ends them together, so counting it would charge speculation for it). A step's sample
+is the batch's tokens over the step's seconds, and a mode's rate is the tokens over the seconds of its
+recent steps, steps stalled past STALL times the median step left out: not the median of the steps'
+rates, which sits below the mean rate where the tokens per step are skewed (speculation: a step keeps
+one token or a whole chain), and so favoured plain decoding, whose every step makes one token a row.
 
 The mode changes only between batch steps (a row's second proposal under the same mode starts a new
 step), so all rows of a step speculate or none: one row's tree would widen the forward for all.
@@ -31,6 +37,8 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import deque
+
+STALL = 3.0      # a step that took this many times a mode's median step stalled (the OS, a collection)
 
 
 class BatchGate:
@@ -48,11 +56,11 @@ class BatchGate:
         self.probing = False                   # this step runs the other mode to measure it
         self.gap = gap                         # steps in the best mode before the next probe
         self.steps = 0                         # steps since the mode last changed
-        # per mode, the batch's tokens/s of each of its last `memory` steps (the mean of its rows' samples:
-        # rows accept different counts); their median is the mode's rate, so a step that also prefilled the
-        # next prompts (several plain steps' time) does not decide the mode
+        # per mode, (the batch's new tokens, seconds) of each of its last `memory` steps: the rows' mean new
+        # tokens times the batch's rows (rows accept different counts), over the rows' mean seconds
         self.samples = {True: deque(maxlen=memory), False: deque(maxlen=memory)}
-        self.step_sum = {True: 0.0, False: 0.0}     # this step's row samples so far (they describe the last step)
+        self.step_tokens_sum = {True: 0.0, False: 0.0}   # this step's row samples so far (they describe the last step)
+        self.step_seconds_sum = {True: 0.0, False: 0.0}
         self.step_rows = {True: 0, False: 0}
         self.step_seconds = {True: 0.0, False: 0.0}  # ... and their seconds and new tokens, switch steps included
         self.step_tokens = {True: 0, False: 0}
@@ -68,7 +76,11 @@ class BatchGate:
         """Recent batch tokens/s measured in that mode (None before a sample)."""
         with self._lock:
             samples = list(self.samples[speculate])
-        return statistics.median(samples) if samples else None
+        if not samples:
+            return None
+        limit = STALL * statistics.median(seconds for _, seconds in samples)
+        steady = [(tokens, seconds) for tokens, seconds in samples if seconds <= limit]
+        return sum(tokens for tokens, _ in steady) / sum(seconds for _, seconds in steady)
 
     def mode(self, row: int) -> bool:
         """Whether row `row` (an id that stays the same over its steps) speculates this step."""
@@ -87,7 +99,8 @@ class BatchGate:
             return
         with self._lock:
             if not switch:
-                self.step_sum[speculated] += new_tokens * rows / seconds
+                self.step_tokens_sum[speculated] += new_tokens * rows
+                self.step_seconds_sum[speculated] += seconds
                 self.step_rows[speculated] += 1
             self.step_seconds[speculated] += seconds
             self.step_tokens[speculated] += new_tokens
@@ -99,7 +112,8 @@ class BatchGate:
         with self._lock:
             for mode in (True, False):
                 if self.step_rows[mode]:
-                    self.samples[mode].append(self.step_sum[mode] / self.step_rows[mode])
+                    self.samples[mode].append((self.step_tokens_sum[mode] / self.step_rows[mode],
+                                               self.step_seconds_sum[mode] / self.step_rows[mode]))
                 if self.step_records[mode]:
                     seconds = self.step_seconds[mode] / self.step_records[mode]    # the step's wall time
                     if self.step_rows[mode]:          # not a switch step (its catch-up is a probe's own cost)
@@ -109,7 +123,7 @@ class BatchGate:
                         self.best_seconds += seconds
                     elif best_rate:          # a probe's step: what it took beyond the best mode's time
                         self.probe_loss += seconds - self.step_tokens[mode] / best_rate
-                self.step_sum[mode], self.step_rows[mode] = 0.0, 0
+                self.step_tokens_sum[mode], self.step_seconds_sum[mode], self.step_rows[mode] = 0.0, 0.0, 0
                 self.step_seconds[mode], self.step_tokens[mode], self.step_records[mode] = 0.0, 0, 0
 
     def _next_step(self) -> None:

@@ -9,6 +9,7 @@ from conftest import char_tokenizer, hf_greedy, noisy_copy, tiny_model
 from specdec import Speculator
 from specdec.batch import BatchVerifier
 from specdec.strategies.auto import Auto
+from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.batch_gate import BatchGate
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.prompt_lookup import PromptLookup
@@ -108,6 +109,64 @@ def test_gate_rate_is_the_batch_rate_of_a_step():
         gate.record(True, tokens, 1.0, 4)
     gate.end_step()
     assert gate.rate(True) == 12.0                     # 12 tokens in a second, the batch's rate
+
+
+def test_gate_rate_is_tokens_over_seconds_not_the_median_steps_rate():
+    """Speculation's tokens per step are skewed (most steps keep a token or two, some a whole chain):
+    the median of its steps' rates sits below what it makes. Here speculation makes 5 tokens a second
+    per row against plain decoding's 4, while its median step makes 2: the gate must keep speculating."""
+    gate = BatchGate()
+    for tokens in (2, 2, 14, 2) * 4:                 # per row, every step one second: 20 tokens in 4 s
+        gate.record(True, tokens, 1.0, 4)
+        gate.record(False, 4, 1.0, 4)
+        gate.end_step()
+    assert gate.rate(True) == 20.0 and gate.rate(False) == 16.0     # the batch's tokens over the seconds
+
+
+def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
+    """Between two of a row's steps the batch may have prefilled the next prompts (DecodeState.batch_setup_s
+    grows): that time is neither mode's, and the row's sample leaves it out."""
+    import specdec.strategies.auto as auto_module
+    from specdec.sampling import SamplingParams, TorchRandom
+    from specdec.types import DecodeState
+
+    now = [0.0]
+    monkeypatch.setattr(auto_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    strategy = Auto(None, None, profile=False)
+    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
+                        max_depth=4, batch_size=4)
+    strategy.reset(state)
+    recorded = []
+    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False:
+                        recorded.append((tokens, seconds, switch)))
+    for step in range(3):
+        strategy._gate_speculates(state)
+        state.token_ids += [7, 8]                     # two tokens a step
+        now[0] += 1.0                                 # one second of decoding a step...
+        if step == 1:
+            now[0] += 5.0                             # ... and the batch started a prompt for five more
+            state.batch_setup_s += 5.0
+    strategy._gate_speculates(state)
+    assert [(tokens, seconds) for tokens, seconds, _ in recorded] == [(2, 1.0), (2, 1.0), (2, 1.0)]
+
+
+def test_the_batch_counts_the_time_it_spends_starting_prompts():
+    """decode_batch's batch_setup_s: constant between steps that start no prompt, growing by what each
+    start took; a row sees it before its proposal."""
+    seen = []
+
+    class Spy(Autoregressive):
+        def propose(self, state):
+            seen.append((id(state), state.batch_setup_s))
+            return super().propose(state)
+
+    sd = Speculator(tiny_model("llama", seed=1), char_tokenizer(), Spy())
+    sd.generate(PROMPTS * 2, max_new_tokens=[3, 5, 7, 9] * 2, ignore_eos=True, batch_size=2)
+    values = [value for _, value in seen]
+    assert values[0] > 0                              # the first prompts' prefill
+    assert all(b >= a for a, b in zip(values, values[1:]))
+    assert len(set(values)) >= 4                      # every start of a freed slot added its time, and only those:
+    assert len(set(values)) <= 1 + len(PROMPTS) * 2 - 2          # one value per start at most
 
 
 def test_gate_mode_changes_only_between_steps():
