@@ -301,6 +301,10 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
                 active.append(slot)
             else:
                 active[row] = slot
+        if verifier.device.type == "cuda":
+            # the prefill is queued, not done: wait for it here, or the next step's verdict read would
+            # wait for it and charge it to that step (auto's batch gate leaves setup_s out of a step)
+            torch.cuda.synchronize(verifier.device)
         setup_s += clock() - started
 
     while waiting or active:

@@ -328,7 +328,8 @@ class Auto:
 
     def _gate_speculates(self, state: DecodeState) -> bool:
         """In a batch: whether this step speculates (the batch gate of this batch size), after giving
-        the gate this row's last step (its new tokens over the wall time since its last proposal)."""
+        the gate this row's last step (its new tokens over the wall time since its last proposal, less
+        the time the batch spent starting prompts meanwhile: DecodeState.batch_setup_s)."""
         if state.batch_size <= 1 or not self.use_batch_gate:
             if self.gate_mark is not None:        # a batch that shrank to one row: nothing to measure against
                 self.gate_mark = None

@@ -107,7 +107,8 @@ class BatchGate:
             self.step_records[speculated] += 1
 
     def end_step(self) -> None:
-        """The rows' samples recorded since the last call make one step's rate (mode() calls it), and
+        """The rows' samples recorded since the last call make one step's (tokens, seconds) sample (mode()
+        calls it), and
         the step's time goes to the best mode's run or to the cost of a probe."""
         with self._lock:
             for mode in (True, False):
