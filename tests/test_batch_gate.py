@@ -162,11 +162,10 @@ def test_the_batch_counts_the_time_it_spends_starting_prompts():
 
     sd = Speculator(tiny_model("llama", seed=1), char_tokenizer(), Spy())
     sd.generate(PROMPTS * 2, max_new_tokens=[3, 5, 7, 9] * 2, ignore_eos=True, batch_size=2)
-    values = seen
-    assert values[0] > 0                              # the first prompts' prefill
-    assert all(b >= a for a, b in zip(values, values[1:]))
-    assert len(set(values)) >= 4                      # every start of a freed slot added its time, and only those:
-    assert len(set(values)) <= 1 + len(PROMPTS) * 2 - 2          # one value per start at most
+    assert seen[0] > 0                              # the first prompts' prefill
+    assert all(b >= a for a, b in zip(seen, seen[1:]))
+    assert len(set(seen)) >= 4                        # every start of a freed slot added its time, and only those:
+    assert len(set(seen)) <= 1 + len(PROMPTS) * 2 - 2            # one value per start at most
 
 
 def test_gate_mode_changes_only_between_steps():

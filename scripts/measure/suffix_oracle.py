@@ -87,5 +87,6 @@ def main() -> None:
         later = [v for i in range(1, args.samples) for v in by_index[context, i]]
         print(f"  from the 2nd sample on: mean {statistics.mean(later):.2f}, max {max(later):.2f}")
 
+
 if __name__ == "__main__":
     main()
