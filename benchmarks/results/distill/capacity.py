@@ -1,0 +1,97 @@
+"""What limits train-draft on pycode: the draft's capacity. Pre-trains a fresh draft of a given size
+the way the shipped pycode draft was trained (next-token cross-entropy on the pycode split's training
+text, batches of 16 x 256 tokens, AdamW, warmup then cosine decay from 3e-3 to 3e-4), then measures it
+exactly as `specdec train-draft` does (heads.distill.HeldOut: 1 - TV at T = 1 and the greedy match on
+16 held-out windows; the chain tau at gamma = 4, greedy and T = 0.8, through our draft_model on 16
+held-out prompts x 128 tokens), every --eval-every steps (tau at the end only). The model is saved as a
+Hugging Face checkpoint (usable as draft.path) with capacity.json (shape, steps, time, curve).
+
+    python benchmarks/results/distill/capacity.py --hidden 192 --layers 2 --heads 3 --out /work/runs/cap-small
+    python benchmarks/results/distill/capacity.py --hidden 320 --layers 3 --heads 5 --out /work/runs/cap-large
+
+Run from the repository root (paths of configs/train_draft.yaml are relative to it). One torch thread.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from specdec.family.lm import random_windows
+from specdec.heads.distill import DraftShape, HeldOut, load_train_draft_config, new_draft
+from specdec.heads.data import fixed_windows
+from specdec.heads.train import training_streams
+from specdec.models import load_model, load_tokenizer
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int, floor_ratio: float = 0.1) -> float:
+    import math
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, required=True)
+    parser.add_argument("--layers", type=int, required=True)
+    parser.add_argument("--heads", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--minutes", type=float, default=None, help="stop after this much training time")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = load_train_draft_config("train_draft", [f"output_dir={args.out}"])
+    target = load_model(cfg.target, "target", torch.device("cpu"), torch.float32, key="target").requires_grad_(False)
+    tokenizer = load_tokenizer(cfg.target, "target", key="tokenizer")
+    _, _, train_stream, heldout_stream = training_streams(cfg, tokenizer)
+    heldout = HeldOut(cfg, target, tokenizer, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows))
+    draft = new_draft(target, DraftShape(args.hidden, args.layers, args.heads), seed=1)
+    params = sum(p.numel() for p in draft.parameters())
+    decay = [p for p in draft.parameters() if p.dim() >= 2]
+    no_decay = [p for p in draft.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(0)
+    curve = [{"step": 0, "train_time_s": 0.0, **heldout.evaluate(draft, tau=False)}]
+    print(f"{params / 1e6:.2f}M parameters; step 0: {curve[-1]}", flush=True)
+    trained_s, step = 0.0, 0
+    draft.train()
+    while step < args.steps and (args.minutes is None or trained_s < 60 * args.minutes):
+        began = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        windows = random_windows(train_stream, args.batch, args.seq_len, generator)       # [b, T + 1]
+        logits = draft(input_ids=windows[:, :-1]).logits                                   # [b, T, V]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        trained_s += time.perf_counter() - began
+        if step % args.eval_every == 0 or step == args.steps:
+            curve.append({"step": step, "train_time_s": trained_s, "loss": float(loss),
+                          **heldout.evaluate(draft, tau=False)})
+            print(f"step {step} ({trained_s / 60:.1f} min) loss {float(loss):.3f} "
+                  f"1-TV {curve[-1]['acceptance_t1']:.3f} greedy match {curve[-1]['greedy_match']:.3f}", flush=True)
+    final = {"step": step, "train_time_s": trained_s, **heldout.evaluate(draft, tau=True)}
+    print(f"final: {final}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    draft.eval().save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    with open(os.path.join(args.out, "capacity.json"), "w") as f:
+        json.dump({"shape": vars(args), "parameters": params, "curve": curve, "final": final}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
