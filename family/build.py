@@ -1,6 +1,7 @@
 """Build (once) and find the default model family: tokenizer, target, draft, Medusa heads, EAGLE
-drafter. A part that another family in the cache built from the same config sections
-(config.part_hash) is copied from there instead of trained again."""
+drafter (the three drafters by the library's own train-draft / train-heads code: family/heads.py).
+A part that another family in the cache built from the same config sections (config.part_hash) is
+copied from there instead of trained again."""
 from __future__ import annotations
 
 import glob
@@ -58,13 +59,12 @@ def ensure_family(cfg: FamilyConfig) -> FamilyPaths:
 
 
 class _Builder:
-    """Builds the parts in order; shares the corpus split and token stream between them."""
+    """Builds the parts in order; shares the corpus split between them."""
 
     def __init__(self, cfg: FamilyConfig, paths: FamilyPaths):
         self.cfg = cfg
         self.paths = paths
         self._split: CorpusSplit | None = None
-        self._streams = None
 
     @property
     def split(self) -> CorpusSplit:
@@ -77,63 +77,41 @@ class _Builder:
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(self.paths.tokenizer, local_files_only=True)
 
-    def streams(self):
-        """(train, heldout) token streams, tokenized once for both models."""
-        if self._streams is None:
-            from .lm import tokenize_stream
-            tok = self.tokenizer()
-            train = tokenize_stream(tok, self.split.texts("train", self.cfg.corpus.train_chars))
-            heldout = tokenize_stream(tok, self.split.texts("heldout", self.cfg.corpus.train_chars // 10))
-            self._streams = (train, heldout)
-        return self._streams
-
     # ------------------------------------------------------------------ parts
     def build_tokenizer(self, out: str) -> None:
         from .tokenizer import train_tokenizer
         c = self.cfg
         texts = self.split.texts("train", c.corpus.tokenizer_chars)
         tok = train_tokenizer(texts, c.tokenizer.vocab_size, c.tokenizer.min_frequency,
-                              max(c.target.max_position_embeddings, c.draft.max_position_embeddings))
+                              c.target.max_position_embeddings)     # the draft takes the target's positions
         tok.save_pretrained(out)
         _write_json(os.path.join(out, "split.json"), {"root": self.split.root, "train": self.split.train,
                                                        "heldout": self.split.heldout})
 
-    def build_lm(self, role: str, out: str) -> None:
-        from .lm import heldout_loss, new_llama, train_lm
-        lm_cfg = self.cfg[role]
-        seed = self.cfg.seed + (0 if role == "target" else 1)
-        tok = self.tokenizer()
-        train_stream, heldout_stream = self.streams()
+    def build_target(self, out: str) -> None:
+        from .lm import heldout_loss, new_llama, tokenize_stream, train_lm
+        lm_cfg, seed, tok = self.cfg.target, self.cfg.seed, self.tokenizer()
+        train_stream = tokenize_stream(tok, self.split.texts("train", self.cfg.corpus.train_chars))
+        heldout_stream = tokenize_stream(tok, self.split.texts("heldout", self.cfg.corpus.train_chars // 10))
         model = new_llama(lm_cfg, len(tok), tok.eos_token_id, seed)
-        teacher = None
-        if lm_cfg.distill:        # the draft learns to agree with the (already built) target
-            from transformers import AutoModelForCausalLM
-            teacher = AutoModelForCausalLM.from_pretrained(self.paths.target, local_files_only=True).eval()
         started = time.perf_counter()
-        losses = train_lm(model, train_stream, lm_cfg.train, seed, desc=f"train {role}", teacher=teacher)
+        losses = train_lm(model, train_stream, lm_cfg.train, seed, desc="train target")
         minutes = (time.perf_counter() - started) / 60
         model.generation_config.pad_token_id = tok.eos_token_id
         model.save_pretrained(out)
         tok.save_pretrained(out)
         held = heldout_loss(model, heldout_stream, lm_cfg.train, seed)
         _write_json(os.path.join(out, "train.json"), {
-            "role": role, "parameters": sum(p.numel() for p in model.parameters()),
-            "distilled_from_target": bool(lm_cfg.distill),
+            "role": "target", "parameters": sum(p.numel() for p in model.parameters()),
             "steps": len(losses), "train_tokens": lm_cfg.train.steps * lm_cfg.train.batch_size * lm_cfg.train.seq_len,
             "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes})
-        console.print(f"  {role}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+        console.print(f"  target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
                       f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
                       + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
 
-    def step(self, part: str):
-        """The function that builds `part` into a given folder."""
-        if part == "tokenizer":
-            return self.build_tokenizer
-        if part == "heads":
-            return self.build_heads
-        if part == "eagle":
-            return self.build_eagle
-        return lambda out: self.build_lm(part, out)
+    def build_draft(self, out: str) -> None:
+        from .heads import train_default_draft
+        train_default_draft(self.paths.target, self.split, self.cfg, out)
 
     def build_heads(self, out: str) -> None:
         from .heads import train_default_heads
@@ -142,6 +120,10 @@ class _Builder:
     def build_eagle(self, out: str) -> None:
         from .heads import train_default_eagle
         train_default_eagle(self.paths.target, self.split, self.cfg, out)
+
+    def step(self, part: str):
+        """The function that builds `part` into a given folder."""
+        return getattr(self, f"build_{part}")
 
 
 def built_elsewhere(cfg: FamilyConfig, part: str, folder: str) -> Optional[str]:

@@ -13,10 +13,12 @@ from omegaconf import OmegaConf
 from specdec.config import build_config
 from specdec.errors import ConfigError
 from specdec.heads.config import TrainHeadsConfig
+from specdec.heads.distill import TrainDraftConfig, validate as validate_train_draft
 from specdec.heads.eagle_train import TrainEagleConfig
 
 # Bump when the builder's output changes for the same config (invalidates every cache).
-BUILDER_VERSION = 1
+# 2: the draft is distilled by `specdec train-draft`'s code (train_draft), not by lm.train_lm.
+BUILDER_VERSION = 2
 
 
 @dataclass
@@ -55,8 +57,15 @@ class LMConfig:
     num_heads: int = 4
     intermediate_size: int = 688
     max_position_embeddings: int = 1024
-    distill: bool = False               # draft only: learn the target's distributions, not the text
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
+
+
+@dataclass
+class DraftBuildConfig:
+    # the `specdec train-draft` config; target, output_dir and the corpus split are filled in. draft stays
+    # null: a fresh draft of the target's architecture, sized by draft_config (no other model has the
+    # family's tokenizer)
+    train: TrainDraftConfig = field(default_factory=TrainDraftConfig)
 
 
 @dataclass
@@ -81,8 +90,7 @@ class FamilyConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     target: LMConfig = field(default_factory=LMConfig)
-    draft: LMConfig = field(default_factory=lambda: LMConfig(hidden_size=96, num_layers=1, num_heads=2,
-                                                             intermediate_size=256))
+    draft: DraftBuildConfig = field(default_factory=DraftBuildConfig)
     heads: HeadsBuildConfig = field(default_factory=HeadsBuildConfig)
     eagle: EagleBuildConfig = field(default_factory=EagleBuildConfig)
 
@@ -106,18 +114,23 @@ def _validate(cfg: FamilyConfig) -> None:
     if cfg.tokenizer.vocab_size < 257:
         raise ConfigError(f"tokenizer.vocab_size must be > 256 (the byte alphabet + <|endoftext|>), "
                           f"got {cfg.tokenizer.vocab_size}")
-    for role in ("target", "draft"):
-        lm = cfg[role]
-        if lm.hidden_size % lm.num_heads:
-            raise ConfigError(f"{role}.hidden_size ({lm.hidden_size}) must be a multiple of "
-                              f"{role}.num_heads ({lm.num_heads})")
-        if lm.train.seq_len + 1 > lm.max_position_embeddings:
-            raise ConfigError(f"{role}.train.seq_len ({lm.train.seq_len}) must be below "
-                              f"{role}.max_position_embeddings ({lm.max_position_embeddings})")
-        if role == "target" and lm.distill:
-            raise ConfigError("target.distill must be false: only the draft can be distilled (from the target)")
-        if lm.train.steps < 1 or lm.train.batch_size < 1:
-            raise ConfigError(f"{role}.train.steps and {role}.train.batch_size must be >= 1")
+    target, draft = cfg.target, cfg.draft.train
+    for name, shape in (("target", target), ("draft.train.draft_config", draft.draft_config)):
+        if shape.hidden_size % shape.num_heads:     # checked here, before minutes of building the earlier parts
+            raise ConfigError(f"{name}.hidden_size ({shape.hidden_size}) must be a multiple of "
+                              f"{name}.num_heads ({shape.num_heads})")
+    if target.train.seq_len + 1 > target.max_position_embeddings:
+        raise ConfigError(f"target.train.seq_len ({target.train.seq_len}) must be below "
+                          f"target.max_position_embeddings ({target.max_position_embeddings})")
+    if target.train.steps < 1 or target.train.batch_size < 1:
+        raise ConfigError("target.train.steps and target.train.batch_size must be >= 1")
+    if draft.draft is not None:
+        raise ConfigError(f"draft.train.draft must be null (the family distils a fresh draft, sized by "
+                          f"draft.train.draft_config), got {draft.draft!r}")
+    if draft.seq_len > target.max_position_embeddings:     # the fresh draft takes the target's positions
+        raise ConfigError(f"draft.train.seq_len ({draft.seq_len}) must be at most "
+                          f"target.max_position_embeddings ({target.max_position_embeddings})")
+    validate_train_draft(OmegaConf.merge(draft, {"target": "the family's target"}))   # loss, jsd_beta, prompt_tokens
 
 
 def config_digest(data) -> str:

@@ -1,6 +1,6 @@
-"""Medusa heads and the EAGLE drafter for the default target, trained by the library's own
-`specdec train-heads` code on the same training files the language models read (and evaluated on
-the held-out ones)."""
+"""The default target's drafters - its draft model, Medusa heads and EAGLE drafter - trained by the
+library's own `specdec train-draft` / `specdec train-heads` code on the same training files the
+target read (and evaluated on the held-out ones)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ def _files_within(split: CorpusSplit, which: str, max_chars: int) -> list[str]:
 
 def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str):
     """The training config of a drafter part: its family section, pointed at the target, the output
-    folder and the language models' own train / held-out files (written beside the drafter)."""
+    folder and the target's own train / held-out files (written beside the drafter)."""
     from omegaconf import OmegaConf
 
     split_file = os.path.join(out, SPLIT_FILE)
@@ -33,6 +33,11 @@ def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConf
                    "heldout": _files_within(split, "heldout", cfg.corpus.train_chars // 10)}, f, indent=1)
     return OmegaConf.merge(section, {"target": target_path, "tokenizer": None, "output_dir": out,
                                      "split_file": split_file, "corpus_root": split.root})
+
+
+def train_default_draft(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
+    from specdec.heads.distill import train_draft
+    return train_draft(_train_config(cfg.draft.train, target_path, split, cfg, out))
 
 
 def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:

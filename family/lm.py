@@ -1,6 +1,7 @@
-"""A small Llama causal LM, trained from scratch on a token stream: AdamW, warmup then cosine
-decay, random windows drawn by a seeded generator (deterministic from the seed), a tqdm bar
-showing the loss, and the held-out loss measured at the end."""
+"""The family's target: a small Llama causal LM, trained from scratch on a token stream: AdamW,
+warmup then cosine decay, random windows drawn by a seeded generator (deterministic from the seed),
+a tqdm bar showing the loss, and the held-out loss measured at the end. (The draft is distilled
+into it by `specdec train-draft`'s code: family/heads.py.)"""
 from __future__ import annotations
 
 import math
@@ -49,20 +50,14 @@ def lr_at(step: int, train_cfg) -> float:
     return floor + (train_cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def window_loss(model, windows: torch.Tensor, teacher=None) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats/token) over the windows  # windows: [batch, seq_len + 1]
-    against the text, or, with a `teacher` model, against the teacher's own distributions
-    (distillation: the student learns to agree with the teacher, which is what a draft is for)."""
+def window_loss(model, windows: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats/token) over the windows  # windows: [batch, seq_len + 1]"""
     logits = model(input_ids=windows[:, :-1]).logits                       # [batch, seq_len, vocab]
-    if teacher is None:
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
-    with torch.no_grad():
-        teacher_probs = teacher(input_ids=windows[:, :-1]).logits.softmax(dim=-1)   # [batch, seq_len, vocab]
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), teacher_probs.flatten(0, 1))
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
 
 
-def train_lm(model, train_stream: torch.Tensor, train_cfg, seed: int, desc: str, teacher=None) -> list[float]:
-    """Train in place (on the text, or distilled from `teacher`); returns the loss of every step."""
+def train_lm(model, train_stream: torch.Tensor, train_cfg, seed: int, desc: str) -> list[float]:
+    """Train in place on the text; returns the loss of every step."""
     generator = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -76,7 +71,7 @@ def train_lm(model, train_stream: torch.Tensor, train_cfg, seed: int, desc: str,
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, train_cfg)
         windows = random_windows(train_stream, train_cfg.batch_size, train_cfg.seq_len, generator)
-        loss = window_loss(model, windows, teacher)
+        loss = window_loss(model, windows)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)

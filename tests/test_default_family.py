@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ import specdec
 from specdec.family import config_hash, ensure_family, family_is_built, family_paths, load_family_config
 from specdec.family import build as family_module
 from specdec.family import store
+from specdec.heads import distill
+from specdec.heads.draft_info import read_distill_info
 
 # A family built in a few seconds: a handful of stdlib files, tiny models, a few steps.
 MINIMAL_FAMILY = {
@@ -25,10 +28,9 @@ MINIMAL_FAMILY = {
     "target.max_position_embeddings": 512,
     "target.train.steps": 3, "target.train.batch_size": 2, "target.train.seq_len": 32,
     "target.train.warmup_steps": 1, "target.train.eval_windows": 2,
-    "draft.hidden_size": 16, "draft.num_layers": 1, "draft.num_heads": 2, "draft.intermediate_size": 32,
-    "draft.max_position_embeddings": 512,
-    "draft.train.steps": 3, "draft.train.batch_size": 2, "draft.train.seq_len": 32,
-    "draft.train.warmup_steps": 1, "draft.train.eval_windows": 2,
+    "draft.train": {"draft_config": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32},
+                    "steps": 3, "batch_size": 2, "seq_len": 32, "warmup_steps": 1, "eval_interval": 1000,
+                    "eval_windows": 2, "eval_prompts": 0, "checkpoint_interval": 1000, "progress": False},
     "heads.train": {"num_heads": 2, "num_layers": 1, "seq_len": 32, "batch_size": 2, "steps": 2,
                     "warmup_steps": 1, "eval_interval": 1000, "eval_windows": 2,
                     "checkpoint_interval": 1, "progress": False},
@@ -55,12 +57,23 @@ def home(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def draft_trainings():
+    """The configs `specdec train-draft`'s train_draft was called with while `built` was built."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, draft_trainings):
     """One minimal family (heads included), built once for the tests that only read it."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("cache")))
         cfg = minimal_config()
-        paths = ensure_family(cfg)
+        with pytest.MonkeyPatch.context() as spy:
+            real_train_draft = distill.train_draft
+            spy.setattr(distill, "train_draft",
+                        lambda train_cfg, *a, **k: (draft_trainings.append(OmegaConf.to_container(train_cfg)),
+                                                    real_train_draft(train_cfg, *a, **k))[1])
+            paths = ensure_family(cfg)
         yield cfg, paths, os.environ["SPECDEC_HOME"]
 
 
@@ -80,11 +93,13 @@ def test_minimal_build_gives_loadable_checkpoints(built):
     draft = AutoModelForCausalLM.from_pretrained(paths.draft)
     assert target.config.hidden_size == 32 and draft.config.hidden_size == 16
     assert AutoTokenizer.from_pretrained(paths.draft).get_vocab() == tokenizer.get_vocab()
-    for folder in (paths.target, paths.draft):
-        with open(os.path.join(folder, "train.json")) as f:
-            log = json.load(f)
-        assert log["steps"] == 3 and log["heldout_loss"] is not None
-        assert log["distilled_from_target"] == (folder == paths.draft and cfg.draft.distill)
+    with open(os.path.join(paths.target, "train.json")) as f:
+        log = json.load(f)
+    assert log["steps"] == 3 and log["heldout_loss"] is not None
+    info = read_distill_info(paths.draft)                 # the draft is `specdec train-draft`'s output
+    assert info["target"]["path"] == paths.target
+    assert info["recipe"]["loss"] == "fkl" and info["recipe"]["data"] == "fixed" and info["recipe"]["steps"] == 3
+    assert 0 < info["heldout"]["acceptance_t1"] <= 1
     assert os.path.isfile(os.path.join(paths.heads, "heads.json"))
     assert os.path.isfile(os.path.join(paths.heads, "heads.safetensors"))
     from specdec.heads.eagle_io import load_eagle
@@ -92,9 +107,31 @@ def test_minimal_build_gives_loadable_checkpoints(built):
     assert drafter.layout.hidden_size == 32
 
 
+def test_the_draft_is_distilled_by_train_draft(built, draft_trainings):
+    """The family's draft part is `specdec train-draft`'s train_draft, run on the family's target with
+    the draft section's recipe, into the part's folder, on the target's own train / held-out files."""
+    cfg, paths, _ = built
+    assert len(draft_trainings) == 1
+    ran = draft_trainings[0]
+    assert ran["target"] == paths.target and ran["draft"] is None
+    assert ran["draft_config"] == OmegaConf.to_container(cfg.draft.train.draft_config)
+    assert (ran["loss"], ran["data"], ran["steps"]) == ("fkl", "fixed", 3)
+    assert os.path.dirname(ran["output_dir"]) == paths.folder        # the part's temp folder, renamed to draft/
+    with open(os.path.join(paths.draft, os.path.basename(ran["split_file"]))) as f:
+        split = json.load(f)
+    with open(os.path.join(paths.tokenizer, "split.json")) as f:
+        family_split = json.load(f)
+    assert split["train"] and set(split["train"]) <= set(family_split["train"])
+    assert split["heldout"] and set(split["heldout"]) <= set(family_split["heldout"])
+    assert ran["corpus_root"] == family_split["root"]
+
+
 def test_minimal_family_generates_through_the_public_api(built):
     _, paths, _ = built
-    sd = specdec.load("draft_model", **{"target.path": paths.target, "draft.path": paths.draft, "device": "cpu"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sd = specdec.load("draft_model", **{"target.path": paths.target, "draft.path": paths.draft, "device": "cpu"})
+    assert not [w for w in caught if "distilled for the target" in str(w.message)]   # its own target
     out = sd.generate("def parse(", max_new_tokens=10, ignore_eos=True)
     prompt_ids = sd.tokenizer("def parse(")["input_ids"]
     reference = sd.target.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
@@ -201,30 +238,33 @@ def test_interrupted_build_is_not_complete_and_resumes(home, monkeypatch):
     cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
     paths = family_paths(cfg)
     built_parts = []
-    real_build_lm = family_module._Builder.build_lm
+    real_step = family_module._Builder.step
 
-    def build_lm_then_crash_on_draft(self, role, out):
-        built_parts.append(role)
-        if role == "draft":
+    def step_then_crash_on_draft(self, part):
+        built_parts.append(part)
+        if part != "draft":
+            return real_step(self, part)
+
+        def crash(out):
             with open(os.path.join(out, "config.json"), "w") as f:
                 f.write("{}")                        # a partly written part...
             raise KeyboardInterrupt("simulated interruption")   # ...then the user hits Ctrl-C
-        return real_build_lm(self, role, out)
+        return crash
 
-    monkeypatch.setattr(family_module._Builder, "build_lm", build_lm_then_crash_on_draft)
+    monkeypatch.setattr(family_module._Builder, "step", step_then_crash_on_draft)
     with pytest.raises(KeyboardInterrupt):
         ensure_family(cfg)
-    assert built_parts == ["target", "draft"]
+    assert built_parts == ["tokenizer", "target", "draft"]
     assert not family_is_built(cfg)
     assert not os.path.exists(os.path.join(paths.folder, store.COMPLETE))
     assert not os.path.exists(paths.draft)                  # the half-built part never took its name
     assert [n for n in os.listdir(paths.folder) if ".building-" in n] == []
 
-    monkeypatch.setattr(family_module._Builder, "build_lm",
-                        lambda self, role, out: (built_parts.append(role), real_build_lm(self, role, out)))
+    monkeypatch.setattr(family_module._Builder, "step",
+                        lambda self, part: (built_parts.append(part), real_step(self, part))[1])
     ensure_family(cfg)
     assert family_is_built(cfg)
-    assert built_parts == ["target", "draft", "draft"]      # finished parts are kept, the rest rebuilt
+    assert built_parts == ["tokenizer", "target", "draft", "draft"]    # finished parts are kept, the rest rebuilt
     AutoModelForCausalLM.from_pretrained(paths.draft)
 
 
@@ -241,26 +281,12 @@ def test_bad_family_config_names_the_problem():
         minimal_config(**{"target.num_heads": 3})
     with pytest.raises(specdec.ConfigError, match="unknown config key"):
         load_family_config("default_family", {"target.layers": 2})
-
-
-def test_distilled_draft_learns_to_agree_with_its_teacher():
-    """Distillation trains the student on the teacher's distributions: the student's soft
-    cross-entropy to the teacher falls, and it falls further than training on the text does."""
-    from specdec.family.config import LMConfig, LMTrainConfig
-    from specdec.family.lm import new_llama, train_lm, window_loss
-    teacher = new_llama(LMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 64, 0, seed=1).eval()
-    with torch.no_grad():                                   # a sharper teacher than a fresh model
-        teacher.lm_head.weight.mul_(40.0)
-    stream = torch.randint(1, 64, (4000,), generator=torch.Generator().manual_seed(0))
-    windows = stream[:33 * 8].view(8, 33)
-    train_cfg = LMTrainConfig(steps=40, batch_size=8, seq_len=32, lr=1e-2, warmup_steps=2)
-    agreement = {}
-    for distill in (False, True):
-        student = new_llama(LMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 64, 0, seed=2)
-        train_lm(student, stream, train_cfg, seed=0, desc="t", teacher=teacher if distill else None)
-        with torch.no_grad():
-            agreement[distill] = float(window_loss(student.eval(), windows, teacher))
-    assert agreement[True] < agreement[False] - 0.1
+    with pytest.raises(specdec.ConfigError, match=r"draft\.train\.draft_config\.hidden_size"):
+        minimal_config(**{"draft.train.draft_config.num_heads": 3})
+    with pytest.raises(specdec.ConfigError, match=r"draft\.train\.draft must be null"):
+        minimal_config(**{"draft.train.draft": "/some/other/draft"})
+    with pytest.raises(specdec.ConfigError, match="loss"):
+        minimal_config(**{"draft.train.loss": "kl"})
 
 
 def test_load_without_target_says_it_builds_the_default_family(monkeypatch, capsys):
