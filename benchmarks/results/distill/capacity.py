@@ -9,6 +9,9 @@ Hugging Face checkpoint (usable as draft.path) with capacity.json (shape, steps,
     python benchmarks/results/distill/capacity.py --hidden 192 --layers 2 --heads 3 --out /work/runs/cap-small
     python benchmarks/results/distill/capacity.py --hidden 320 --layers 3 --heads 5 --out /work/runs/cap-large
 
+    python benchmarks/results/distill/capacity.py --plot /work/runs/cap/small /work/runs/cap/large \
+        --out benchmarks/results/distill/capacity.png       # held-out 1 - TV against steps and training time
+
 Run from the repository root (paths of configs/train_draft.yaml are relative to it). One torch thread.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -35,7 +39,37 @@ def lr_at(step: int, steps: int, peak: float, warmup: int, floor_ratio: float = 
     return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def plot(folders: list[str], out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for folder in folders:
+        with open(os.path.join(folder, "capacity.json")) as f:
+            run = json.load(f)
+        label = f"{run['parameters'] / 1e6:.1f}M ({run['shape']['hidden']}x{run['shape']['layers']})"
+        curve = run["curve"] + ([run["final"]] if run["final"]["step"] != run["curve"][-1]["step"] else [])
+        axes[0].plot([p["step"] for p in curve], [p["acceptance_t1"] for p in curve], marker="o", label=label)
+        axes[1].plot([p["train_time_s"] / 60 for p in curve], [p["acceptance_t1"] for p in curve], marker="o",
+                     label=label)
+    axes[0].set_xlabel("training steps (16 x 256 tokens)")
+    axes[1].set_xlabel("training minutes (one torch thread)")
+    axes[0].set_ylabel("held-out expected acceptance 1 - TV (T = 1)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("fresh pycode drafts pre-trained on text: acceptance by size")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
 def main() -> None:
+    if "--plot" in sys.argv:
+        args = sys.argv[sys.argv.index("--plot") + 1:]
+        out = args[args.index("--out") + 1]
+        plot([a for a in args if a not in ("--out", out)], out)
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--layers", type=int, required=True)
@@ -80,9 +114,9 @@ def main() -> None:
         step += 1
         trained_s += time.perf_counter() - began
         if step % args.eval_every == 0 or step == args.steps:
-            curve.append({"step": step, "train_time_s": trained_s, "loss": float(loss),
+            curve.append({"step": step, "train_time_s": trained_s, "loss": loss.item(),
                           **heldout.evaluate(draft, tau=False)})
-            print(f"step {step} ({trained_s / 60:.1f} min) loss {float(loss):.3f} "
+            print(f"step {step} ({trained_s / 60:.1f} min) loss {loss.item():.3f} "
                   f"1-TV {curve[-1]['acceptance_t1']:.3f} greedy match {curve[-1]['greedy_match']:.3f}", flush=True)
     final = {"step": step, "train_time_s": trained_s, **heldout.evaluate(draft, tau=True)}
     print(f"final: {final}", flush=True)
