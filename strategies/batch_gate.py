@@ -108,8 +108,7 @@ class BatchGate:
 
     def end_step(self) -> None:
         """The rows' samples recorded since the last call make one step's (tokens, seconds) sample (mode()
-        calls it), and
-        the step's time goes to the best mode's run or to the cost of a probe."""
+        calls it), and the step's time goes to the best mode's run or to the cost of a probe."""
         with self._lock:
             for mode in (True, False):
                 if self.step_rows[mode]:

@@ -24,19 +24,12 @@ import time
 
 import torch
 
-from specdec.family.lm import random_windows
+from specdec.family.config import LMTrainConfig
+from specdec.family.lm import lr_at, random_windows, window_loss
 from specdec.heads.distill import DraftShape, HeldOut, load_train_draft_config, new_draft
 from specdec.heads.data import fixed_windows
 from specdec.heads.train import training_streams
 from specdec.models import load_model, load_tokenizer
-
-
-def lr_at(step: int, steps: int, peak: float, warmup: int, floor_ratio: float = 0.1) -> float:
-    import math
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-    return peak * (floor_ratio + (1 - floor_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def plot(folders: list[str], out: str) -> None:
@@ -91,10 +84,13 @@ def main() -> None:
     heldout = HeldOut(cfg, target, tokenizer, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows))
     draft = new_draft(target, DraftShape(args.hidden, args.layers, args.heads), seed=1)
     params = sum(p.numel() for p in draft.parameters())
+    # the schedule and clipping of the family's own LM trainer (family/lm.py), which trained drafts on text
+    train_cfg = LMTrainConfig(steps=args.steps, batch_size=args.batch, seq_len=args.seq_len, lr=args.lr,
+                              warmup_steps=args.warmup)
     decay = [p for p in draft.parameters() if p.dim() >= 2]
     no_decay = [p for p in draft.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train_cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(0)
     curve = [{"step": 0, "train_time_s": 0.0, **heldout.evaluate(draft, tau=False)}]
     print(f"{params / 1e6:.2f}M parameters; step 0: {curve[-1]}", flush=True)
@@ -103,13 +99,12 @@ def main() -> None:
     while step < args.steps and (args.minutes is None or trained_s < 60 * args.minutes):
         began = time.perf_counter()
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+            group["lr"] = lr_at(step, train_cfg)
         windows = random_windows(train_stream, args.batch, args.seq_len, generator)       # [b, T + 1]
-        logits = draft(input_ids=windows[:, :-1]).logits                                   # [b, T, V]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
+        loss = window_loss(draft, windows)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), train_cfg.grad_clip)
         optimizer.step()
         step += 1
         trained_s += time.perf_counter() - began
