@@ -370,6 +370,11 @@ def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Call
         share = (clock() - started) / len(members)
         for (row, _), tree in zip(members, drafted):
             trees[row] = decodings[row].propose_end(tree, share)
+    # one forward for all rows is as wide as the widest tree: a strategy that plans per row may cut the
+    # trees to the width that pays for the whole batch (auto: strategies/batch_width.py)
+    fit = getattr(type(decodings[0].strategy), "fit_batch", None) if decodings else None
+    if fit is not None and len(decodings) > 1:
+        trees = fit([decoding.strategy for decoding in decodings], trees)
     return trees
 
 

@@ -33,6 +33,7 @@ from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
 from .batch_gate import BatchGate
+from .batch_width import best_width
 from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
@@ -289,7 +290,7 @@ class Auto:
         self.plan_without[context] = _ema_pair(self.plan_without.get(context),
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
         self.steps_since_call += 1
-        self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context)
+        self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept)
         return self._call_drafter(state, context)
 
     def propose_end(self, state: DecodeState, neural_tree: CandidateTree | None,
@@ -298,7 +299,7 @@ class Auto:
         if self.started is None:
             return self._plain()
         end_start = time.perf_counter()
-        paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context = self.started
+        paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept = self.started
         if neural_tree is not None:
             self.neural_calls += 1
             # a call after a gap (or the first of a generation) also catches the drafter up on the
@@ -307,6 +308,7 @@ class Auto:
             self.steps_since_call = 0
         else:
             neural_tree = CandidateTree.empty(self.device)
+        forced = ()
         if not neural_tree.num_nodes:
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
@@ -320,11 +322,50 @@ class Auto:
                                                 (rate * (self.verify_cost(len(keep)) + draft_cost), len(keep)))
             tree = merged.select(keep)
             lookup_source = source
+        self._trim_order(merged.parents, accept, keep, forced)
         # what calling the drafter cost this step: its propose, and merging and planning its tree
         self.last_draft_s = None if drafted_s is None else drafted_s + time.perf_counter() - end_start
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context)
         self.tree_sizes.append(tree.num_nodes)
         return tree
+
+    # ------------------------------------------------------------------ a batch's width (strategies/batch_width.py)
+    def _trim_order(self, parents: list[int], accept: list[float], keep: list[int], forced) -> None:
+        """The kept nodes in the order a batch may cut them (trim): the forced ones first, then by reach
+        (the planner's own order: every prefix is closed under parents), and their reach."""
+        forced = set(forced)
+        if self.batch_size <= 1:
+            self.trim_order, self.trim_reach, self.trim_forced = keep, [], len(keep)
+            return
+        reach = path_reach(parents, accept)
+        self.trim_order = (sorted(node for node in keep if node in forced)
+                           + sorted((node for node in keep if node not in forced), key=lambda i: (-reach[i], i)))
+        self.trim_reach = [reach[node] for node in self.trim_order]
+        self.trim_forced = len(forced)
+
+    @staticmethod
+    def fit_batch(rows: list["Auto"], trees: list[CandidateTree]) -> list[CandidateTree]:
+        """The rows' trees cut to the one width that pays most for the whole batch's forward (called by
+        specdec.batch.propose_rows with every row's strategy, in row order, after all rows proposed)."""
+        planned = [row for row, tree in zip(rows, trees) if tree.num_nodes]
+        if len(rows) < 2 or not planned:
+            return trees
+        scale = statistics.median(row.cost_scale for row in planned)
+        costs = planned[0].costs_at(len(rows))
+        drafting = sum(row.last_draft_s or 0.0 for row in planned)
+        # every row's tokens count (a row with no tree this step still makes one)
+        width = best_width([row.trim_reach if tree.num_nodes else [] for row, tree in zip(rows, trees)],
+                           [row.trim_forced if tree.num_nodes else 0 for row, tree in zip(rows, trees)],
+                           lambda n: scale * costs.verify_cost(n), drafting)
+        return [row.trim(width) if tree.num_nodes > width else tree for row, tree in zip(rows, trees)]
+
+    def trim(self, width: int) -> CandidateTree:
+        """This step's tree cut to its `width` first nodes in trim order (never its forced ones)."""
+        step = self.pending
+        keep = sorted(self.trim_order[: max(width, self.trim_forced)])
+        self.pending = step._replace(keep=keep)
+        self.tree_sizes[-1] = len(keep)
+        return step.merged.select(keep)
 
     def _gate_speculates(self, state: DecodeState) -> bool:
         """In a batch: whether this step speculates (the batch gate of this batch size), after giving
