@@ -6,7 +6,8 @@ that drafts 8 nodes makes the 15 others pay for them, and as B grows the forward
 Python. The per-row planner (strategies/planner.py) sees its own share of the verify cost only; what
 a step of the whole batch costs with speculation on, against plain decoding, is what the gate
 measures: the batch's new tokens per second of wall time, each step, with speculation on and with it
-off, at each (batch-size bucket, greedy or sampled), and it keeps the faster. The time charges
+off, at each (batch-size bucket, greedy or sampled), and it keeps the faster (speculation only
+when it is faster by MARGIN: its costs outside the measured steps). The time charges
 everything a row costs: the draft model's forwards, lookup, planning, the padding of the forward.
 
 vLLM picks a draft length per batch size from offline tuning; here the choice is made online, like
@@ -39,14 +40,21 @@ import threading
 from collections import deque
 
 STALL = 3.0      # a step that took this many times a mode's median step stalled (the OS, a collection)
+# what speculation must make beyond plain decoding's rate to be kept: it has costs outside the steps
+# the gate measures. Its rows end at different steps, so a list's last rows drain in ever smaller
+# batches (plain decoding ends rows of equal budgets together), and each new row's drafter catches
+# up on its whole prompt in a speculating step (a stall the rate leaves out). Where the two modes'
+# steps tie (batch 16 at T = 0.8 on a 2-core CPU: benchmarks/results/batch/README.md), those decide.
+MARGIN = 0.05
 
 
 class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
     def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16,
-                 explore: float = 0.02, first_samples: int | None = None):
+                 explore: float = 0.02, first_samples: int | None = None, margin: float = MARGIN):
         self.probe_steps, self.base_gap, self.max_gap, self.explore = probe_steps, gap, max_gap, explore
+        self.margin = margin
         # counted steps of the first mode before the other is looked at: a call's first steps (the drafter
         # catching up on whole prompts, a warm-up call of a few tokens) are its slowest, and a switch made
         # on them is paid for long after (the next look waits 1 / explore times what the wrong mode lost)
@@ -81,6 +89,10 @@ class BatchGate:
         limit = STALL * statistics.median(seconds for _, seconds in samples)
         steady = [(tokens, seconds) for tokens, seconds in samples if seconds <= limit]
         return sum(tokens for tokens, _ in steady) / sum(seconds for _, seconds in steady)
+
+    def beats(self, mode: bool, rate: float, other_rate: float) -> bool:
+        """Whether `mode` at `rate` beats the other mode at `other_rate`: speculation by `margin` at least."""
+        return rate > other_rate * (1 + self.margin) if mode else rate * (1 + self.margin) >= other_rate
 
     def mode(self, row: int) -> bool:
         """Whether row `row` (an id that stays the same over its steps) speculates this step."""
@@ -134,7 +146,7 @@ class BatchGate:
             # the probe's samples are in: probe_steps - 2 steps (the first pays for the switch and is not
             # counted, the last one's samples arrive during the next step)
             other, best = self.rate(not self.best), self.rate(self.best)
-            if other is not None and (best is None or other > best):
+            if other is not None and (best is None or self.beats(not self.best, other, best)):
                 # it won: what the old mode's last steps lost against it is what looking at that mode
                 # again will cost (speculation's steps at a batch size where it loses); not its switch
                 # step, which may have caught the drafter up on whole prompts

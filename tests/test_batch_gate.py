@@ -52,6 +52,20 @@ def test_gate_keeps_speculating_when_it_measures_faster():
     assert modes[100:].count(False) <= 3 * (100 // 64 + 1)
 
 
+def test_speculation_must_win_by_the_margin():
+    """Speculation's costs outside the measured steps (rows draining apart, new rows' catch-up) are
+    not in its rate: within MARGIN of plain decoding, plain decoding is kept; past it, speculation."""
+    close = BatchGate(probe_steps=3, gap=8, max_gap=64, margin=0.05)
+    run_steps(close, 200, 16, {True: 206.0, False: 200.0})
+    assert close.best is False and close.rate(True) > close.rate(False)
+    clear = BatchGate(probe_steps=3, gap=8, max_gap=64, margin=0.05)
+    run_steps(clear, 200, 16, {True: 214.0, False: 200.0})
+    assert clear.best is True
+    even = BatchGate(probe_steps=3, gap=8, max_gap=64, margin=0.0)      # no margin: the faster mode
+    run_steps(even, 200, 16, {True: 206.0, False: 200.0})
+    assert even.best is True
+
+
 def test_gate_bounds_what_looking_around_costs():
     """Probes of a losing mode are spaced by what they cost: the time they lose against the best mode is
     at most about `explore` of the time (here a speculating step costs two plain ones for the same tokens,
