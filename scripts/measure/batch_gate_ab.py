@@ -17,18 +17,16 @@ where there are too few files), 128 new tokens each, seeds 0.. per prompt.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
-import statistics
 import sysconfig
 import time
 
 import specdec
+from batch_common import PYCODE, batch_arguments, print_rates
 from specdec.strategies.batch_gate import BatchGate
 
-PYCODE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "pycode")
 
 
 def held_out_prompts(tokenizer, count: int, length: int = 256) -> list[list[int]]:
@@ -49,11 +47,8 @@ def held_out_prompts(tokenizer, count: int, length: int = 256) -> list[list[int]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--eagle", default=None)
+    parser = batch_arguments(__doc__, temperature=0.8)
     parser.add_argument("--draft", default=None)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -85,12 +80,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for variant in variants:
             rates[variant].append(run(variant))
-    base = statistics.median(rates["autoregressive"])
-    print(f"batch {args.batch}, T = {args.temperature:g}, {len(prompts)} prompts, drafters {sorted(drafters) or 'none'}")
-    for variant in variants:
-        median = statistics.median(rates[variant])
-        print(f"{variant:16s} {median:7.1f} tok/s  x autoregressive {median / base:.3f}  "
-              f"rounds {[round(rate, 1) for rate in rates[variant]]}")
+    print_rates(rates, f"batch {args.batch}, T = {args.temperature:g}, {len(prompts)} prompts, "
+                       f"drafters {sorted(drafters) or 'none'}")
 
 
 if __name__ == "__main__":

@@ -15,23 +15,16 @@ decode forwards (their mean width in tree nodes a row), prefill, and the rows' p
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
-import statistics
-import sys
 import time
 
 import specdec
 import specdec.batch as batch_module
 from specdec.strategies.auto import Auto
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-sys.path.insert(0, ROOT)
-from benchmarks.config import load_bench_config     # noqa: E402  (the repository root, not an installed package)
-from benchmarks.prompts import build_prompt_sets    # noqa: E402
+from batch_common import PYCODE, batch_arguments, preset_prompts, print_rates
 
-PYCODE = os.path.join(ROOT, "..", "shared", "models", "pycode")
 
 
 class StepTimes:
@@ -85,10 +78,7 @@ class StepTimes:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--eagle", default=None)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser = batch_arguments(__doc__, temperature=0.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     target = {"target.path": os.path.join(PYCODE, "target")}
@@ -96,9 +86,7 @@ def main() -> None:
     speculators = {"autoregressive": specdec.load("autoregressive", **target),
                    "auto": specdec.load("auto", **target, **drafters),
                    "auto-no-fit": specdec.load("auto", **target, **drafters)}
-    cfg = load_bench_config("batch")
-    prompts = [p.token_ids for group in build_prompt_sets(cfg.prompts, speculators["auto"].tokenizer,
-                                                          2048 - cfg.max_new_tokens).values() for p in group]
+    prompts, new_tokens = preset_prompts(speculators["auto"].tokenizer)
     times, real_fit = StepTimes(), Auto.fit_batch
     sampling = dict(temperature=args.temperature, ignore_eos=True, batch_size=args.batch)
     rates, last = {name: [] for name in speculators}, {}
@@ -109,19 +97,14 @@ def main() -> None:
                 sd.generate(prompts[: args.batch], max_new_tokens=8, seed=list(range(args.batch)), **sampling)
                 times.clear()
                 start = time.perf_counter()
-                out = sd.generate(prompts, max_new_tokens=cfg.max_new_tokens, seed=list(range(len(prompts))),
+                out = sd.generate(prompts, max_new_tokens=new_tokens, seed=list(range(len(prompts))),
                                   **sampling)
                 rates[name].append(out.stats.new_tokens / (time.perf_counter() - start))
                 last[name] = times.summary()
             finally:
                 Auto.fit_batch = real_fit
-    base = statistics.median(rates["autoregressive"])
-    print(f"batch {args.batch}, T = {args.temperature:g}, {len(prompts)} prompts, drafters {sorted(drafters) or 'none'}")
-    for name in speculators:
-        median = statistics.median(rates[name])
-        print(f"{name:15s} {median:7.1f} tok/s  x autoregressive {median / base:.3f}  "
-              f"rounds {[round(rate, 1) for rate in rates[name]]}")
-        print(f"{'':15s} last round: {last[name]}")
+    print_rates(rates, f"batch {args.batch}, T = {args.temperature:g}, {len(prompts)} prompts, "
+                       f"drafters {sorted(drafters) or 'none'}", {name: f"last round: {summary}" for name, summary in last.items()})
 
 
 if __name__ == "__main__":
