@@ -333,10 +333,10 @@ class Auto:
     def _trim_order(self, parents: list[int], accept: list[float], keep: list[int], forced) -> None:
         """The kept nodes in the order a batch may cut them (trim): the forced ones first, then by reach
         (the planner's own order: every prefix is closed under parents), and their reach."""
-        forced = set(forced)
-        if self.batch_size <= 1:
+        if self.batch_size <= 1:          # no batch to fit: nothing is cut, so no reach is needed
             self.trim_order, self.trim_reach, self.trim_forced = keep, [], len(keep)
             return
+        forced = set(forced)
         reach = path_reach(parents, accept)
         self.trim_order = (sorted(node for node in keep if node in forced)
                            + sorted((node for node in keep if node not in forced), key=lambda i: (-reach[i], i)))

@@ -29,11 +29,11 @@ def best_width(reaches: Sequence[Sequence[float]], forced: Sequence[int], forwar
     reaches: per row, its kept nodes' reach in cut order; forced: per row, how many of its first nodes
     cannot be cut; forward_s(w): seconds of the batch's forward at width w; fixed_s: the step's other
     seconds."""
-    floor = max(forced, default=0)
+    floor = max(forced, default=0)          # every width tried keeps every row's forced nodes
     widest = max((len(r) for r in reaches), default=0)
     best, best_rate = widest, -1.0
     for width in range(floor, widest + 1):
-        tokens = sum(1.0 + sum(reach[: max(width, kept)]) for reach, kept in zip(reaches, forced))
+        tokens = sum(1.0 + sum(reach[:width]) for reach in reaches)
         rate = tokens / (forward_s(width) + fixed_s)
         if rate > best_rate:
             best, best_rate = width, rate

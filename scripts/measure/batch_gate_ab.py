@@ -28,7 +28,6 @@ from batch_common import PYCODE, batch_arguments, print_rates
 from specdec.strategies.batch_gate import BatchGate
 
 
-
 def held_out_prompts(tokenizer, count: int, length: int = 256) -> list[list[int]]:
     files = json.load(open(os.path.join(PYCODE, "split.json")))["heldout"]
     stdlib, rng, prompts = sysconfig.get_paths()["stdlib"], random.Random(0), []
