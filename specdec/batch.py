@@ -313,6 +313,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         for slot in active:
             slot.decoding.state.batch_size = len(active)
             slot.decoding.state.batch_setup_s = setup_s
+            slot.decoding.state.batch_waiting = len(waiting)
         trees = propose_rows([slot.decoding for slot in active], draft_batches, clock)
         t1 = clock()
         logits, hidden = batch.forward([slot.decoding.pending_token() for slot in active], trees, layers)

@@ -34,6 +34,8 @@ class DecodeState:
     #   price their trees (auto) use the verify cost of a forward of that many rows
     batch_setup_s: float = 0.0            # seconds the batch call has spent so far starting prompts (their
     #   prefill, between steps): time between a row's steps that no mode of decoding spent (auto's batch gate)
+    batch_waiting: int = 0                # prompts of the batch call not started yet: 0 in its drain, where
+    #   rows only finish (auto's batch gate does not look at speculation there: it would leave the rows ragged)
     pending: torch.Tensor | None = None   # [1] the pending token (token_ids[-1]) on the target's device, where
     #   the engine has it (greedy, coupled: the verdict's; None otherwise): drafters feed it without a copy
     cache_scope: str | None = None        # the call's cache scope (generate(..., cache_scope=)): strategies

@@ -378,8 +378,10 @@ class Auto:
         now = time.perf_counter()
         bucket = 1 << (state.batch_size - 1).bit_length()
         key = (bucket, temperature_key(state.sampling.temperature))
-        gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate())
-        speculate = gate.mode(self.gate_row)      # first: a new step closes the last one's samples
+        gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate(
+            speculate_first=self._speculates_below(key)))
+        # first: a new step closes the last one's samples
+        speculate = gate.mode(self.gate_row, draining=state.batch_waiting == 0)
         switched = True                           # this step's mode differs from the row's last step's
         if self.gate_mark is not None:            # then this row's sample of the last step
             last_gate, speculated, at, setup_at, length, rows, last_switched = self.gate_mark
@@ -391,6 +393,16 @@ class Auto:
             last_gate.record(speculated, len(state.token_ids) - length, seconds, rows, switch=last_switched)
         self.gate_mark = (gate, speculate, now, state.batch_setup_s, len(state.token_ids), state.batch_size, switched)
         return speculate
+
+    def _speculates_below(self, key: tuple) -> bool:
+        """Whether the largest smaller batch size (bucket) that measured both modes at this temperature
+        kept speculating (True where none did): a new batch size starts there. Speculation pays less
+        as the batch grows (the verify forward turns compute-bound), so where it lost at a smaller
+        batch a larger one starts in plain decoding, not with speculating steps it would lose."""
+        bucket, kind = key
+        below = [(size, gate) for (size, size_kind), gate in list(self.batch_gates.items())
+                 if size_kind == kind and size < bucket and gate.measured()]
+        return max(below, key=lambda item: item[0])[1].best if below else True
 
     def _plain(self) -> CandidateTree:
         """A plain decoding step: no lookup, no drafter, no planning (what the gate measured faster)."""

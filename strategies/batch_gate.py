@@ -29,6 +29,15 @@ recent steps, steps stalled past STALL times the median step left out: not the m
 rates, which sits below the mean rate where the tokens per step are skewed (speculation: a step keeps
 one token or a whole chain), and so favoured plain decoding, whose every step makes one token a row.
 
+A call's drain (no prompt left waiting: its rows only finish) is where a look at speculation costs
+more than its steps: plain decoding ends rows of equal budgets at the same step, and a few speculating
+steps leave them ragged (each row a different number of tokens ahead), so the call waits for its
+slowest row in an ever emptier batch. A look at speculation counts all of its rows' tokens, while the
+call ends no sooner unless every row gained. So while plain decoding is best, the gate looks at
+speculation only while prompts wait (a row that ends early then frees its slot for the next prompt),
+or once, where it never measured it. Looking at plain decoding costs no raggedness, so it may look at
+plain decoding anywhere.
+
 The mode changes only between batch steps (a row's second proposal under the same mode starts a new
 step), so all rows of a step speculate or none: one row's tree would widen the forward for all.
 Greedy identity and the target's law do not depend on the mode: a plain step is an empty tree.
@@ -52,15 +61,20 @@ class BatchGate:
     """One batch size's (bucket's) choice between speculating and plain decoding."""
 
     def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16,
-                 explore: float = 0.02, first_samples: int | None = None, margin: float = MARGIN):
+                 explore: float = 0.02, first_samples: int | None = None, margin: float = MARGIN,
+                 speculate_first: bool = True):
         self.probe_steps, self.base_gap, self.max_gap, self.explore = probe_steps, gap, max_gap, explore
         self.margin = margin
         # counted steps of the first mode before the other is looked at: a call's first steps (the drafter
         # catching up on whole prompts, a warm-up call of a few tokens) are its slowest, and a switch made
         # on them is paid for long after (the next look waits 1 / explore times what the wrong mode lost)
         self.first_samples = memory // 2 if first_samples is None else first_samples
-        self.best = True                       # the mode that measured faster (speculate first: it may pay)
-        self.speculate = True                  # this step's mode
+        self.best = speculate_first            # the mode that measured faster (speculate first: it may pay)
+        self.speculate = speculate_first       # this step's mode
+        # a gate that starts in plain decoding does so on a smaller batch's measure (speculation lost
+        # there, and a larger batch's forward is more compute-bound): it owes speculation no first look,
+        # and looks at it as after a lost probe (not in a drain)
+        self.first_look = speculate_first
         self.probing = False                   # this step runs the other mode to measure it
         self.gap = gap                         # steps in the best mode before the next probe
         self.steps = 0                         # steps since the mode last changed
@@ -78,7 +92,12 @@ class BatchGate:
         self.probe_loss = 0.0                  # seconds the last probe lost against the best mode's rate
         self.best_seconds = 0.0                # seconds run in the best mode since the last probe
         self.rows_this_step: set[int] = set()
+        self.draining = False                  # this step is in its call's drain (no prompt waiting)
         self._lock = threading.RLock()             # mode() decides (rate()) under it
+
+    def measured(self) -> bool:
+        """Whether both modes have been measured (the gate's choice rests on both rates)."""
+        return self.rate(True) is not None and self.rate(False) is not None
 
     def rate(self, speculate: bool) -> float | None:
         """Recent batch tokens/s measured in that mode (None before a sample)."""
@@ -94,12 +113,14 @@ class BatchGate:
         """Whether `mode` at `rate` beats the other mode at `other_rate`: speculation by `margin` at least."""
         return rate > other_rate * (1 + self.margin) if mode else rate * (1 + self.margin) >= other_rate
 
-    def mode(self, row: int) -> bool:
-        """Whether row `row` (an id that stays the same over its steps) speculates this step."""
+    def mode(self, row: int, draining: bool = False) -> bool:
+        """Whether row `row` (an id that stays the same over its steps) speculates this step. draining:
+        the step is in its call's drain (no prompt waiting: DecodeState.batch_waiting == 0)."""
         with self._lock:
             if row in self.rows_this_step:     # every row proposes once a step: a repeat starts the next step
                 self.rows_this_step.clear()
                 self.end_step()
+                self.draining = draining
                 self._next_step()
             self.rows_this_step.add(row)
             return self.speculate
@@ -155,11 +176,12 @@ class BatchGate:
             else:
                 self.gap = min(2 * self.gap, self.max_gap)
             self.probing, self.speculate, self.steps, self.best_seconds = False, self.best, 0, 0.0
-        elif self.rate(not self.best) is None:
+        elif self.first_look and self.rate(not self.best) is None:
             # the other mode never measured: look at it once this one has been measured enough
             if self.steps >= self.probe_steps and len(self.samples[self.best]) >= self.first_samples:
                 self._start_probe()
-        elif self.steps >= self.gap and self.best_seconds * self.explore >= self.probe_loss:
+        elif (self.steps >= self.gap and self.best_seconds * self.explore >= self.probe_loss
+              and (self.best or not self.draining)):     # no look at speculation in a drain (the docstring)
             self._start_probe()
 
     def _start_probe(self) -> None:

@@ -8,24 +8,27 @@ import torch
 from conftest import char_tokenizer, hf_greedy, noisy_copy, tiny_model
 from specdec import Speculator
 from specdec.batch import BatchVerifier
+from specdec.sampling import SamplingParams
 from specdec.strategies.auto import Auto
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.batch_gate import BatchGate
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.tree import CandidateTree
+from specdec.types import DecodeState
 from specdec.verifier import Verifier
 
 PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n", "ab"]
 LENGTHS = [20, 7, 30, 12]
 
 
-def run_steps(gate: BatchGate, steps: int, rows: int, rates: dict[bool, float]) -> list[bool]:
+def run_steps(gate: BatchGate, steps: int, rows: int, rates: dict[bool, float], draining: bool = False) -> list[bool]:
     """Drive the gate like a batch of `rows` rows: each step every row asks its mode, then records a
-    sample of the rate its mode runs at (tokens per second of the batch). The modes of each step."""
+    sample of the rate its mode runs at (tokens per second of the batch). The modes of each step.
+    draining: the steps are in a call's drain (no prompt waiting)."""
     modes = []
     for _ in range(steps):
-        step = {gate.mode(row) for row in range(rows)}
+        step = {gate.mode(row, draining=draining) for row in range(rows)}
         assert len(step) == 1                         # all rows of a step speculate, or none
         mode = step.pop()
         modes.append(mode)
@@ -64,6 +67,86 @@ def test_speculation_must_win_by_the_margin():
     even = BatchGate(probe_steps=3, gap=8, max_gap=64, margin=0.0)      # no margin: the faster mode
     run_steps(even, 200, 16, {True: 206.0, False: 200.0})
     assert even.best is True
+
+
+def test_gate_does_not_look_at_speculation_in_a_drain():
+    """In a call's drain (no prompt waiting) a look at speculation would leave the rows ragged, so the
+    call waits for its slowest row: while plain decoding is best, the gate looks at speculation only
+    while prompts wait. A gate that has only seen drains still measures both modes once; looking at
+    plain decoding (it makes no row ragged) goes on in a drain."""
+    rates = {True: 50.0, False: 100.0}
+    drained = BatchGate(probe_steps=3, gap=4, max_gap=8)
+    first = run_steps(drained, 40, 4, rates, draining=True)
+    assert first[0] is True and False in first           # the first look, in a drain too
+    assert drained.best is False
+    assert True not in run_steps(drained, 300, 4, rates, draining=True)
+    assert True in run_steps(drained, 300, 4, rates, draining=False)   # prompts wait: it looks again
+    speculating = BatchGate(probe_steps=3, gap=4, max_gap=8)
+    run_steps(speculating, 40, 4, {True: 200.0, False: 100.0})
+    assert speculating.best is True
+    tail = run_steps(speculating, 300, 4, {True: 200.0, False: 100.0}, draining=True)
+    assert False in tail and speculating.best is True
+
+
+def test_gate_that_starts_in_plain_decoding_looks_at_speculation_only_where_prompts_wait():
+    """A gate started in plain decoding (a smaller batch measured speculation losing) owes speculation
+    no first look: in a drain it stays plain; while prompts wait it looks after its gap, and keeps
+    speculating where it pays."""
+    start_plain = BatchGate(probe_steps=3, gap=4, max_gap=8, speculate_first=False)
+    assert True not in run_steps(start_plain, 200, 4, {True: 200.0, False: 100.0}, draining=True)
+    assert True in run_steps(start_plain, 100, 4, {True: 200.0, False: 100.0})
+    assert start_plain.best is True
+
+
+def gate_measured(best: bool) -> BatchGate:
+    """A gate that measured both modes and keeps `best`."""
+    gate = BatchGate(gap=10 ** 6)
+    gate.best = gate.speculate = best
+    gate.record(True, 3 if best else 1, 1.0, 4)
+    gate.record(False, 1 if best else 3, 1.0, 4)
+    gate.end_step()
+    return gate
+
+
+def test_a_new_batch_size_starts_as_the_largest_smaller_one_measured():
+    """auto's gate of a batch size it meets first starts in the mode the largest smaller batch size
+    (same temperature kind, both modes measured) keeps: speculation pays less as the batch grows."""
+    _, strategy = auto_speculator(gate=True)
+
+    def first_mode(batch_size: int, temperature: float) -> bool:
+        state = DecodeState(token_ids=[1, 2, 3], prompt_len=3, sampling=SamplingParams(temperature=temperature),
+                            rng=None, max_depth=4, batch_size=batch_size)
+        strategy.gate_row, strategy.gate_mark = 0, None       # a row's first step (reset() sets them)
+        return strategy._gate_speculates(state)
+
+    assert first_mode(32, 0.8) is True                     # nothing measured: speculate first
+    strategy.batch_gates = {(4, "mid"): gate_measured(True), (16, "mid"): gate_measured(False),
+                            (8, "greedy"): gate_measured(False), (64, "mid"): gate_measured(True)}
+    assert first_mode(32, 0.8) is False                    # 16 lost (not 4, not the larger 64)
+    assert first_mode(8, 0.8) is True                      # 4 paid
+    assert first_mode(32, 0.0) is False                    # greedy's own: 8 lost
+    assert first_mode(4, 0.0) is True                      # nothing smaller measured
+    unmeasured = BatchGate()
+    unmeasured.best = False
+    strategy.batch_gates = {(16, "mid"): unmeasured}
+    assert first_mode(32, 0.8) is True                     # a gate that measured one mode says nothing
+
+
+def test_the_batch_tells_rows_how_many_prompts_wait():
+    """decode_batch's batch_waiting: the prompts not started yet, as a row sees it before its proposal;
+    0 once the last prompt started (the call's drain)."""
+    seen = []
+
+    class Spy(Autoregressive):
+        def propose(self, state):
+            seen.append(state.batch_waiting)
+            return super().propose(state)
+
+    sd = Speculator(tiny_model("llama", seed=1), char_tokenizer(), Spy())
+    sd.generate(PROMPTS * 2, max_new_tokens=[3, 5, 7, 9] * 2, ignore_eos=True, batch_size=2)
+    assert seen[0] == len(PROMPTS) * 2 - 2                # two started, six wait
+    assert all(b <= a for a, b in zip(seen, seen[1:]))   # it only falls, by the prompts started
+    assert seen[-1] == 0 and seen.count(0) >= 9 - 1       # the last rows drain: the longest runs 9 tokens
 
 
 def test_gate_bounds_what_looking_around_costs():

@@ -63,7 +63,7 @@ def main() -> None:
         sd = plain if variant == "autoregressive" else auto
         auto.strategy.batch_gates = {}
         auto.strategy.use_batch_gate = variant != "auto-no-gate"
-        BatchGate.mode = (lambda self, row: False) if variant == "auto-plain" else real_mode
+        BatchGate.mode = (lambda self, row, draining=False: False) if variant == "auto-plain" else real_mode
         try:
             sd.generate(prompts[: args.batch], max_new_tokens=8, batch_size=args.batch,
                         seed=list(range(args.batch)), **sampling)
