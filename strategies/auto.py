@@ -395,14 +395,18 @@ class Auto:
         return speculate
 
     def _speculates_below(self, key: tuple) -> bool:
-        """Whether the largest smaller batch size (bucket) that measured both modes at this temperature
-        kept speculating (True where none did): a new batch size starts there. Speculation pays less
-        as the batch grows (the verify forward turns compute-bound), so where it lost at a smaller
-        batch a larger one starts in plain decoding, not with speculating steps it would lose."""
+        """Whether speculation beat plain decoding by the gate's margin at the largest smaller batch
+        size (bucket) that measured both at this temperature kind (True where none did): a new batch
+        size starts in that mode. Speculation pays less as the batch grows (the verify forward turns
+        compute-bound), so where it did not clearly pay at a smaller batch a larger one starts in
+        plain decoding, not with speculating steps it would lose."""
         bucket, kind = key
         below = [(size, gate) for (size, size_kind), gate in list(self.batch_gates.items())
                  if size_kind == kind and size < bucket and gate.measured()]
-        return max(below, key=lambda item: item[0])[1].best if below else True
+        if not below:
+            return True
+        gate = max(below, key=lambda item: item[0])[1]
+        return gate.beats(True, gate.rate(True), gate.rate(False))
 
     def _plain(self) -> CandidateTree:
         """A plain decoding step: no lookup, no drafter, no planning (what the gate measured faster)."""

@@ -109,8 +109,9 @@ def gate_measured(best: bool) -> BatchGate:
 
 
 def test_a_new_batch_size_starts_as_the_largest_smaller_one_measured():
-    """auto's gate of a batch size it meets first starts in the mode the largest smaller batch size
-    (same temperature kind, both modes measured) keeps: speculation pays less as the batch grows."""
+    """auto's gate of a batch size it meets first speculates first only where the largest smaller batch
+    size (same temperature kind, both modes measured) measured speculation beating plain decoding by
+    the margin: speculation pays less as the batch grows."""
     _, strategy = auto_speculator(gate=True)
 
     def first_mode(batch_size: int, temperature: float) -> bool:
@@ -130,6 +131,12 @@ def test_a_new_batch_size_starts_as_the_largest_smaller_one_measured():
     unmeasured.best = False
     strategy.batch_gates = {(16, "mid"): unmeasured}
     assert first_mode(32, 0.8) is True                     # a gate that measured one mode says nothing
+    tie = BatchGate(gap=10 ** 6)                           # speculating, at plain decoding's rate
+    tie.record(True, 2, 1.0, 4)
+    tie.record(False, 2, 1.0, 4)
+    tie.end_step()
+    strategy.batch_gates = {(16, "mid"): tie}
+    assert tie.best is True and first_mode(32, 0.8) is False
 
 
 def test_the_batch_tells_rows_how_many_prompts_wait():
