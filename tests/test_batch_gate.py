@@ -139,18 +139,25 @@ def test_a_new_batch_size_starts_as_the_largest_smaller_one_measured():
     assert tie.best is True and first_mode(32, 0.8) is False
 
 
-def test_the_batch_tells_rows_how_many_prompts_wait():
-    """decode_batch's batch_waiting: the prompts not started yet, as a row sees it before its proposal;
-    0 once the last prompt started (the call's drain)."""
+def states_seen(field: str) -> list:
+    """DecodeState.<field> as every row saw it before each proposal, in a batch call of 8 prompts of
+    3-9 new tokens, 2 rows at a time."""
     seen = []
 
     class Spy(Autoregressive):
         def propose(self, state):
-            seen.append(state.batch_waiting)
+            seen.append(getattr(state, field))
             return super().propose(state)
 
     sd = Speculator(tiny_model("llama", seed=1), char_tokenizer(), Spy())
     sd.generate(PROMPTS * 2, max_new_tokens=[3, 5, 7, 9] * 2, ignore_eos=True, batch_size=2)
+    return seen
+
+
+def test_the_batch_tells_rows_how_many_prompts_wait():
+    """decode_batch's batch_waiting: the prompts not started yet, as a row sees it before its proposal;
+    0 once the last prompt started (the call's drain)."""
+    seen = states_seen("batch_waiting")
     assert seen[0] == len(PROMPTS) * 2 - 2                # two started, six wait
     assert all(b <= a for a, b in zip(seen, seen[1:]))   # it only falls, by the prompts started
     assert seen[-1] == 0 and seen.count(0) >= 9 - 1       # the last rows drain: the longest runs 9 tokens
@@ -257,15 +264,7 @@ def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
 def test_the_batch_counts_the_time_it_spends_starting_prompts():
     """decode_batch's batch_setup_s: constant between steps that start no prompt, growing by what each
     start took; a row sees it before its proposal."""
-    seen = []
-
-    class Spy(Autoregressive):
-        def propose(self, state):
-            seen.append(state.batch_setup_s)
-            return super().propose(state)
-
-    sd = Speculator(tiny_model("llama", seed=1), char_tokenizer(), Spy())
-    sd.generate(PROMPTS * 2, max_new_tokens=[3, 5, 7, 9] * 2, ignore_eos=True, batch_size=2)
+    seen = states_seen("batch_setup_s")
     assert seen[0] > 0                              # the first prompts' prefill
     assert all(b >= a for a, b in zip(seen, seen[1:]))
     assert len(set(seen)) >= 4                        # every start of a freed slot added its time, and only those:
