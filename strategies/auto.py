@@ -246,6 +246,7 @@ class Auto:
         self.pending = None                   # what propose decided, for observe
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
+        self.full_rows = 0                    # the most rows this row's batch has run with: its full batch
         self.gate_mark = None                 # (gate, speculated, perf_counter, batch_setup_s, committed length, rows,
         #                                       first step of its mode) at the last proposal
 
@@ -390,7 +391,9 @@ class Auto:
             # not the mode's rate (a probe would mostly be it), but part of what the probe cost; the
             # prompts the batch started meanwhile are neither mode's cost
             seconds = now - at - (state.batch_setup_s - setup_at)
-            last_gate.record(speculated, len(state.token_ids) - length, seconds, rows, switch=last_switched)
+            last_gate.record(speculated, len(state.token_ids) - length, seconds, rows, switch=last_switched,
+                             full=rows >= self.full_rows)
+        self.full_rows = max(self.full_rows, state.batch_size)
         self.gate_mark = (gate, speculate, now, state.batch_setup_s, len(state.token_ids), state.batch_size, switched)
         return speculate
 

@@ -38,6 +38,10 @@ speculation only while prompts wait (a row that ends early then frees its slot f
 or once, where it never measured it. Looking at plain decoding costs no raggedness, so it may look at
 plain decoding anywhere.
 
+A mode's rate is measured on steps of the full batch only. In a drain's last steps the batch has
+fewer rows, so a step makes fewer tokens for nearly the same forward; whichever mode ran there would
+look slower, and speculation leaves the rows ragged there while plain decoding ends them together.
+
 The mode changes only between batch steps (a row's second proposal under the same mode starts a new
 step), so all rows of a step speculate or none: one row's tree would widen the forward for all.
 Greedy identity and the target's law do not depend on the mode: a plain step is an empty tree.
@@ -125,13 +129,16 @@ class BatchGate:
             self.rows_this_step.add(row)
             return self.speculate
 
-    def record(self, speculated: bool, new_tokens: int, seconds: float, rows: int, switch: bool = False) -> None:
+    def record(self, speculated: bool, new_tokens: int, seconds: float, rows: int, switch: bool = False,
+               full: bool = True) -> None:
         """A row's last step: `new_tokens` over `seconds` of wall time in a batch of `rows` rows. switch:
-        the step was its mode's first (it paid for the switch): counted in a probe's cost, not in the rate."""
+        the step was its mode's first (it paid for the switch): counted in a probe's cost, not in the rate.
+        full: the batch ran with all the rows it had (not in its drain's last, emptier steps): only such
+        steps make the modes' rates, so that both are measured on the same rows."""
         if seconds <= 0:
             return
         with self._lock:
-            if not switch:
+            if not switch and full:
                 self.step_tokens_sum[speculated] += new_tokens * rows
                 self.step_seconds_sum[speculated] += seconds
                 self.step_rows[speculated] += 1

@@ -112,12 +112,12 @@ def test_a_new_batch_size_starts_as_the_largest_smaller_one_measured():
     """auto's gate of a batch size it meets first speculates first only where the largest smaller batch
     size (same temperature kind, both modes measured) measured speculation beating plain decoding by
     the margin: speculation pays less as the batch grows."""
-    _, strategy = auto_speculator(gate=True)
+    strategy = Auto(None, None, profile=False)
 
     def first_mode(batch_size: int, temperature: float) -> bool:
         state = DecodeState(token_ids=[1, 2, 3], prompt_len=3, sampling=SamplingParams(temperature=temperature),
                             rng=None, max_depth=4, batch_size=batch_size)
-        strategy.gate_row, strategy.gate_mark = 0, None       # a row's first step (reset() sets them)
+        strategy.reset(state)                                  # a row's first step
         return strategy._gate_speculates(state)
 
     assert first_mode(32, 0.8) is True                     # nothing measured: speculate first
@@ -248,7 +248,7 @@ def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
                         max_depth=4, batch_size=4, batch_setup_s=3.0)   # it joined after the batch started others
     strategy.reset(state)
     recorded = []
-    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False:
+    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False, full=True:
                         recorded.append((tokens, seconds, switch)))
     for step in range(3):
         strategy._gate_speculates(state)
@@ -259,6 +259,34 @@ def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
             state.batch_setup_s += 5.0
     strategy._gate_speculates(state)
     assert [(tokens, seconds) for tokens, seconds, _ in recorded] == [(2, 1.0), (2, 1.0), (2, 1.0)]
+
+
+def test_gate_rates_come_from_full_batch_steps_only(monkeypatch):
+    """A row's steps in its batch's drain (fewer rows than the batch had) are recorded as not full, and
+    a step that is not full adds nothing to a mode's rate (only to the step's time)."""
+    import specdec.strategies.auto as auto_module
+    from specdec.sampling import TorchRandom
+
+    now = [0.0]
+    monkeypatch.setattr(auto_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    strategy = Auto(None, None, profile=False)
+    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
+                        max_depth=4, batch_size=4)
+    strategy.reset(state)
+    recorded = []
+    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False, full=True:
+                        recorded.append((rows, full)))
+    for rows in (4, 4, 3, 2, 2):                     # two full steps, then rows finish
+        state.batch_size = rows
+        strategy._gate_speculates(state)
+        state.token_ids += [7]
+        now[0] += 1.0
+    assert recorded == [(4, True), (4, True), (3, False), (2, False)]
+    monkeypatch.undo()
+    gate = BatchGate()
+    gate.record(True, 4, 1.0, 4, full=False)
+    gate.end_step()
+    assert gate.rate(True) is None and gate.best_seconds > 0
 
 
 def test_the_batch_counts_the_time_it_spends_starting_prompts():
