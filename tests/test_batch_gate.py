@@ -234,22 +234,28 @@ def test_gate_rate_is_tokens_over_seconds_not_the_median_steps_rate():
     assert gate.rate(True) == 20.0 and gate.rate(False) == 16.0     # the batch's tokens over the seconds
 
 
+def clocked_row(monkeypatch, **batch) -> tuple[Auto, DecodeState, list[float], list[dict]]:
+    """An auto row of a batch (DecodeState fields `batch`) on a clock the test moves (now[0]: seconds),
+    and what it hands its gate: one dict of BatchGate.record's arguments a recorded step."""
+    import specdec.strategies.auto as auto_module
+    from specdec.sampling import TorchRandom
+
+    now, recorded = [0.0], []
+    monkeypatch.setattr(auto_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False, full=True:
+                        recorded.append(dict(tokens=tokens, seconds=seconds, rows=rows, full=full)))
+    strategy = Auto(None, None, profile=False)
+    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
+                        max_depth=4, **batch)
+    strategy.reset(state)
+    return strategy, state, now, recorded
+
+
 def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
     """Between two of a row's steps the batch may have prefilled the next prompts (DecodeState.batch_setup_s
     grows): that time is neither mode's, and the row's sample leaves it out."""
-    import specdec.strategies.auto as auto_module
-    from specdec.sampling import SamplingParams, TorchRandom
-    from specdec.types import DecodeState
-
-    now = [0.0]
-    monkeypatch.setattr(auto_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
-    strategy = Auto(None, None, profile=False)
-    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
-                        max_depth=4, batch_size=4, batch_setup_s=3.0)   # it joined after the batch started others
-    strategy.reset(state)
-    recorded = []
-    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False, full=True:
-                        recorded.append((tokens, seconds, switch)))
+    # it joined after the batch started others
+    strategy, state, now, recorded = clocked_row(monkeypatch, batch_size=4, batch_setup_s=3.0)
     for step in range(3):
         strategy._gate_speculates(state)
         state.token_ids += [7, 8]                     # two tokens a step
@@ -258,30 +264,19 @@ def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
             now[0] += 5.0                             # ... and the batch started a prompt for five more
             state.batch_setup_s += 5.0
     strategy._gate_speculates(state)
-    assert [(tokens, seconds) for tokens, seconds, _ in recorded] == [(2, 1.0), (2, 1.0), (2, 1.0)]
+    assert [(step["tokens"], step["seconds"]) for step in recorded] == [(2, 1.0), (2, 1.0), (2, 1.0)]
 
 
 def test_gate_rates_come_from_full_batch_steps_only(monkeypatch):
     """A row's steps in its batch's drain (fewer rows than the batch had) are recorded as not full, and
     a step that is not full adds nothing to a mode's rate (only to the step's time)."""
-    import specdec.strategies.auto as auto_module
-    from specdec.sampling import TorchRandom
-
-    now = [0.0]
-    monkeypatch.setattr(auto_module, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: now[0])}))
-    strategy = Auto(None, None, profile=False)
-    state = DecodeState(token_ids=[5, 6], prompt_len=2, sampling=SamplingParams(), rng=TorchRandom(torch.Generator()),
-                        max_depth=4, batch_size=4)
-    strategy.reset(state)
-    recorded = []
-    monkeypatch.setattr(BatchGate, "record", lambda self, speculated, tokens, seconds, rows, switch=False, full=True:
-                        recorded.append((rows, full)))
+    strategy, state, now, recorded = clocked_row(monkeypatch, batch_size=4)
     for rows in (4, 4, 3, 2, 2):                     # two full steps, then rows finish
         state.batch_size = rows
         strategy._gate_speculates(state)
         state.token_ids += [7]
         now[0] += 1.0
-    assert recorded == [(4, True), (4, True), (3, False), (2, False)]
+    assert [(step["rows"], step["full"]) for step in recorded] == [(4, True), (4, True), (3, False), (2, False)]
     monkeypatch.undo()
     gate = BatchGate()
     gate.record(True, 4, 1.0, 4, full=False)

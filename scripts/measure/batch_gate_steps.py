@@ -20,7 +20,6 @@ from specdec.strategies.batch_gate import BatchGate
 from batch_common import PYCODE, batch_arguments, preset_prompts
 
 
-
 def main() -> None:
     parser = batch_arguments(__doc__, temperature=0.8)
     parser.add_argument("--calls", type=int, default=3)

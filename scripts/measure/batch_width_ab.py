@@ -26,7 +26,6 @@ from specdec.strategies.auto import Auto
 from batch_common import PYCODE, batch_arguments, preset_prompts, print_rates
 
 
-
 class StepTimes:
     """Seconds of a call's decode forwards (and their tree width), prefills and proposals."""
 
