@@ -170,6 +170,32 @@ def write_rows(cache: BufferedLayer, start: int, k: torch.Tensor, v: torch.Tenso
     return cache.update(k, v)
 
 
+def attend(q, k, v, past_k=None, past_v=None, visible=None, cache: BufferedLayer | RaggedRows | None = None,
+           start: int = 0, enable_gqa: bool = False) -> torch.Tensor:
+    """A drafter layer's attention: q [B, heads, n, d] over the past and the new k / v [B, kv_heads, n, d];
+    the past is past_k / past_v [B, kv_heads, L, d] (training) or `cache` (inference: write_rows). visible
+    [B or 1, n, L + n] bool (None: causal over the new rows, all past visible). Returns [B, heads, n, d]
+    in q's dtype.
+
+    In inference on a CPU a bfloat16 / float16 drafter attends in float32 over a float32 cache: the
+    CPU's half-precision attention kernel is several times slower than its float32 one where few
+    queries read many keys (a batch's tree level: one query per row over its whole context), and the
+    keys / values then cost one conversion per new row instead of one per read."""
+    dtype = q.dtype
+    if cache is not None and q.device.type == "cpu" and dtype != torch.float32:
+        q, k, v = q.float(), k.float(), v.float()
+    if cache is not None:
+        keys, values = write_rows(cache, start, k, v)                          # [B, kv_heads, L + n, d]
+    else:
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)       # [B, kv_heads, L + n, d]
+        values = v if past_v is None else torch.cat([past_v, v], dim=2)
+    if visible is None:
+        n, total = q.shape[2], keys.shape[2]
+        visible = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)[None]
+    attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None], enable_gqa=enable_gqa)
+    return attn.to(dtype)
+
+
 class DrafterBlock(nn.Module):
     """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
 
@@ -200,15 +226,7 @@ class DrafterBlock(nn.Module):
         q = rotate(self._split(self.q_proj(h)), positions, self.theta)
         k = rotate(self._split(self.k_proj(h)), positions, self.theta)
         v = self._split(self.v_proj(h))
-        if cache is not None:
-            keys, values = write_rows(cache, start, k, v)                       # [1, heads, start + n, d]
-        else:
-            keys = k if past_k is None else torch.cat([past_k, k], dim=2)    # [B, heads, L + n, d]
-            values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        if visible is None:
-            n, total = x.shape[1], keys.shape[2]
-            visible = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)[None]
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None])  # [B, heads, n, d]
+        attn = attend(q, k, v, past_k, past_v, visible, cache, start)                     # [B, heads, n, d]
         x = x + self.o_proj(attn.transpose(1, 2).flatten(2))
         h = self.mlp_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))

@@ -31,7 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from specdec.cache import BufferedLayer
 
-from .eagle import write_rows
+from .eagle import attend
 
 
 @dataclass(frozen=True)
@@ -126,16 +126,8 @@ class Eagle3Attention(nn.Module):
         k = self._split(self.k_proj(x), self.num_kv_heads)
         v = self._split(self.v_proj(x), self.num_kv_heads)
         q, k = apply_rotary_pos_emb(q, k, *rotary)
-        if cache is not None:
-            keys, values = write_rows(cache, start, k, v)                    # [1, kv_heads, start + n, d]
-        else:
-            keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-            values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        if visible is None:
-            n, total = x.shape[1], keys.shape[2]
-            visible = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)[None]
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None],
-                                              enable_gqa=self.num_kv_heads != self.num_heads)   # [B, heads, n, d]
+        attn = attend(q, k, v, past_k, past_v, visible, cache, start,
+                      enable_gqa=self.num_kv_heads != self.num_heads)                      # [B, heads, n, d]
         return self.o_proj(attn.transpose(1, 2).flatten(2)), k, v
 
 

@@ -117,6 +117,41 @@ def test_kv_buffer_holds_what_concatenation_would():
     assert fresh.past_k is None and fresh.past_v is None
 
 
+@pytest.mark.parametrize("cache_kind", ["single", "ragged"])
+def test_a_half_precision_drafter_attends_in_float32_over_a_float32_cache_on_cpu(cache_kind):
+    """A bf16 drafter's cached attention on a CPU: its keys / values are kept in float32 and it attends
+    in float32 (the float32 attention of the bf16 q / k / v), handing back bf16; training (no cache)
+    stays in bf16."""
+    from specdec.cache import BufferedLayer
+    from specdec.heads.eagle import RaggedRows, attend
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 3, 8, generator=generator).bfloat16() for _ in range(3))   # [B, heads, n, d]
+    past_k, past_v = (torch.randn(2, 4, 5, 8, generator=generator).bfloat16() for _ in range(2))
+    visible = torch.ones(2, 3, 8, dtype=torch.bool).tril(5)
+    if cache_kind == "single":
+        caches = [BufferedLayer(), BufferedLayer()]
+        for row, cache in enumerate(caches):
+            empty = attend(q[row:row + 1, :, :0], past_k[row:row + 1], past_v[row:row + 1], cache=cache)
+            assert empty.shape[2] == 0
+        out = torch.cat([attend(q[row:row + 1], k[row:row + 1], v[row:row + 1], visible=visible[row:row + 1],
+                                cache=cache, start=5) for row, cache in enumerate(caches)])
+        stored = caches[0].key_buffer
+    else:
+        cache = RaggedRows()
+        cache.prepare(None, torch.zeros(2, dtype=torch.long), 5, 2)
+        attend(q[:, :, :0], past_k, past_v, cache=cache)
+        cache.prepare(None, torch.full((2,), 5), 8, 2)
+        out = attend(q, k, v, visible=visible, cache=cache)
+        stored = cache.key_buffer
+    assert stored.dtype == torch.float32 and out.dtype == torch.bfloat16
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), torch.cat([past_k, k], 2).float(), torch.cat([past_v, v], 2).float(), attn_mask=visible[:, None])
+    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
+    trained = attend(q, k, v, past_k, past_v, visible)
+    assert trained.dtype == torch.bfloat16
+    assert not torch.equal(trained, out)        # bf16 attention: not the float32 one (the test can tell)
+
+
 def _chain_children(drafter, strategy, path, top_k, temperature=1.0):
     """Reference without tree attention: feed the path node by node on top of the committed rows,
     return the (log-prob at `temperature`, token) list of the best children below its last node."""
