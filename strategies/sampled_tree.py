@@ -3,8 +3,8 @@
 Sibling tokens are drawn without replacement from a draft distribution through the call's one
 random source (DecodeState.rng.draw_without_replacement), on the device: the loop's
 TorchRandom makes exactly torch.multinomial's draw without replacement minus its reads back to
-the host (tests check the two agree token for token); the law tests' enumerating source answers
-the same method.
+the host (tests check the two agree token for token), and a single token (a chain) by its own
+cheaper draw of the same law; the law tests' enumerating source answers the same method.
 
 `sampled_tree` is the EAGLE-2-style sampled tree (eagle and medusa): per depth the `width` best
 slots are filled, a slot (parent, i) scored by the parent's cumulative log-probability plus the log

@@ -114,13 +114,37 @@ def test_draft_chain_reads_nothing_per_drafted_token():
 
 
 def test_device_draw_is_the_random_sources_own_draw():
-    """TorchRandom.draw_without_replacement (the drafters' draw) makes exactly torch.multinomial's draw
-    without replacement (same generator state in, same tokens out), only without the read back to the host."""
+    """TorchRandom.draw_without_replacement (the drafters' draw) of two tokens or more makes exactly
+    torch.multinomial's draw without replacement (same generator state in, same tokens out), only without
+    the read back to the host; of one token, the source's own `draw` (the same law, drawn cheaper)."""
     probs = torch.softmax(torch.randn(40, generator=torch.Generator().manual_seed(3)) * 2, dim=-1)
-    for count in (1, 2, 3, 7, 40):
+    for count in (2, 3, 7, 40):
         ours = TorchRandom(torch.Generator().manual_seed(count)).draw_without_replacement(probs, count)
         theirs = torch.multinomial(probs, count, replacement=False, generator=torch.Generator().manual_seed(count)).tolist()
         assert ours.tolist() == theirs and len(set(theirs)) == count
+    for seed in range(20):
+        one = TorchRandom(torch.Generator().manual_seed(seed)).draw_without_replacement(probs, 1)
+        assert one.tolist() == TorchRandom(torch.Generator().manual_seed(seed)).draw(probs).tolist()
+
+
+def test_draw_has_the_weights_law_and_never_a_weight_zero_token():
+    """TorchRandom.draw (inverse CDF): Pearson's test of 40000 draws from unnormalized weights with zeros
+    (at both ends and inside); at the extreme uniforms, the first and the last token of weight > 0."""
+    from collections import Counter
+
+    from specdec.sampling import inverse_cdf_token
+    from test_coupled import chi_square
+    weights = torch.tensor([0.0, 2.0, 0.0, 0.5, 4.0, 0.0, 0.015625, 1.484375, 0.0, 0.0])   # total 8: exact
+    rng = TorchRandom(torch.Generator().manual_seed(7))
+    total = 40000
+    counts = Counter(int(rng.draw(weights)) for _ in range(total))
+    law = {token: float(w / weights.sum()) for token, w in enumerate(weights) if w > 0}
+    assert set(counts) <= set(law)                                  # no token of weight 0, ever
+    statistic, critical = chi_square(counts, law, total)
+    assert statistic < critical, (statistic, critical, counts)
+    edges = torch.tensor([0.0, 1.0 - 2.0 ** -53, 0.2, 0.25], dtype=torch.float64)    # points 0, ~8, 1.6, 2
+    picked = [int(inverse_cdf_token(weights, edge[None])) for edge in edges]
+    assert picked == [1, 7, 1, 3]                   # first positive; last positive; inside token 1; token 3 from its start
 
 
 def test_device_draw_reads_nothing_back():
