@@ -366,7 +366,7 @@ def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Call
         if key not in draft_batches:
             draft_batches[key] = drafters[0].new_batch()
         started = clock()
-        drafted = type(drafters[0]).propose_many(drafters, [decodings[row].drafter_state() for row, _ in members],
+        drafted = type(drafters[0]).propose_many(drafters, [decodings[row].state for row, _ in members],
                                                  draft_batches[key])
         share = (clock() - started) / len(members)
         for (row, _), tree in zip(members, drafted):

@@ -103,12 +103,6 @@ class Decoding:
         self.stats.draft_time_s += self.clock() - t0
         return wants
 
-    def drafter_state(self) -> DecodeState:
-        """The state the row's batch drafter drafts with this step (after propose_start): its strategy's
-        `drafter_state` of the row's state where it has one (auto: a shallower sampled tree), else the row's."""
-        narrowed = getattr(self.strategy, "drafter_state", None)
-        return narrowed(self.state) if callable(narrowed) else self.state
-
     def propose_end(self, drafted: CandidateTree | None, drafted_s: float | None) -> CandidateTree:
         """Phase two: the row's tree from its drafter's proposal in the batch (None: not called), which
         took the row `drafted_s` seconds (its share of the batch's drafting)."""

@@ -19,7 +19,7 @@ rows of its own accepted nodes, then one plain step per token committed after th
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 import copy
 import itertools
@@ -36,7 +36,6 @@ from .batch_gate import BatchGate
 from .batch_width import best_width
 from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
-from .sampled_depth import SampledDepth
 from .prompt_lookup import PromptLookup
 
 @dataclass
@@ -178,12 +177,6 @@ class Auto:
         self.steady_call = False
         self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
         self.draft_times: deque = deque(maxlen=DRAFT_TIMES)  # seconds of the last steady calls (median: draft_cost_s)
-        # sampling: the drafter's depth, chosen before it drafts (strategies/sampled_depth.py); shared by
-        # the copies of this Auto (rows, calls) like the batch gates
-        self.sampled_depth = SampledDepth()
-        self.draft_depth: int | None = None   # this step's cap on the drafter's levels (None: none)
-        self.depth_mark = None                # (levels, perf_counter, batch_setup_s) of the last sampled drafter call
-        self.proposal_at = 0.0                # perf_counter when this step's proposal began
         self.device = "cpu"
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
         # compiled forward, the one each step runs (set by Speculator before bind)
@@ -254,7 +247,6 @@ class Auto:
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
         self.full_rows = 0                    # the most rows this row's batch has run with: its full batch
-        self.draft_depth, self.depth_mark = None, None
         self.gate_mark = None                 # (gate, speculated, perf_counter, batch_setup_s, committed length, rows,
         #                                       first step of its mode) at the last proposal
 
@@ -268,15 +260,8 @@ class Auto:
         if not calls:
             return self.propose_end(state, None, None)
         started = time.perf_counter()
-        neural_tree = self.drafter.propose(self.drafter_state(state))
+        neural_tree = self.drafter.propose(state)
         return self.propose_end(state, neural_tree, time.perf_counter() - started)
-
-    def drafter_state(self, state: DecodeState) -> DecodeState:
-        """The state this step's drafter call drafts with: `state`, or a copy whose max_depth is the
-        depth _sampled_depth chose (a batch hands it to the rows' drafters: specdec.batch.propose_rows)."""
-        if self.draft_depth is None or self.draft_depth >= state.max_depth:
-            return state
-        return replace(state, max_depth=self.draft_depth)
 
     # the two phases of a proposal, apart so that a batch runs the drafters of all its rows together
     # (specdec.batch.propose_rows); propose() is the two with the drafter called in between
@@ -289,7 +274,6 @@ class Auto:
         """Lookup's paths and their plan; whether the drafter is called this step."""
         self.batch_size = state.batch_size
         self.started = None                   # what phase two needs (None: a plain step)
-        self._time_sampled_step(state)
         if not self._gate_speculates(state):
             return False
         self.step += 1
@@ -308,9 +292,7 @@ class Auto:
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
         self.steps_since_call += 1
         self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept)
-        calls = self._call_drafter(state, context)
-        self.draft_depth = self._sampled_depth(state) if calls else None
-        return calls
+        return self._call_drafter(state, context)
 
     def propose_end(self, state: DecodeState, neural_tree: CandidateTree | None,
                     drafted_s: float | None) -> CandidateTree:
@@ -335,10 +317,6 @@ class Auto:
             accept, keys = self._estimates(merged, source, state)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
             forced = range(neural_tree.num_nodes) if sampled else ()
-            if sampled:
-                self.sampled_depth.note_tree(neural_tree.depths())
-                if self.steady_call:          # a catch-up on a whole prompt is no depth's cost
-                    self.depth_mark = (max(neural_tree.depths()) + 1, self.proposal_at, state.batch_setup_s)
             draft_cost = self.draft_cost_s or 0.0
             keep, rate = plan(merged.parents, accept, self.verify_cost, draft_cost, self.max_nodes, forced=forced)
             self.plan_with[context] = _ema_pair(self.plan_with.get(context),
@@ -470,8 +448,6 @@ class Auto:
                 spent = self.last_draft_s + time.perf_counter() - start
                 if self.steady_call:
                     self.draft_times.append(spent)
-                    if neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None:
-                        self.sampled_depth.record_drafting(state.batch_size, spent, max(neural_tree.depths(), default=-1) + 1)
                     self.draft_cost_s = statistics.median(self.draft_times)
                     self.steady_cost_known = True
                 else:
@@ -489,30 +465,6 @@ class Auto:
             tokens, nodes = self.plan_without[context]
             rate_without = tokens / self.verify_cost(nodes)
         return rate_with, rate_without or 0.0
-
-    def _time_sampled_step(self, state: DecodeState) -> None:
-        """At a proposal: the wall time since the last one, when that step's drafter sampled (less the
-        batch's prefill of new prompts meanwhile), is what a step at its depth cost (SampledDepth)."""
-        now = time.perf_counter()
-        if self.depth_mark is not None:
-            levels, at, setup_s = self.depth_mark
-            self.sampled_depth.record_step(state.batch_size, temperature_key(state.sampling.temperature), levels,
-                                           now - at - (state.batch_setup_s - setup_s))
-            self.depth_mark = None
-        self.proposal_at = now
-
-    def _sampled_depth(self, state: DecodeState) -> int | None:
-        """The levels the drafter may sample this step (None: all it drafts): strategies/sampled_depth.py."""
-        if state.sampling.greedy or state.noise is not None:
-            return None
-        temperature = state.sampling.temperature
-        prior = PRIOR_ACCEPT_SAMPLED[NEURAL]
-        costs = self.costs_at(state.batch_size)
-        return self.sampled_depth.choose(
-            state.batch_size, temperature_key(temperature), state.max_depth,
-            lambda level: self.calibrator.estimate(self.calibrator.key(NEURAL, temperature, None, level - 1), None,
-                                                   prior[min(level - 1, 1)]),
-            costs.verify_cost)
 
     def _call_drafter(self, state: DecodeState, context) -> bool:
         """Call the drafter when its recent planned rate (planned_rates) beats lookup alone in the same lookup
@@ -572,15 +524,10 @@ class Auto:
         """Every verified node whose parent was kept was tried: record whether it was kept. (`keep`
         is closed under parents: the planner's choice; keys: the nodes' from propose.)"""
         kept = set(accepted)
-        depths = merged.depths()
         for node in keep:
             parent = merged.parents[node]
             if parent == -1 or parent in kept:
-                key = keys[node][0]
-                self.calibrator.record(key, node in kept)
-                if key[2] == "conf":       # sampled_confidence: each level's own estimate too (_sampled_depth)
-                    self.calibrator.record(key[:2] + ("depth", min(depths[node], self.calibrator.max_depth_key)),
-                                           node in kept)
+                self.calibrator.record(keys[node][0], node in kept)
 
 
 def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
