@@ -144,8 +144,9 @@ class RaggedRows:
         self.value_buffer[rows[:, None], :, slots] = v.transpose(1, 2)
         if self.index is None and b == self.rows:          # every row, in order: views, nothing copied
             return self.key_buffer[:, :, : self.width], self.value_buffer[:, :, : self.width]
-        return (self.key_buffer.index_select(0, rows)[:, :, : self.width],
-                self.value_buffer.index_select(0, rows)[:, :, : self.width])
+        # the rows' first `width` slots only (the buffers hold up to twice that: capacity doubles)
+        return (self.key_buffer[:, :, : self.width].index_select(0, rows),
+                self.value_buffer[:, :, : self.width].index_select(0, rows))
 
     def drop(self, order: list[int]) -> None:
         """Keep the rows `order` (old row of each new one), in that order."""
