@@ -183,9 +183,9 @@ def attend(q, k, v, past_k=None, past_v=None, visible=None, cache: BufferedLayer
     queries read many keys (a batch's tree level: one query per row over its whole context), and the
     keys / values then cost one conversion per new row instead of one per read."""
     dtype = q.dtype
-    if cache is not None and q.device.type == "cpu" and dtype != torch.float32:
-        q, k, v = q.float(), k.float(), v.float()
     if cache is not None:
+        if q.device.type == "cpu" and dtype != torch.float32:
+            q, k, v = q.float(), k.float(), v.float()
         keys, values = write_rows(cache, start, k, v)                          # [B, kv_heads, L + n, d]
     else:
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)       # [B, kv_heads, L + n, d]
