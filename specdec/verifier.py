@@ -36,12 +36,29 @@ PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens p
 CATCH_UP_CHUNK = PREFILL_CHUNK // 4
 
 
+def _selects_hidden_states_by_index() -> bool:
+    """Whether this transformers reads a list `output_hidden_states` as indices into the usual
+    `hidden_states` tuple (0 = embeddings, -1 = the last layer after the final norm), keeping those
+    entries alone. Releases that have `selected_hidden_states` do; the capture code of earlier 5.x
+    releases read a list as decoder-layer numbers with no negative indices (our -1 came back None),
+    and 4.x forwards read it as True."""
+    try:
+        from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+SELECTS_BY_INDEX = _selects_hidden_states_by_index()
+
+
 def hidden_request(layers: Sequence[int] | None) -> list[int] | bool:
-    """The model's `output_hidden_states` argument for features of `layers`: the indices themselves.
-    Hugging Face models built on `capture_outputs` (transformers 5) then record those layers only,
-    the others' entries of `hidden_states` being None; an older forward reads the list as True and
-    returns every layer (the same features, more memory)."""
-    return False if layers is None else list(layers)
+    """The model's `output_hidden_states` argument for features of `layers`: the indices themselves
+    where this transformers records those layers only (the others' entries of `hidden_states` being
+    None); elsewhere True, every layer (the same features, more memory)."""
+    if layers is None:
+        return False
+    return list(layers) if SELECTS_BY_INDEX else True
 
 
 def features(hidden_states, layers: Sequence[int]) -> torch.Tensor:

@@ -88,5 +88,5 @@ def noisy_copy(model, noise: float = 0.3, seed: int = 1):
     with torch.no_grad():
         for p in draft.parameters():
             if p.numel() > 1:
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device) * noise * p.std())
     return draft

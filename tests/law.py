@@ -182,7 +182,7 @@ def model_dist(model, prompt: list[int], params) -> Callable:
 
     def dist(context: tuple) -> torch.Tensor:
         if context not in cache:
-            logits = model(torch.tensor([list(prompt) + list(context)])).logits[0, -1]     # [V]
+            logits = model(torch.tensor([list(prompt) + list(context)], device=model.device)).logits[0, -1]   # [V]
             cache[context] = logits_to_probs(logits, params).double()
         return cache[context]
 

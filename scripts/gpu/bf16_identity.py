@@ -1,0 +1,102 @@
+"""Step 3 of the GPU check: greedy identity in bfloat16 for every strategy, where only exact top-2
+ties may differ.
+
+For each strategy and each code prompt, specdec's greedy output is compared with Hugging Face's
+generate(do_sample=False) on the same bf16 target object. At the first position where they part,
+the target is run once more, plainly, over the prompt and the common prefix, and the two tokens'
+logits there are compared: equal in bfloat16 is a tie (either token is a correct argmax; which one
+a kernel returns depends on its summation order), anything else is a mismatch, a bug. Output: one
+JSON object per line on stdout, then a table on stderr; the exit status is 1 when any row has a
+mismatch that is not a tie.
+
+    python scripts/gpu/bf16_identity.py --target DIR [--draft DIR] [--eagle DIR] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+STRATEGIES = {   # row -> (config, overrides, the model it needs)
+    "autoregressive": ("autoregressive", {}, None),
+    "prompt_lookup": ("prompt_lookup", {}, None),
+    "suffix": ("suffix", {}, None),
+    "draft_model": ("draft_model", {}, "draft"),
+    "draft_model_tree": ("draft_model_tree", {}, "draft"),
+    "eagle": ("eagle", {}, "eagle"),
+    "auto": ("auto", {}, None),
+}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft")
+    parser.add_argument("--eagle")
+    parser.add_argument("--split", help="the family's split.json (held-out files for the prompts)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new", type=int, default=128)
+    args = parser.parse_args(argv)
+
+    import torch
+    import specdec
+    from specdec.benchmarks.config import PromptsConfig
+    from specdec.benchmarks.prompts import build_prompt_sets
+
+    paths = {"draft": args.draft, "eagle": args.eagle}
+    rows, prompts = [], None
+    for name, (config, overrides, needs) in STRATEGIES.items():
+        if needs and not paths[needs]:
+            print(f"{name}: skipped (no --{needs})", file=sys.stderr)
+            continue
+        extra = {"target.path": args.target, "device": args.device, "dtype": args.dtype, **overrides}
+        if args.eagle and config in ("eagle", "auto"):
+            extra["eagle.path"] = args.eagle
+        if args.draft and config in ("draft_model", "draft_model_tree", "auto"):
+            extra["draft.path"] = args.draft
+        sd = specdec.load(config, **extra)
+        if prompts is None:
+            split = None if args.split in (None, "", "null") else args.split
+            cfg = PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens, split=split)
+            prompts = [p.token_ids for p in build_prompt_sets(cfg, sd.tokenizer, 10**9)["code"]]
+        row = {"strategy": name, "prompts": len(prompts), "identical": 0, "ties": 0, "mismatches": 0, "detail": []}
+        for ids in prompts:
+            ours = sd.generate(ids, max_new_tokens=args.new, ignore_eos=True).token_ids
+            model = sd.target
+            x = torch.tensor([ids], device=model.device)
+            theirs = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.new, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+            at = first_difference(ours, theirs)
+            if at is None:
+                row["identical"] += 1
+                continue
+            with torch.no_grad():
+                context = torch.tensor([ids + theirs[:at]], device=model.device)
+                logits = model(context).logits[0, -1]                      # [V], in the model's dtype
+            a, b, top = logits[ours[at]].item(), logits[theirs[at]].item(), logits.max().item()
+            kind = "ties" if a == b == top else "mismatches"
+            row[kind] += 1
+            row["detail"].append({"position": at, "ours": ours[at], "hf": theirs[at], "logit_ours": a, "logit_hf": b,
+                                  "top": top})
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del sd
+    print(f"{'strategy':<18}{'prompts':>8}{'identical':>10}{'ties':>6}{'mismatches':>11}", file=sys.stderr)
+    for row in rows:
+        print(f"{row['strategy']:<18}{row['prompts']:>8}{row['identical']:>10}{row['ties']:>6}{row['mismatches']:>11}",
+              file=sys.stderr)
+    return 1 if any(row["mismatches"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

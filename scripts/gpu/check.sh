@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run that proves specdec on a CUDA GPU and measures it, in about eight
+# minutes on an H100. Every step has its own time limit, writes its log, and a failed step does not
+# stop the next; $OUT/summary.md says what each step gave.
+#
+#   bash scripts/gpu/pack.sh --models MODELS/pycode   # here, beforehand: wheels + models into gpu-pack/
+#   bash scripts/gpu/check.sh                         # there, from the repository root
+#   bash scripts/gpu/check.sh --dry-run               # any machine, CPU, tiny random models, ~2 minutes
+#
+# Steps: (0) install the packed wheels with --no-deps onto the machine's own torch and transformers,
+# unpack the models; (1) environment; (2) the CUDA tests (every strategy under sync-debug mode
+# "error", greedy identity and the exact law on the device, compile with CUDA graphs); (3) an EAGLE
+# drafter trained for the target on the GPU (a minute); (4) bf16 greedy identity for every strategy,
+# counting exact top-2 ties; (5) `specdec bench`: every strategy with Hugging Face's rows, greedy
+# and T = 0.8, one sequence; (6) the same at batch 1 and 8; (7) peak GPU memory against Hugging
+# Face's plain generate() at 1k- and 8k-token prompts; (8) `compile: true` against eager.
+# Output: $OUT (default gpu-out/) holds summary.md, check.log (every step's output) and
+# results.tar.gz (the bench folders, the JSON of each step); fewer than eight files, as the GPU
+# tool brings back.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+[ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ] && { sed -n '2,19p' "$0"; exit 0; }
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+WORK="$OUT/work"
+rm -rf "$WORK"
+mkdir -p "$WORK"
+LOG="$OUT/check.log"
+SUMMARY="$OUT/summary.md"
+: >"$LOG"
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] && [ "$DRY" = 1 ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+# -P: import specdec from what is installed (the packed wheel, or the venv), not from the checkout's
+# folders, which hold only part of the package (strategies/, heads/... sit beside specdec/)
+RUN="$PY -P"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+
+if [ "$DRY" = 1 ]; then
+  DEVICE=cpu; DTYPE=bfloat16; LIMIT_SCALE=1
+  SIZE=(prompts.num=1 prompts.tokens=48 max_new_tokens=8 warmup_tokens=4)
+  TRAIN=(steps=3 max_minutes=null seq_len=64 batch_size=2 eval_windows=2 eval_new_tokens=16 eval_interval=3
+         'corpus=[json]' split_file=null)
+  MEMORY=(--lengths 128)
+  COMPILE_ROWS=(only=[autoregressive])     # one compiled row: inductor's C++ build takes a minute a graph on a CPU
+  IDENTITY=(--prompts 1 --prompt-tokens 48 --new 8)
+else
+  DEVICE=cuda; DTYPE=bfloat16
+  SIZE=()
+  TRAIN=(steps=100000 max_minutes=1.0 seq_len=256 batch_size=32 eval_windows=8 eval_new_tokens=64
+         eval_interval=100000)
+  MEMORY=(--lengths 1024 8192)
+  COMPILE_ROWS=()
+  IDENTITY=(--prompts 4 --prompt-tokens 256 --new 128)
+fi
+
+echo "| step | status | seconds |" >"$SUMMARY"
+echo "|---|---|---|" >>"$SUMMARY"
+step() {   # step NAME SECONDS COMMAND...: run with a time limit, log it, add a summary row
+  local name="$1" limit="$2"; shift 2
+  local start=$SECONDS status
+  echo "===== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" >>"$LOG"
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  case $rc in
+    0) status=ok ;;
+    124|137) status="timed out after ${limit}s" ;;
+    *) status="failed (exit $rc)" ;;
+  esac
+  echo "| $name | $status | $((SECONDS - start)) |" >>"$SUMMARY"
+  echo "===== $name: $status in $((SECONDS - start))s" >>"$LOG"
+  return 0
+}
+
+# (0) set-up: models and, on the GPU machine, the packed wheels
+MODELS="$WORK/models"
+if [ "$DRY" = 1 ]; then
+  step setup 120 $RUN scripts/gpu/tiny_family.py "$MODELS"
+  SPLIT=null
+else
+  setup() {
+    [ -d gpu-pack/wheels ] || { echo "no gpu-pack/: run scripts/gpu/pack.sh --models MODELS/pycode here first"; return 1; }
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/specdec-site gpu-pack/wheels/*.whl || return 1
+    mkdir -p "$MODELS"
+    for part in target draft; do
+      [ -d "gpu-pack/models/$part" ] || continue
+      mkdir -p "$MODELS/$part" && cp gpu-pack/models/$part/*.json "$MODELS/$part/" || return 1
+      "$PY" scripts/gpu/planes.py unpack "gpu-pack/models/$part/model.planes" "$MODELS/$part/model.safetensors" || return 1
+    done
+    # the split's files that this machine's standard library has (another Python version may lack some)
+    "$PY" - "$MODELS" <<'EOF'
+import json, os, sys, sysconfig
+models = sys.argv[1]
+split = json.load(open("gpu-pack/models/split.json"))
+root = sysconfig.get_paths()["stdlib"]
+kept = {k: [f for f in v if os.path.exists(os.path.join(root, f))] for k, v in split.items() if isinstance(v, list)}
+json.dump(kept, open(os.path.join(models, "split.json"), "w"))
+print({k: f"{len(kept[k])}/{len(v)}" for k, v in split.items() if isinstance(v, list)})
+EOF
+  }
+  step setup 120 setup
+  export PYTHONPATH="/tmp/specdec-site${PYTHONPATH:+:$PYTHONPATH}"
+  SPLIT="$MODELS/split.json"
+fi
+TARGET="$MODELS/target"
+DRAFT="$MODELS/draft"
+EAGLE="$WORK/eagle"
+
+# (1) environment
+step environment 60 bash -c "$RUN scripts/gpu/env_report.py > '$WORK/environment.json'; cat '$WORK/environment.json'; nvidia-smi || true"
+
+# (2) the CUDA tests (on the dry run: the same files on the CPU; the sync test skips there)
+step tests 150 env SPECDEC_TEST_DEVICE=$DEVICE $RUN -m pytest -q -p no:cacheprovider tests/test_cuda_syncs.py \
+  tests/test_device.py -o addopts="" --junitxml="$WORK/tests.xml"
+
+# (3) an EAGLE drafter for the target
+step train_eagle 100 $RUN -m specdec.cli train-heads train_eagle target="$TARGET" output_dir="$EAGLE" \
+  split_file="$SPLIT" device=$DEVICE bf16=null progress=false "${TRAIN[@]}"
+
+# (4) bf16 greedy identity, ties counted
+step bf16_identity 60 bash -c "$RUN scripts/gpu/bf16_identity.py --target '$TARGET' --draft '$DRAFT' \
+  --eagle '$EAGLE' --split '$SPLIT' --device $DEVICE --dtype $DTYPE ${IDENTITY[*]} > '$WORK/bf16_identity.jsonl'"
+
+# (5) - (6) the bench, one sequence then batches
+MODEL_ARGS=(models.target="$TARGET" models.draft="$DRAFT" models.eagle="$EAGLE" models.device=$DEVICE
+            models.dtype=$DTYPE prompts.split="$SPLIT")
+step bench 130 $RUN -m specdec.cli bench scripts/gpu/bench.yaml "${MODEL_ARGS[@]}" output_dir="$WORK/bench" \
+  progress=false "${SIZE[@]}"
+step bench_batch 80 $RUN -m specdec.cli bench scripts/gpu/bench_batch.yaml "${MODEL_ARGS[@]}" \
+  output_dir="$WORK/bench_batch" progress=false "${SIZE[@]}"
+
+# (7) peak memory against Hugging Face's plain generate()
+step memory 50 bash -c "SPECDEC_PYCODE_TARGET='$TARGET' $RUN scripts/measure/prefill_memory.py --device $DEVICE \
+  --runners hf autoregressive eagle ${MEMORY[*]} > '$WORK/memory.txt'; cat '$WORK/memory.txt'"
+
+# (8) compile: true against eager (compiling CUDA graphs for each bucket takes a while: last)
+step bench_compile 100 $RUN -m specdec.cli bench scripts/gpu/bench_compile.yaml "${MODEL_ARGS[@]}" \
+  output_dir="$WORK/bench_compile" progress=false "${SIZE[@]}" "${COMPILE_ROWS[@]}"
+
+rm -rf "$MODELS" "$EAGLE"/*checkpoint* 2>/dev/null
+tar -czf "$OUT/results.tar.gz" -C "$WORK" . && rm -rf "$WORK"
+cat "$SUMMARY"
+! grep -q "failed\|timed out" "$SUMMARY"

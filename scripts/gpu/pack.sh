@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build what travels to the GPU machine (scripts/gpu/check.sh) into one ignored folder, gpu-pack/:
+#   wheels/   specdec itself and omegaconf (the GPU image has torch, transformers, safetensors,
+#             tokenizers, PyYAML, tqdm, rich, pytest and matplotlib, but no omegaconf), both pure
+#             Python, installed there with --no-deps onto its own torch;
+#   models/   the pycode family's target (its float16 weights, run in bfloat16 there), draft and
+#             split, when --models names them; the weights packed by byte planes (planes.py:
+#             lossless, 58.7 MB in about 50), unpacked by check.sh.
+# Then it prints the size of what would travel (the repository's tracked files plus gpu-pack/)
+# against the 64 MiB the GPU machine takes, and fails when it does not fit.
+#
+#   bash scripts/gpu/pack.sh [--models DIR]    # DIR: a model family folder (target/, draft/, split.json)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+MODELS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --models) MODELS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "pack.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+PACK=gpu-pack
+LIMIT=$((64 * 1024 * 1024))
+rm -rf "$PACK"
+mkdir -p "$PACK/wheels"
+"$PY" -m pip wheel -q --no-deps -w "$PACK/wheels" . >/dev/null
+"$PY" -m pip download -q --no-deps --only-binary=:all: -d "$PACK/wheels" "omegaconf==2.4.0" 2>/dev/null \
+  || { echo "pack.sh: could not fetch the omegaconf wheel (needs a package registry)" >&2; exit 1; }
+if [ -n "$MODELS" ]; then
+  for part in target draft; do
+    if [ -d "$MODELS/$part" ]; then
+      mkdir -p "$PACK/models/$part"
+      cp "$MODELS/$part"/*.json "$PACK/models/$part/"
+      "$PY" scripts/gpu/planes.py pack "$MODELS/$part/model.safetensors" "$PACK/models/$part/model.planes"
+    fi
+  done
+  [ -f "$MODELS/split.json" ] && cp "$MODELS/split.json" "$PACK/models/"
+fi
+tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+packed=$(find "$PACK" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+total=$((tracked + packed))
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+echo "pack: repository $(mib "$tracked") + $PACK $(mib "$packed") = $(mib "$total") of $(mib "$LIMIT")"
+find "$PACK" -type f -printf '  %p %s\n' | sort
+if [ "$total" -gt "$LIMIT" ]; then
+  echo "pack: too large for the GPU machine by $(mib $((total - LIMIT)))" >&2
+  exit 1
+fi

@@ -1,0 +1,39 @@
+"""One builder of every strategy on a tiny target, for the tests that run them all (device syncs,
+the device check): the same settings wherever the target lives."""
+from __future__ import annotations
+
+import torch
+
+
+def strategies(target):
+    from conftest import noisy_copy
+    from eagle_helpers import random_drafter
+    from specdec.costmodel import CostProfile
+    from specdec.heads import HeadsLayout, MedusaHeads
+    from specdec.heads.io import output_vocab
+    from specdec.strategies.auto import Auto
+    from specdec.strategies.autoregressive import Autoregressive
+    from specdec.strategies.draft_model import DraftModel
+    from specdec.strategies.eagle import Eagle
+    from specdec.strategies.medusa import Medusa
+    from specdec.strategies.prompt_lookup import PromptLookup
+    from specdec.strategies.suffix import Suffix
+
+    def heads(conditioned):
+        torch.manual_seed(0)
+        return MedusaHeads(HeadsLayout(3, 1, target.config.hidden_size, output_vocab(target),
+                                       token_conditioned=conditioned)).to(target.device)
+
+    draft = noisy_copy(target, 0.3)
+    return {
+        "autoregressive": lambda: Autoregressive(),
+        "prompt_lookup": lambda: PromptLookup(),
+        "suffix": lambda: Suffix(),
+        "draft chain": lambda: DraftModel(draft, num_tokens=4),
+        "draft tree": lambda: DraftModel(draft, branching=[3, 2, 1, 1]),
+        "medusa": lambda: Medusa(heads(False), max_nodes=8, top_k=4),
+        "medusa conditioned": lambda: Medusa(heads(True), max_nodes=8, top_k=4),
+        "eagle": lambda: Eagle(random_drafter(target), max_nodes=16, top_k=4, depth=6),
+        "auto": lambda: Auto(PromptLookup(), DraftModel(draft, num_tokens=4), costs=CostProfile((0, 64), (1.0, 1.5), 0),
+                             adapt_costs=False, draft_cost_s=0.0),
+    }
