@@ -41,19 +41,11 @@ class SpecdecRow:
     def forget(self) -> None:
         """Drop what the strategy keeps across calls (suffix's cached outputs, also as auto's lookup
         part), so a workload starts from nothing; the cost profile and calibration stay."""
-        strategy = self.speculator.strategy
-        for part in (strategy, getattr(strategy, "lookup", None)):
-            cache = getattr(part, "cache", None)
-            if callable(getattr(cache, "clear", None)):
-                cache.clear()
+        self.speculator.strategy.forget()
 
     def modules(self) -> list[torch.nn.Module]:
         """The strategy's own models (draft model, heads): their forwards count as drafting."""
-        strategy = self.speculator.strategy
-        drafter = getattr(strategy, "drafter", None)                       # auto's drafter is nested
-        owners = [strategy] + ([drafter] if drafter is not None else [])
-        return [m for owner in owners for m in vars(owner).values()
-                if isinstance(m, torch.nn.Module) and m is not self.speculator.target]
+        return [m for m in self.speculator.strategy.drafting_modules() if m is not self.speculator.target]
 
 
 def _path_overrides(models) -> list[str]:

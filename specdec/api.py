@@ -129,7 +129,7 @@ def tree_rows_bound(strategy) -> int:
     """Rows of the largest verify forward to plan the KV cache for: the pending token + the
     strategy's node budget when it states one (else 64 nodes; a larger tree still works, the
     cache then grows)."""
-    return 1 + max(64, int(getattr(strategy, "max_nodes", 0) or 0))
+    return 1 + max(64, int(strategy.max_nodes or 0))
 
 
 # Test-only switch: False turns off what keeps concurrent calls apart (the step lock and the per-call
@@ -176,7 +176,7 @@ class Speculator:
     and the steps of all calls run one at a time under one lock."""
 
     def __init__(self, target, tokenizer, strategy, *, config=None, compile: bool | None = None):
-        from .strategies import Strategy
+        from .strategies import Strategy, as_strategy
         if isinstance(strategy, str):
             strategy = _strategy_by_name(strategy, config)
         if not isinstance(strategy, Strategy):
@@ -184,7 +184,9 @@ class Speculator:
                             f"got {type(strategy).__name__}")
         self.target = target.eval()
         self.tokenizer = tokenizer
-        self.strategy = strategy
+        # the strategy as a BaseStrategy (every hook the engine calls): the object itself, or for one written
+        # against the bare Strategy protocol a view that adds the default hooks (its attributes read through)
+        self.strategy = strategy = as_strategy(strategy)
         self.config = config
         self.profile = bool(config.profile) if config is not None else False   # exact time split on a GPU
         if compile is None:     # `compile: true` in the config: the verify forward compiled, static shapes
@@ -195,8 +197,7 @@ class Speculator:
         self._step_lock = threading.RLock()     # one verify step at a time (re-entrant: a stream dropped mid-step)
         self._calls_lock = threading.RLock()    # who holds self.verifier / self.strategy
         self._own_in_use = False
-        if hasattr(strategy, "compiled_verifier"):     # auto: profile the verifier the steps will run
-            strategy.compiled_verifier = bool(compile)
+        strategy.use_compiled_verifier(bool(compile))
         strategy.bind(self.target, tokenizer)
 
     # ------------------------------------------------------------------ per-call state

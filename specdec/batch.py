@@ -338,13 +338,6 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             active = [active[row] for row in batch.drop_rows(done)]
 
 
-def batch_drafter(strategy):
-    """The drafter whose proposals rows run together (an object with batch_key, new_batch and
-    propose_many: a draft model's chains), or None: the strategy's `batch_drafter()` where it has one."""
-    get = getattr(strategy, "batch_drafter", None)
-    return get() if callable(get) else None
-
-
 def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Callable[[], float]) -> list[CandidateTree]:
     """Every row's tree. A row whose strategy drafts with a batch drafter proposes in two phases
     (propose_start: does it call the drafter this step; propose_end: its tree from the drafter's), and
@@ -354,7 +347,7 @@ def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Call
     trees: list = [None] * len(decodings)
     groups: dict = {}
     for row, decoding in enumerate(decodings):
-        drafter = batch_drafter(decoding.strategy)
+        drafter = decoding.strategy.batch_drafter()      # a BatchDrafter, or None: the row drafts alone
         if drafter is None:
             trees[row] = decoding.propose()
         elif decoding.propose_start():
@@ -366,22 +359,20 @@ def propose_rows(decodings: Sequence[Decoding], draft_batches: dict, clock: Call
         if key not in draft_batches:
             draft_batches[key] = drafters[0].new_batch()
         started = clock()
-        drafted = type(drafters[0]).propose_many(drafters, [decodings[row].state for row, _ in members],
-                                                 draft_batches[key])
+        drafted = drafters[0].propose_many(drafters, [decodings[row].state for row, _ in members], draft_batches[key])
         share = (clock() - started) / len(members)
         for (row, _), tree in zip(members, drafted):
             trees[row] = decodings[row].propose_end(tree, share)
     # one forward for all rows is as wide as the widest tree: a strategy that plans per row may cut the
     # trees to the width that pays for the whole batch (auto: strategies/batch_width.py)
-    fit = getattr(type(decodings[0].strategy), "fit_batch", None) if decodings else None
-    if fit is not None and len(decodings) > 1:
-        trees = fit([decoding.strategy for decoding in decodings], trees)
+    if len(decodings) > 1:
+        trees = decodings[0].strategy.fit_batch([decoding.strategy for decoding in decodings], trees)
     return trees
 
 
 def release_drafter(strategy, draft_batches: dict) -> None:
     """A finished row's batch drafter gives back its row of the batched draft state (if it had one)."""
-    drafter = batch_drafter(strategy)
+    drafter = strategy.batch_drafter()
     if drafter is not None and drafter.batch_key() in draft_batches:
         draft_batches[drafter.batch_key()].release(drafter)
 

@@ -248,7 +248,7 @@ def check(speculator, prompts=None, *, max_new_tokens: int = 32, runs: int = 300
     note = progress or (lambda message: None)
     items = _prompts(speculator, prompts)
     target = speculator.target
-    report = CheckReport(strategy=getattr(speculator.strategy, "name", type(speculator.strategy).__name__),
+    report = CheckReport(strategy=speculator.strategy.name,
                          device=str(target.device), dtype=str(target.dtype).replace("torch.", ""))
     if speed:   # warm up both paths once so the timings below do not include first-call costs
         speculator.generate(items[0][0], max_new_tokens=4, ignore_eos=True)

@@ -39,15 +39,15 @@ class _Clock:
 def feature_layers(strategy) -> tuple[int, ...] | None:
     """Which target hidden states the strategy reads (None: none): its `feature_layers`, else the
     last layer's (what the lm_head reads) when it sets needs_hidden_states."""
-    if not getattr(strategy, "needs_hidden_states", False):
+    if not strategy.needs_hidden_states:
         return None
-    return tuple(getattr(strategy, "feature_layers", None) or (-1,))
+    return tuple(strategy.feature_layers or (-1,))
 
 
 def check_depth(tree, max_depth: int, strategy) -> None:
     """A tree deeper than the budget left is a strategy bug: say so rather than re-index it."""
     if tree.num_nodes and max(tree.depths()) >= max_depth:
-        raise StrategyError(f"strategy {getattr(strategy, 'name', type(strategy).__name__)!r} proposed a tree "
+        raise StrategyError(f"strategy {strategy.name!r} proposed a tree "
                             f"{max(tree.depths()) + 1} levels deep, but only {max(max_depth, 0)} fit in the "
                             f"tokens left: a strategy must read state.max_depth and propose no deeper")
 
@@ -163,8 +163,8 @@ class Decoding:
             kept_hidden = None if hidden is None else kept(hidden, kept_on_device, len(kept_rows))
             self.strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before,
                                                     kept_hidden))
-        elif callable(finish := getattr(self.strategy, "finish", None)):   # optional: what a strategy keeps
-            finish(state)                                                   # of a finished call (suffix)
+        else:                                 # what a strategy keeps of a finished call (suffix)
+            self.strategy.finish(state)
         stats.draft_time_s += self.clock() - t3
         stats.total_time_s = self.clock() - self.start
         return run, reason

@@ -20,10 +20,8 @@ def main(argv: list[str]) -> int:
     overrides.setdefault("auto.profile", False)          # measured below, once, fresh
     sd = load(args.config, **overrides)
     auto = sd.config.auto
-    if sd.config.strategy == "auto":         # the very profile auto reads
-        sizes, context = sd.strategy.profile_setup(sd.target)
-    else:
-        sizes, context = profile_sizes(auto.max_nodes), auto.profile_context
+    # the very profile the strategy plans with (auto); else the one auto would read with this config
+    sizes, context = sd.strategy.profile_setup(sd.target) or (profile_sizes(auto.max_nodes), auto.profile_context)
     compiled = sd.verifier.static is not None          # `compile: true`: time the compiled forward
     profile, path, store_error = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}{', compiled' if compiled else ''}), "
@@ -38,17 +36,16 @@ def main(argv: list[str]) -> int:
         print(f"specdec profile: could not store the profile in {path} ({store_error.strerror or store_error}): "
               f"`auto` will measure it again at every load; set SPECDEC_HOME to a writable folder and run "
               f"this again", file=sys.stderr)
-    if sd.config.strategy == "auto":
-        sd.strategy.costs = profile
+    sd.strategy.use_costs(profile)
     out = sd.generate(args.prompt, max_new_tokens=args.max_new_tokens)
     stats = out.stats
-    per_call = getattr(sd.strategy, "draft_cost_s", None)
+    per_call = sd.strategy.draft_cost_s
     if per_call is None:
         per_call = stats.draft_time_s / max(stats.target_forwards, 1)
     print(f"drafting ({sd.config.strategy}): {per_call * 1000:.2f} ms per call "
           f"({per_call / profile.seconds[0]:.2f} plain steps); {stats.tokens_per_forward:.2f} tokens per forward, "
           f"{stats.tokens_per_second:.1f} tokens/s over {stats.new_tokens} tokens")
-    sizes_chosen = getattr(sd.strategy, "tree_sizes", None)
+    sizes_chosen = sd.strategy.tree_sizes
     if sizes_chosen is not None:
         print(f"tree sizes chosen per step: {sizes_chosen}")
     return 0 if store_error is None else 1

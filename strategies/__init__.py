@@ -1,9 +1,9 @@
-"""Drafting strategies, one module each, all following strategies.base.Strategy."""
+"""Drafting strategies, one module each, all deriving from strategies.base.BaseStrategy."""
 from __future__ import annotations
 
 import importlib
 
-from .base import Strategy, per_call
+from .base import BaseStrategy, BatchDrafter, LookupPart, Strategy, as_strategy, per_call
 
 # name -> module that defines from_config(cfg, target, tokenizer, device, dtype)
 REGISTRY = {
@@ -28,10 +28,11 @@ def config_sections() -> dict[str, type]:
     return sections
 
 
-def build_strategy(cfg, target, tokenizer, device, dtype) -> Strategy:
+def build_strategy(cfg, target, tokenizer, device, dtype) -> BaseStrategy:
     """The strategy named by cfg.strategy, built from its config section."""
     module = importlib.import_module(REGISTRY[cfg.strategy])
     return module.from_config(cfg, target, tokenizer, device, dtype)
 
 
-__all__ = ["Strategy", "REGISTRY", "build_strategy", "config_sections", "per_call"]
+__all__ = ["Strategy", "BaseStrategy", "BatchDrafter", "LookupPart", "REGISTRY", "as_strategy", "build_strategy",
+           "config_sections", "per_call"]

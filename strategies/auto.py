@@ -32,6 +32,7 @@ from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
+from .base import BaseStrategy, as_strategy
 from .batch_gate import BatchGate
 from .batch_width import best_width
 from .mixed import LOOKUP, NEURAL, merge_paths
@@ -128,7 +129,7 @@ def _check_arguments(**values) -> None:
             raise ConfigError(f"Auto({name}={value!r}): {problem} (the same limits as the auto.{name} setting)")
 
 
-class Auto:
+class Auto(BaseStrategy):
     name = "auto"
 
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
@@ -139,10 +140,12 @@ class Auto:
                  sampled_confidence: bool = AutoConfig.sampled_confidence, batch_gate: bool = AutoConfig.batch_gate):
         _check_arguments(max_nodes=max_nodes, explore_every=explore_every, calibration_prior=calibration_prior,
                          profile_context=profile_context, profile_repeats=profile_repeats)
-        self.lookup = lookup                  # None: the drafter's trees alone, sized by the planner
-        self.drafter = drafter
-        self.needs_hidden_states = bool(getattr(drafter, "needs_hidden_states", False))
-        self.feature_layers = getattr(drafter, "feature_layers", None)
+        self.lookup = None if lookup is None else as_strategy(lookup)   # None: the drafter's trees alone, sized
+        #                                                                  by the planner (a LookupPart besides)
+        self.drafter = None if drafter is None else as_strategy(drafter)
+        self.needs_hidden_states = self.drafter is not None and bool(self.drafter.needs_hidden_states)
+        self.feature_layers = None if self.drafter is None else self.drafter.feature_layers
+        self.match_length = None              # suffix: the match its last paths continue (keys their calibration)
         self.costs = costs
         self.batch_size = 1                   # rows of this step's verify forward (its costs: costs_at)
         self.batch_costs: dict[int, CostProfile] = {}   # batch size > 1 -> its profile (shared by per-call copies)
@@ -179,8 +182,14 @@ class Auto:
         self.draft_times: deque = deque(maxlen=DRAFT_TIMES)  # seconds of the last steady calls (median: draft_cost_s)
         self.device = "cpu"
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
-        # compiled forward, the one each step runs (set by Speculator before bind)
+        # compiled forward, the one each step runs (use_compiled_verifier, called before bind)
         self.compiled_verifier = False
+
+    def use_compiled_verifier(self, compiled: bool) -> None:
+        self.compiled_verifier = bool(compiled)
+
+    def use_costs(self, profile: CostProfile) -> None:
+        self.costs = profile
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -267,8 +276,7 @@ class Auto:
     # (specdec.batch.propose_rows); propose() is the two with the drafter called in between
     def batch_drafter(self):
         """The drafter a batch may run for all its rows at once (a draft model's chains), or None."""
-        from specdec.batch import batch_drafter
-        return batch_drafter(self.drafter)
+        return None if self.drafter is None else self.drafter.batch_drafter()
 
     def propose_start(self, state: DecodeState) -> bool:
         """Lookup's paths and their plan; whether the drafter is called this step."""
@@ -278,10 +286,10 @@ class Auto:
             return False
         self.step += 1
         paths, lookup_nodes = [], 0
-        self.match_length = None              # suffix: the match its paths continue (keys their calibration)
+        self.match_length = None
         if self.lookup is not None:
             paths, lookup_nodes = self.lookup.propose_paths(state), self.lookup.max_nodes
-            self.match_length = getattr(self.lookup, "match_length", None)
+            self.match_length = self.lookup.match_length
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
         lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
@@ -423,8 +431,18 @@ class Auto:
     def finish(self, state: DecodeState) -> None:
         """The call has finished: parts that keep something of a finished call (suffix) keep it."""
         for part in (self.lookup, self.drafter):
-            if callable(finish := getattr(part, "finish", None)):
-                finish(state)
+            if part is not None:
+                part.finish(state)
+
+    def forget(self) -> None:
+        """Its parts forget what they keep across calls (suffix's cache); calibration and costs stay."""
+        for part in (self.lookup, self.drafter):
+            if part is not None:
+                part.forget()
+
+    def drafting_modules(self) -> list:
+        """The drafter's modules (auto's own attributes hold the target, which is not drafting)."""
+        return [] if self.drafter is None else self.drafter.drafting_modules()
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         merged, source, keys, keep, neural_tree, proposed_at, context = self.pending   # a _Step
@@ -504,7 +522,7 @@ class Auto:
         temperature = state.sampling.temperature
         keys = [(self.calibrator.key(f"{source[i]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
                  confidence[i]) for i in range(tree.num_nodes)]
-        match = getattr(self, "match_length", None)
+        match = self.match_length
         if match:      # suffix's nodes: their own acceptance per match length (and depth), not prompt lookup's
             bucket = match_bucket(match)
             keys = [((f"suffix{'' if rank[i] == 0 else '+'}", temperature_key(temperature), "match", bucket,

@@ -4,8 +4,10 @@ from __future__ import annotations
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
+from .base import BaseStrategy
 
-class Autoregressive:
+
+class Autoregressive(BaseStrategy):
     name = "autoregressive"
     needs_hidden_states = False
 

@@ -29,6 +29,8 @@ from specdec.tree import (INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
+from .base import BaseStrategy
+
 
 @dataclass
 class DraftConfig:
@@ -60,7 +62,7 @@ def draft_attention_layout(draft):
         return None
 
 
-class DraftModel:
+class DraftModel(BaseStrategy):
     name = "draft_model"
     needs_hidden_states = False
 

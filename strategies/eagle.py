@@ -47,6 +47,7 @@ from specdec.config import setting
 from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
+from specdec.strategies.base import BaseStrategy
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root
@@ -82,7 +83,7 @@ CONFIG_SECTIONS = {"eagle": EagleConfig}
 
 
 
-class Eagle:
+class Eagle(BaseStrategy):
     name = "eagle"
     needs_hidden_states = True
 

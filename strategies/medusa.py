@@ -38,6 +38,7 @@ from specdec.config import setting
 from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
+from specdec.strategies.base import BaseStrategy
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tree import CandidateTree, to_device
@@ -166,7 +167,7 @@ def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequen
     return CandidateTree(torch.stack(tokens), tuple(parents))
 
 
-class Medusa:
+class Medusa(BaseStrategy):
     name = "medusa"
     needs_hidden_states = True
 

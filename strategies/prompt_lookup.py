@@ -19,6 +19,8 @@ from specdec.errors import ConfigError
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
+from .base import BaseStrategy
+
 @dataclass
 class PromptLookupConfig:
     """The `prompt_lookup:` section. Defaults chosen on CPU, where each tree node costs forward
@@ -114,9 +116,10 @@ def add_continuation(found: list[list[int]], candidate: list[int]) -> bool:
     return True
 
 
-class PromptLookup:
+class PromptLookup(BaseStrategy):
     name = "prompt_lookup"
     needs_hidden_states = False
+    match_length = None     # (LookupPart) its nodes are not told apart by the length of the match
 
     # defaults: PromptLookupConfig's, the one source of them
     def __init__(self, *, min_ngram: int = PromptLookupConfig.min_ngram, max_ngram: int = PromptLookupConfig.max_ngram,

@@ -39,6 +39,7 @@ from specdec.errors import ConfigError
 from specdec.tree import CandidateTree, root_to_leaf_paths
 from specdec.types import DecodeState, StepResult
 
+from .base import BaseStrategy
 from .suffix_tree import ROOT, SuffixTree, best_path, best_tree
 
 CACHE_FORMAT = "specdec-suffix-cache"
@@ -271,7 +272,7 @@ def read_corpus(entries: Sequence[str], tokenizer) -> list[list[int]]:
     return streams
 
 
-class Suffix:
+class Suffix(BaseStrategy):
     name = "suffix"
     needs_hidden_states = False
 
@@ -395,6 +396,10 @@ class Suffix:
     def finish(self, state: DecodeState) -> None:
         """The call has finished (the loop's hook): its output joins its scope's cache."""
         self.cache.add(self.scope, state.token_ids[state.prompt_len:])
+
+    def forget(self) -> None:
+        """Drop every cached output (a benchmark workload starting from nothing)."""
+        self.cache.clear()
 
     def _catch_up(self, state: DecodeState) -> None:
         self.catch_up(state.token_ids)
