@@ -7,15 +7,16 @@ the target's distribution for the children of that row's node.
 Both rules read the device back to the host once per step (greedy, coupled) or twice (rejection
 sampling: every child's acceptance probability, computed on the device in a batch, with the step's
 uniforms; then the final token's draw), so a GPU synchronises once or twice per step, whatever
-the tree. The index tensors of a tree shape are built once per shape and device (`tree_index`).
+the tree. The index tensors of a tree shape are built once per shape and device and kept in the
+caller's ShapeTables (`tree_index`: the verifier's, through the Decoding).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 
+from .tables import ShapeTables
 from .tree import WITHOUT_REPLACEMENT, CandidateTree, children_of, is_chain, to_device
 
 
@@ -56,8 +57,15 @@ class TreeIndex:
     slot_of_row: dict             # row -> its index in kid_rows (host)
 
 
-@lru_cache(maxsize=256)
-def tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
+def tree_index(parents: tuple[int, ...], device: torch.device, tables: ShapeTables | None = None) -> TreeIndex:
+    """The TreeIndex of `parents` on `device`: kept in `tables` (built once per shape while they keep
+    it), or built afresh without them."""
+    if tables is None:
+        return _build_tree_index(parents, device)
+    return tables.get(_build_tree_index, parents, device)
+
+
+def _build_tree_index(parents: tuple[int, ...], device: torch.device) -> TreeIndex:
     kids = children_of(parents)                       # kids[row] = children of row's node, drafted order
     kid_rows = sorted((row for row, siblings in enumerate(kids) if siblings), key=lambda row: -len(kids[row]))
     width = len(kids[kid_rows[0]]) if kid_rows else 0
@@ -199,7 +207,8 @@ def _rest_on_host(tree: CandidateTree, kids: tuple[int, ...], rank: int, residua
     return None, residual
 
 
-def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Verdict:
+def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng,
+                    tables: ShapeTables | None = None) -> Verdict:
     """Recursive rejection sampling over siblings; the kept path has the target's law.
 
     target_probs: [1 + N, V] fp32 warped target distributions per row.
@@ -213,11 +222,12 @@ def accept_sampling(tree: CandidateTree, target_probs: torch.Tensor, rng) -> Ver
     they come to the host in one read together with the tokens and the step's uniforms
     (`rng.uniforms`), the walk draws rng.bernoulli child by child in drafted order on the host,
     and the final draw (rng.draw, left on the device as the next pending input) is the second
-    read. A zero residual (probability zero) finishes its node on the host (_rest_on_host)."""
+    read. A zero residual (probability zero) finishes its node on the host (_rest_on_host).
+    `tables`: where the tree shape's index is kept (None: built for this call alone)."""
     if tree.num_nodes == 0:
         drawn = rng.draw(target_probs[0])                                        # [1] on the device
         return Verdict((), int(drawn), (), drawn)                                 # the one read
-    step = rejection_start(tree, target_probs, rng)
+    step = rejection_start(tree, target_probs, rng, tables)
     accepted, final, tokens = rejection_walk(step, rng, step.values.tolist())   # host read 1: tables, tokens, uniforms
     drawn = rng.draw(final)                                                      # [1] on the device
     return Verdict(tuple(accepted), int(drawn), tokens, drawn)                   # host read 2
@@ -235,10 +245,11 @@ class RejectionStep:
     values: torch.Tensor                # [M] float64, on the device
 
 
-def rejection_start(tree: CandidateTree, target_probs: torch.Tensor, rng) -> RejectionStep:
+def rejection_start(tree: CandidateTree, target_probs: torch.Tensor, rng,
+                    tables: ShapeTables | None = None) -> RejectionStep:
     """The device half of accept_sampling for a non-empty tree: every child's acceptance probability
-    and the step's uniforms, packed for one read."""
-    index = tree_index(tree.parents, target_probs.device)
+    and the step's uniforms, packed for one read (the shape's index kept in `tables`)."""
+    index = tree_index(tree.parents, target_probs.device, tables)
     accept_probs, residual_left, residuals = rejection_tables(tree, target_probs, index)
     uniforms = rng.uniforms(tree.num_nodes) if hasattr(rng, "uniforms") else None   # [N] or None
     parts = [*accept_probs, *residual_left, tree.tokens.to(target_probs.device)]

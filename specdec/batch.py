@@ -31,7 +31,9 @@ from .compiled import padded_parents
 from .loop import Decoding, feature_layers
 from .sampling import logits_to_probs
 from .models import AttentionLayout, cache_kwargs, check_cacheable
-from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
+from .tables import ShapeTables
+from .tree import (CandidateTree, chain_masks, chain_position_ids, to_device, tree_masks, tree_position_ids,
+                   with_pending_root)
 from .types import GenerationOutput, Stats
 from .verifier import Verifier, hidden_request
 
@@ -86,10 +88,12 @@ class RowLayer(DynamicLayer):
 
 class BatchVerifier:
     """The target's forward over a ragged batch: rows added from prefilled single-row verifiers,
-    one forward for all rows' [pending] + trees, each row's commit at its own fill."""
+    one forward for all rows' [pending] + trees, each row's commit at its own fill. `tables`: where the
+    rows' tree shape tables are kept (its verifier's; a chain row, a prefill's too, needs none)."""
 
-    def __init__(self, model, layout: AttentionLayout):
+    def __init__(self, model, layout: AttentionLayout, tables: ShapeTables | None = None):
         self.model, self.layout = model, layout
+        self.tables = tables if tables is not None else ShapeTables()
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
         self.fills: list[int] = []          # per row: committed entries in the cache (all but its pending token)
@@ -166,7 +170,8 @@ class BatchVerifier:
         for start in range(0, max(len(p) for p in prompts), chunk):
             pieces = [list(p[start: start + chunk]) for p in prompts]
             trees = [CandidateTree.chain(torch.tensor(piece[1:], dtype=torch.long)) for piece in pieces]
-            _, features = self.forward([piece[0] if piece else 0 for piece in pieces], trees, layers, logits_to_keep=1)
+            _, features = self.forward([piece[0] if piece else 0 for piece in pieces], trees, layers, logits_to_keep=1,
+                                       prefill=True)
             for row, piece in enumerate(pieces):
                 if piece:
                     self.commit(row, list(range(len(piece))))
@@ -199,10 +204,13 @@ class BatchVerifier:
 
     @torch.inference_mode()
     def forward(self, pending: Sequence[int | torch.Tensor], trees: Sequence[CandidateTree],
-                layers: Sequence[int] | None, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                layers: Sequence[int] | None, logits_to_keep: int = 0,
+                prefill: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits [B, R, V], features [B, R, F] or None) for every row's [pending] + tree, padded to
         R = 1 + the largest tree (logits_to_keep=k: the last k rows' logits only). A row's pending
-        token: an int, or [1] on the device (its last verdict's: no copy from the host)."""
+        token: an int, or [1] on the device (its last verdict's: no copy from the host). prefill: every
+        tree is a chain of prompt tokens, whose masks are computed with no table (a chunk's length, new
+        with every prompt, would otherwise make one)."""
         device, dtype = self.model.device, self.model.dtype
         width_rows = 1 + max(tree.num_nodes for tree in trees)
         self._reserve(self.rows, max(self.fills) + width_rows)
@@ -218,8 +226,15 @@ class BatchVerifier:
             input_ids[row, 1: 1 + tree.num_nodes] = tree.tokens.to(device)
             parents = padded_parents(with_pending_root(tree.parents), width_rows)
             self.row_shapes.append(parents)
-            masks.append(tree_masks(self.layout, parents, fill, dtype, device, capacity=width))
-            positions.append(tree_position_ids(parents, fill, device))                    # [1, R]
+            if prefill:
+                if not tree.is_chain:
+                    raise ValueError("BatchVerifier.forward(prefill=True) feeds chains of prompt tokens, got a tree")
+                length = 1 + tree.num_nodes
+                masks.append(chain_masks(self.layout, length, width_rows, fill, dtype, device, capacity=width))
+                positions.append(chain_position_ids(length, width_rows, fill, device))                # [1, R]
+            else:
+                masks.append(tree_masks(self.layout, parents, fill, dtype, device, capacity=width, tables=self.tables))
+                positions.append(tree_position_ids(parents, fill, device, self.tables))  # [1, R]
         if isinstance(masks[0], dict):
             mask = {kind: torch.cat([m[kind] for m in masks]) for kind in masks[0]}     # [B, 1, R, K] per kind
         else:
@@ -271,7 +286,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
     every row; at most `batch_size` rows run at once, a finished row's slot taken by the next
     waiting job."""
     layers = feature_layers(strategy)
-    batch = BatchVerifier(verifier.model, verifier.layout)
+    batch = BatchVerifier(verifier.model, verifier.layout, verifier.tables)
     waiting = deque(jobs)
     active: list[_Slot] = []
     draft_batches: dict = {}          # batch key -> the rows' batched drafter state (propose_rows)
@@ -283,7 +298,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
         nonlocal setup_s
         group = [waiting.popleft() for _ in rows]
         started = clock()
-        fresh = BatchVerifier(verifier.model, verifier.layout)
+        fresh = BatchVerifier(verifier.model, verifier.layout, verifier.tables)    # chains: no table made
         # prefill_chunk bounds the tokens of one prefill forward for the whole group, as for one prompt
         per_row = max(1, verifier.prefill_chunk // len(group))
         prompt_hidden = fresh.prefill([job.prompt_ids[:-1] for job in group], layers, per_row,
@@ -297,6 +312,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             batch.set_row(row, fresh.cache.layers, i, fresh.fills[i], job.room)
             slot = _Slot(job, job.start(prompt_hidden[i], job.stats))
             slot.decoding.pending = pending[i: i + 1]
+            slot.decoding.tables = batch.tables     # its commits and acceptance read the batch forward's tables
             if row == len(active):
                 active.append(slot)
             else:
@@ -415,7 +431,8 @@ def batch_verdicts(decodings: Sequence[Decoding], trees: Sequence[CandidateTree]
     if not sampled:
         return verdicts
     probs = {row: logits_to_probs(targets[row][0], decodings[row].sampling) for row in sampled}
-    starts = {row: rejection_start(trees[row], probs[row], decodings[row].rng) for row in sampled if trees[row].num_nodes}
+    starts = {row: rejection_start(trees[row], probs[row], decodings[row].rng, decodings[row].tables)
+              for row in sampled if trees[row].num_nodes}
     tables = _read_together([starts[row].values if row in starts else None for row in sampled])   # read 1
     walks, draws = {}, []
     for row, row_values in zip(sampled, tables):

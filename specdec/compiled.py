@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from .cache import new_static_cache
 from .errors import IncompatibleModelsError
 from .models import AttentionLayout, cache_keyword
-from .tree import tree_masks, tree_position_ids
+from .tables import ShapeTables
+from .tree import chain_masks, chain_position_ids, tree_masks, tree_position_ids
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)        # rows of a compiled forward (pending token + tree nodes, padded)
 CAPACITY_STEP = 256                       # static caches are sized in multiples of this (fewer recompiles)
@@ -44,10 +45,11 @@ class StaticForward:
     """The target's forward over a fixed-size cache (`run`): compiled per bucket, eager for more
     rows than the largest bucket (a long prefill) and for the first write (which allocates). The
     cache is kept between calls while it is large enough, so compiled graphs (and CUDA graphs)
-    stay valid. `compiled_rows`: the buckets this instance has run compiled."""
+    stay valid. `compiled_rows`: the buckets this instance has run compiled. `tables`: where its
+    masks' shape tables are kept (the verifier's)."""
 
     def __init__(self, model, layout: AttentionLayout, mode: str | None = None,
-                 buckets: Sequence[int] = BUCKETS):
+                 buckets: Sequence[int] = BUCKETS, tables: ShapeTables | None = None):
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in COMPILED_ATTENTION:
             raise IncompatibleModelsError(
@@ -58,6 +60,7 @@ class StaticForward:
         self.model = model
         self.cache_keyword = cache_keyword(model)     # looked up here, not in the traced forward
         self.layout = layout
+        self.tables = tables if tables is not None else ShapeTables()
         self.buckets = tuple(sorted(buckets))
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
         self.cache = None
@@ -119,10 +122,11 @@ class StaticForward:
                     layer.lazy_initialization(old_layer.keys[:, :, :1], old_layer.values[:, :, :1])
                 layer.kv_buffer[:, :, :, :prefix_len] = old_layer.kv_buffer[:, :, :, :prefix_len]
 
-    def run(self, input_ids: torch.Tensor, parents: Sequence[int], prefix_len: int,
+    def run(self, input_ids: torch.Tensor, parents: Sequence[int] | None, prefix_len: int,
             output_hidden_states, last_logits_only: bool = False):
         """One forward of the rows `input_ids` [1, R] (tree `parents`, written after prefix_len
-        committed entries): compiled when R fits a bucket, padded to it; eager otherwise.
+        committed entries; None: a prefill chunk, a chain of the R rows whose mask is computed with
+        no table): compiled when R fits a bucket, padded to it; eager otherwise.
         Returns the model output; its rows beyond R are padding. output_hidden_states: False or
         the hidden_states indices to record. last_logits_only (a prefill, which reads no logits):
         an eager forward computes the lm_head on its last row only instead of a [R, V] block per
@@ -135,12 +139,17 @@ class StaticForward:
             self._grow(prefix_len + size + CAPACITY_STEP, prefix_len)
         if bucket is not None and bucket > rows:
             input_ids = F.pad(input_ids, (0, bucket - rows), value=0)          # [1, bucket]: padding rows
-            parents = padded_parents(parents, bucket)
+            parents = None if parents is None else padded_parents(parents, bucket)
         device = input_ids.device
         # row i sees the prefix, its ancestors among the rows and itself (within its layer type's
         # window); every other slot, filled or not, is hidden
-        mask = tree_masks(self.layout, parents, prefix_len, self.model.dtype, device, capacity=self.capacity)
-        positions = tree_position_ids(parents, prefix_len, device)                        # [1, R]
+        if parents is None:            # a prefill chunk: a chain (then padding rows), no table
+            mask = chain_masks(self.layout, rows, size, prefix_len, self.model.dtype, device, capacity=self.capacity)
+            positions = chain_position_ids(rows, size, prefix_len, device)                # [1, R]
+        else:
+            mask = tree_masks(self.layout, parents, prefix_len, self.model.dtype, device, capacity=self.capacity,
+                              tables=self.tables)
+            positions = tree_position_ids(parents, prefix_len, device, self.tables)       # [1, R]
         self.cache.write_start.fill_(prefix_len)
         if bucket is None or not self.cache.layers[0].is_initialized:   # the first write allocates: eager
             return self._call(self._model_forward, input_ids, positions, mask, output_hidden_states,

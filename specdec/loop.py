@@ -13,6 +13,7 @@ from .sampling import SamplingParams, TorchRandom, logits_to_probs
 from .stopping import StopRules
 from .errors import StrategyError
 from .processing import LogitsProcessing
+from .tables import ShapeTables
 from .tree import CandidateTree, tree_shape, with_pending_root
 from .types import DecodeState, Stats, StepResult
 from .verifier import Verifier, pending_ids
@@ -56,11 +57,14 @@ class Decoding:
     """One sequence's decoding between verify forwards: its state, strategy, stop rules and stats.
     `propose` asks the strategy for a tree; `settle` takes the target's outputs for [pending] + that
     tree (one row of a batch, or a forward of its own) and accepts, cuts at a stop rule, observes.
-    decode() runs one; specdec.batch runs many side by side over one batched forward."""
+    decode() runs one; specdec.batch runs many side by side over one batched forward. `tables`: the
+    shape tables of the verifier that runs its forwards (the commit's path index and the rejection
+    index are read there; None: tables of its own)."""
 
     def __init__(self, strategy, prompt_ids: list[int], prompt_hidden, sampling: SamplingParams, stop: StopRules,
                  rng: TorchRandom, stats: Stats, noise: GumbelNoise | None, processing: LogitsProcessing,
-                 clock: _Clock, start: float, cache_scope: str | None = None):
+                 clock: _Clock, start: float, cache_scope: str | None = None, tables: ShapeTables | None = None):
+        self.tables = tables if tables is not None else ShapeTables()
         self.strategy, self.sampling, self.stop, self.stats = strategy, sampling, stop, stats
         self.noise, self.processing, self.rng, self.clock, self.start = noise, processing, rng, clock, start
         self.state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
@@ -116,7 +120,8 @@ class Decoding:
         """(processed target logits [1 + N, V], the target's token per row [1 + N] on the device or None):
         the tokens greedy (argmax) and the coupled sampler (noisy argmax) walk the tree with; None
         under the rejection sampler."""
-        target_logits = self.processing.tree_rows(logits, self.state.token_ids, tree)   # the generation_config's law
+        # the generation_config's law
+        target_logits = self.processing.tree_rows(logits, self.state.token_ids, tree, self.tables)
         if self.sampling.greedy:
             return target_logits, target_logits.argmax(dim=-1)
         if self.noise is not None:    # coupled sampler: the greedy walk over the noisy argmaxes
@@ -129,7 +134,7 @@ class Decoding:
         target_logits, target_tokens = self.target_rows(tree, logits)
         if target_tokens is not None:
             return accept_greedy(tree, target_tokens)
-        return accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng)
+        return accept_sampling(tree, logits_to_probs(target_logits, self.sampling), self.rng, tables=self.tables)
 
     def settle(self, tree: CandidateTree, logits: torch.Tensor, hidden: torch.Tensor | None,
                verify_time_s: float, commit: Callable[[list[int], torch.Tensor | None], None],
@@ -143,7 +148,7 @@ class Decoding:
         if verdict is None:
             verdict = self.decide(tree, logits)
         kept_rows = [0] + [node + 1 for node in verdict.accepted]
-        kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device, shape)
+        kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device, shape, self.tables)
         commit(kept_rows, kept_on_device)
         self.pending = verdict.next_token_on_device
 
@@ -171,15 +176,15 @@ class Decoding:
 
 
 def kept_rows_on_device(tree: CandidateTree, kept_rows: list[int], device: torch.device,
-                        shape: tuple[int, ...] | None = None) -> torch.Tensor | None:
+                        shape: tuple[int, ...] | None = None, tables: ShapeTables | None = None) -> torch.Tensor | None:
     """[K] the kept rows (0 = pending, then the accepted path's rows) on the device, or None when they
-    are a leading run 0..K-1 (a slice does): taken from the cached path table of `shape` (the
-    parents the forward's mask came from: padded ones too, whose real rows have the same paths;
-    None: [pending] + tree), so nothing is copied from the host."""
+    are a leading run 0..K-1 (a slice does): taken from the path table of `shape` (the parents the
+    forward's mask came from: padded ones too, whose real rows have the same paths; None: [pending] +
+    tree) kept in `tables` (the verifier's, where the forward left it), so nothing is copied from the host."""
     if kept_rows == list(range(len(kept_rows))):
         return None
     parents = shape if shape is not None else with_pending_root(tree.parents)
-    return tree_shape(tuple(parents), device).path(kept_rows[-1], len(kept_rows))
+    return tree_shape(parents, device, tables).path(kept_rows[-1], len(kept_rows))
 
 
 def kept(rows: torch.Tensor, kept_on_device: torch.Tensor | None, count: int) -> torch.Tensor:
@@ -210,7 +215,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     sequence = Decoding(strategy, prompt_ids, prompt_hidden, sampling, stop, rng, stats, noise, processing, clock,
-                        start, cache_scope)
+                        start, cache_scope, verifier.tables)
     sequence.pending = pending_ids(prompt_ids[-1], verifier.device)     # staged once, with the call's setup
     while True:
         tree = sequence.propose()                                          # the strategy's guesses

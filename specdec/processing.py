@@ -21,7 +21,8 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 from .errors import InputError
-from .tree import CandidateTree, depths_of, tree_shape
+from .tables import ShapeTables
+from .tree import CandidateTree, depths_of, tree_shape, with_pending_root
 
 # Processors that are pure functions of (ids so far, scores): safe to apply row by row to a tree.
 SUPPORTED = (
@@ -84,10 +85,11 @@ class LogitsProcessing:
         scores = logits.float().clone()             # processors may write in place
         return self.processors(context.to(scores.device), scores)
 
-    def tree_rows(self, logits: torch.Tensor, committed: Sequence[int], tree: CandidateTree) -> torch.Tensor:
+    def tree_rows(self, logits: torch.Tensor, committed: Sequence[int], tree: CandidateTree,
+                  tables: ShapeTables | None = None) -> torch.Tensor:
         """[1 + N, V] verifier logits -> processed fp32 logits. Row 0 (the pending token's) continues
         `committed`; row i + 1 continues committed + the path to node i. Rows of one depth share a
-        length and are processed in one call."""
+        length and are processed in one call. `tables`: where the tree shape's depths are kept."""
         if not self.processors:
             return logits
         device = logits.device
@@ -103,9 +105,11 @@ class LogitsProcessing:
             if parent >= 0:
                 paths[node, : depths[node]] = paths[parent, : depths[node]]
             paths[node, depths[node]] = tokens[node]
-        # nodes by depth from the shape's cached depths (a stable sort on the device; the counts per depth
-        # are the host's): no nonzero(), which would read the device back once per depth
-        by_depth = torch.sort(tree_shape(tuple(tree.parents), device).depths, stable=True).indices            # [N]
+        # nodes by depth from the depths of [pending] + tree, the verifier's shape kept in `tables` (rows 1..N: the
+        # nodes, one deeper; a stable sort on the device, the counts per depth the host's): no nonzero(),
+        # which would read the device back once per depth
+        row_depths = tree_shape(with_pending_root(tree.parents), device, tables).depths                       # [1 + N]
+        by_depth = torch.sort(row_depths[1:], stable=True).indices                                             # [N]
         start = 0
         for depth in range(max(depths) + 1):
             count = depths.count(depth)

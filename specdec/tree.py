@@ -8,10 +8,11 @@ come before children (parents[i] < i), so index order is a topological order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+from .tables import ShapeTables, small_shape_cache
 
 if TYPE_CHECKING:
     from .models import AttentionLayout
@@ -90,7 +91,7 @@ class CandidateTree:
 
 
 # ---------------------------------------------------------------------- pure functions
-@lru_cache(maxsize=256)
+@small_shape_cache
 def children_of(parents: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     """children[p + 1] = the children of node p (p = -1: of the pending token)."""
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
@@ -123,7 +124,7 @@ def merge_into_trie(tokens: Sequence[int], parents: Sequence[int], paths: Sequen
     return tokens, parents
 
 
-@lru_cache(maxsize=256)
+@small_shape_cache
 def _depths(parents: tuple[int, ...]) -> tuple[int, ...]:
     depth: list[int] = []
     for p in parents:
@@ -153,7 +154,6 @@ def root_to_leaf_paths(parents: Sequence[int]) -> list[list[int]]:
     return paths
 
 
-@lru_cache(maxsize=256)
 def _ancestor_matrix(parents: tuple[int, ...]) -> torch.Tensor:
     n = len(parents)
     sees = torch.eye(n, dtype=torch.bool)                   # [N, N]: row i sees column j
@@ -173,8 +173,9 @@ class TreeShape:
     """One tree shape's index tensors on one device, made once per shape and reused every step it
     recurs (Medusa's `generate_medusa_buffers`): what a forward over the shape and the commit of its
     accepted path need, so a step sends nothing from the host for a shape it has seen.
-    `tree_shape(parents, device)` builds them: a chain on the device itself, any other shape with
-    one copy of a packed host table (pinned and non_blocking on CUDA, no device sync)."""
+    `tree_shape(parents, device, tables)` builds them (a chain on the device itself, any other shape
+    with one copy of a packed host table: pinned and non_blocking on CUDA, no device sync) and keeps
+    them in `tables`, the ShapeTables of whoever asks (the verifier, a drafter)."""
     ancestors: torch.Tensor       # [N, N] bool: (i, j) = node j is node i or one of its ancestors
     depths: torch.Tensor          # [N] long: depth of each node (0 = a root)
     paths: torch.Tensor           # [N, D] long: row i = the nodes of node i's path, root first, then 0s
@@ -211,11 +212,9 @@ def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return host.to(device)
 
 
-@lru_cache(maxsize=512)
-def tree_shape(parents: tuple[int, ...], device: torch.device) -> TreeShape:
-    """The TreeShape of `parents` on `device`, built once per shape and device."""
+def _build_tree_shape(parents: tuple[int, ...], device: torch.device) -> TreeShape:
     n = len(parents)
-    if is_chain(parents):           # a chain (a prefill's rows too): built on the device, nothing copied
+    if is_chain(parents):           # a chain: built on the device, nothing copied
         rows = torch.arange(n, device=device)
         ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
         return TreeShape(ancestors, rows, torch.where(ancestors, rows[None, :], 0))
@@ -223,8 +222,18 @@ def tree_shape(parents: tuple[int, ...], device: torch.device) -> TreeShape:
     return TreeShape(table[:, :n].bool(), table[:, n], table[:, n + 1:])
 
 
+def tree_shape(parents: Sequence[int], device: torch.device | str, tables: ShapeTables | None = None) -> TreeShape:
+    """The TreeShape of `parents` on `device`: kept in `tables` (built once per shape and device while
+    they keep it), or built afresh without them."""
+    parents, device = tuple(parents), torch.device(device)
+    if tables is None:
+        return _build_tree_shape(parents, device)
+    return tables.get(_build_tree_shape, parents, device)
+
+
 def tree_visibility(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu",
-                    window: int | None = None, capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
+                    window: int | None = None, capacity: int | None = None, first_row: int = 0,
+                    tables: ShapeTables | None = None) -> torch.Tensor:
     """[N - first_row, K] bool, the ancestor mask every tree forward uses (the verifier's, the compiled
     one's, the drafters'): entry (i, k) is True when tree node first_row + i, written after
     prefix_len committed entries, sees key k. Every node sees the whole prefix, its ancestors and
@@ -233,15 +242,15 @@ def tree_visibility(parents: Sequence[int], prefix_len: int, device: torch.devic
     q sees keys at positions k > q - window; a prefix slot's position is its index, a node's
     prefix_len + depth) a node sees only the keys of its own path within the window. `first_row`:
     the rows of the nodes before it are already in the cache (a drafter feeding a tree level by
-    level) and get no row."""
+    level) and get no row. The ancestors come from the shape's TreeShape, kept in `tables`."""
     n = len(parents)
     width = prefix_len + n if capacity is None else capacity
-    ancestors = tree_shape(tuple(parents), torch.device(device)).ancestors             # [N, N], cached per shape
+    ancestors = tree_shape(parents, device, tables).ancestors                           # [N, N], kept per shape
     sees = torch.zeros(n, width, dtype=torch.bool, device=device)                      # [N, K]
     sees[:, :prefix_len] = True
     sees[:, prefix_len: prefix_len + n] = ancestors
     if window is not None:
-        query_positions = tree_position_ids(parents, prefix_len, device)[0]           # [N]
+        query_positions = tree_position_ids(parents, prefix_len, device, tables)[0]   # [N]
         key_positions = torch.arange(width, device=device)                             # [K]
         key_positions[prefix_len: prefix_len + n] = query_positions
         sees &= key_positions[None, :] > query_positions[:, None] - window
@@ -257,30 +266,83 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def tree_attention_mask(parents: Sequence[int], prefix_len: int, dtype: torch.dtype = torch.float32,
                         device: torch.device | str = "cpu", window: int | None = None,
-                        capacity: int | None = None, first_row: int = 0) -> torch.Tensor:
+                        capacity: int | None = None, first_row: int = 0,
+                        tables: ShapeTables | None = None) -> torch.Tensor:
     """Additive 4-D mask [1, 1, N - first_row, K] of a forward over the tree nodes on top of a cache
     of prefix_len tokens (tree_visibility says who sees what)."""
-    return additive_mask(tree_visibility(parents, prefix_len, device, window, capacity, first_row), dtype)
+    return additive_mask(tree_visibility(parents, prefix_len, device, window, capacity, first_row, tables), dtype)
 
 
-def tree_masks(layout: AttentionLayout | None, parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
-               device: torch.device | str, capacity: int | None = None, first_row: int = 0):
-    """The attention mask(s) of a tree forward for a model whose layers attend as `layout` says: one
-    mask (tree_attention_mask) when every layer attends alike, else {layer type: mask} (Hugging
-    Face's per-type mask mapping), each layer type with its own sliding window. layout None: one
-    plain mask, no window."""
+def _by_layout(layout: AttentionLayout | None, mask_for_window):
+    """One mask when every layer attends alike (mask_for_window(None) without a layout), else {layer
+    type: mask} (Hugging Face's per-type mask mapping), each layer type with its own sliding window."""
     if layout is None:
-        return tree_attention_mask(parents, prefix_len, dtype, device, None, capacity, first_row)
-    by_window = {window: tree_attention_mask(parents, prefix_len, dtype, device, window, capacity, first_row)
-                 for window in set(layout.windows.values())}
+        return mask_for_window(None)
+    by_window = {window: mask_for_window(window) for window in set(layout.windows.values())}
     if not layout.by_type:
         return next(iter(by_window.values()))
     return {layer_type: by_window[window] for layer_type, window in layout.windows.items()}
 
 
-def tree_position_ids(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[1, N] position ids: prefix_len + depth of each node (from the shape's cached depths: no copy)."""
-    return (tree_shape(tuple(parents), torch.device(device)).depths + prefix_len)[None]
+def tree_masks(layout: AttentionLayout | None, parents: Sequence[int], prefix_len: int, dtype: torch.dtype,
+               device: torch.device | str, capacity: int | None = None, first_row: int = 0,
+               tables: ShapeTables | None = None):
+    """The attention mask(s) of a tree forward for a model whose layers attend as `layout` says: one
+    mask (tree_attention_mask) when every layer attends alike, else {layer type: mask} (Hugging
+    Face's per-type mask mapping), each layer type with its own sliding window. layout None: one
+    plain mask, no window. `tables`: the caller's ShapeTables, where the shape's table is kept."""
+    return _by_layout(layout, lambda window: tree_attention_mask(parents, prefix_len, dtype, device, window,
+                                                                 capacity, first_row, tables))
+
+
+def tree_position_ids(parents: Sequence[int], prefix_len: int, device: torch.device | str = "cpu",
+                      tables: ShapeTables | None = None) -> torch.Tensor:
+    """[1, N] position ids: prefix_len + depth of each node (from the shape's depths kept in `tables`:
+    no copy once kept)."""
+    return (tree_shape(parents, device, tables).depths + prefix_len)[None]
+
+
+# ---------------------------------------------------------------------- prefill chunks: no table
+# A prefill chunk is a chain of `length` rows (padded in a batch or a compiled bucket to `rows`, each
+# padding row hanging off row 0 as compiled.padded_parents does). Its mask and positions are
+# arithmetic, built on the device from aranges: no per-shape table, no host copy, nothing kept, so a
+# new prompt length costs nothing after its forward.
+def _chain_depths(length: int, rows: int, device: torch.device | str) -> torch.Tensor:
+    """[R] depth of each row: row i < length at depth i, a padding row (a child of row 0) at depth 1."""
+    depths = torch.arange(rows, device=device)
+    depths[length:] = 1
+    return depths
+
+
+def chain_visibility(length: int, rows: int, prefix_len: int, device: torch.device | str = "cpu",
+                     window: int | None = None, capacity: int | None = None) -> torch.Tensor:
+    """[R, K] bool: what tree_visibility gives for padded_parents(chain of `length` rows, `rows`),
+    computed: row i < length sees the slots up to prefix_len + i, a padding row the prefix, row 0
+    and itself; windows as tree_visibility's."""
+    width = prefix_len + rows if capacity is None else capacity
+    key = torch.arange(width, device=device)                                            # [K]
+    own = torch.arange(prefix_len, prefix_len + rows, device=device)                    # [R]: each row's own slot
+    sees = key[None, :] <= own[:, None]                                                 # [R, K]
+    if length < rows:                            # a padding row sees the prefix, row 0 and itself
+        sees[length:] = (key[None, :] <= prefix_len) | (key[None, :] == own[length:, None])
+    if window is not None:
+        query_positions = _chain_depths(length, rows, device) + prefix_len              # [R]
+        key_positions = key.clone()
+        key_positions[prefix_len: prefix_len + rows] = query_positions
+        sees &= key_positions[None, :] > query_positions[:, None] - window
+    return sees
+
+
+def chain_masks(layout: AttentionLayout | None, length: int, rows: int, prefix_len: int, dtype: torch.dtype,
+                device: torch.device | str, capacity: int | None = None):
+    """tree_masks of a prefill chunk (a chain of `length` rows padded to `rows`), with no table."""
+    return _by_layout(layout, lambda window: additive_mask(
+        chain_visibility(length, rows, prefix_len, device, window, capacity), dtype))
+
+
+def chain_position_ids(length: int, rows: int, prefix_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[1, R] tree_position_ids of a prefill chunk (a chain of `length` rows padded to `rows`), with no table."""
+    return (_chain_depths(length, rows, device) + prefix_len)[None]
 
 
 def with_pending_root(parents: Sequence[int]) -> tuple[int, ...]:

@@ -18,6 +18,7 @@ import torch
 from .cache import commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
+from .tables import ShapeTables
 from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
 
 
@@ -25,8 +26,9 @@ from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_
 class TreeOutput:
     logits: torch.Tensor               # [1 + N, V]: row 0 = pending token, row i + 1 = tree node i
     hidden: torch.Tensor | None        # [1 + N, F] target features (see `features`), when asked
-    shape: tuple[int, ...] | None = None   # the parents whose cached tables (tree.tree_shape) the forward's
-    #   mask came from (padded, compiled), so the commit takes its path index from the same table; None: a chain
+    shape: tuple[int, ...] | None = None   # the parents whose table (tree.tree_shape, in Verifier.tables) the
+    #   forward's mask came from (padded, compiled), so the commit takes its path index from the same table;
+    #   None: a chain
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
@@ -86,11 +88,14 @@ class Verifier:
         self.cache = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
         self.capacity: int | None = None     # cache entries to allocate at the next prefill (None: grow)
-        self.static = StaticForward(model, self.layout) if compile else None
+        # the tree shapes' tables this verifier's forwards, commits and acceptance read (shared by its
+        # calls' twins): freed with it, bounded (specdec.tables)
+        self.tables = ShapeTables()
+        self.static = StaticForward(model, self.layout, tables=self.tables) if compile else None
 
     def for_call(self) -> "Verifier":
-        """A verifier for a call that overlaps another: the same model and attention layout, a KV
-        cache of its own (and, compiled, a static cache of its own)."""
+        """A verifier for a call that overlaps another: the same model, attention layout and shape
+        tables, a KV cache of its own (and, compiled, a static cache of its own)."""
         twin = copy.copy(self)
         twin.cache, twin.prefix_len, twin.capacity = None, 0, None
         twin.static = self.static.for_call() if self.static is not None else None
@@ -132,10 +137,8 @@ class Verifier:
     def _prefill_chunk(self, chunk: torch.Tensor, feature_layers: Sequence[int] | None):
         """One prefill forward of `chunk` [1, C] after the prefix_len entries in the cache; the
         logits of its last row only (the prefill reads none)."""
-        if self.static is not None:
-            rows = chunk.shape[1]
-            return self.static.run(chunk, tuple(range(-1, rows - 1)), self.prefix_len, hidden_request(feature_layers),
-                                   last_logits_only=True)
+        if self.static is not None:      # parents None: a chain, its mask computed (no table per chunk length)
+            return self.static.run(chunk, None, self.prefix_len, hidden_request(feature_layers), last_logits_only=True)
         positions = torch.arange(self.prefix_len, self.prefix_len + chunk.shape[1], device=self.device)[None]
         return self.model(input_ids=chunk, position_ids=positions, **cache_kwargs(self.model, self.cache),  # as
                           use_cache=True, logits_to_keep=1,                                         # generate() does
@@ -159,8 +162,8 @@ class Verifier:
             positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
         else:
             parents = with_pending_root(tree.parents)
-            mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device)
-            positions = tree_position_ids(parents, self.prefix_len, self.device)
+            mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device, tables=self.tables)
+            positions = tree_position_ids(parents, self.prefix_len, self.device, self.tables)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **cache_kwargs(self.model, self.cache), use_cache=True,
                          output_hidden_states=hidden_request(feature_layers))

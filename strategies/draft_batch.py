@@ -38,8 +38,8 @@ SHORT_CATCH_UP = 2        # tokens a step's catch-up feeds with its logits read 
 class DraftBatch:
     """The rows of one draft model in a batch call, keyed by the DraftModel that drafts each row."""
 
-    def __init__(self, draft, layout):
-        self.rows = BatchVerifier(draft, layout)
+    def __init__(self, draft, layout, tables=None):
+        self.rows = BatchVerifier(draft, layout, tables)       # tables: the draft model's (DraftModel.tables)
         self.row_of: dict[int, int] = {}       # id(drafter) -> its row
         self.device = draft.device
 
@@ -69,9 +69,10 @@ class DraftBatch:
         self.rows.fills[row] = fill
         self.rows._sync_fill(row)
 
-    def _forward(self, inputs: dict[int, torch.Tensor], logits_to_keep: int = 0) -> torch.Tensor:
+    def _forward(self, inputs: dict[int, torch.Tensor], logits_to_keep: int = 0, prefill: bool = False) -> torch.Tensor:
         """One draft forward over every row: row r feeds inputs[r] ([C] on the device) after its fill and
-        keeps them; rows without inputs feed a throw-away token and keep nothing. Logits [B, R, V]."""
+        keeps them; rows without inputs feed a throw-away token and keep nothing. Logits [B, R, V].
+        prefill: a long catch-up (a prompt), whose masks need no table (BatchVerifier.forward)."""
         pending, trees = [], []
         for row in range(self.rows.rows):
             tokens = inputs.get(row)
@@ -81,7 +82,7 @@ class DraftBatch:
             else:
                 pending.append(tokens[:1])
                 trees.append(CandidateTree.chain(tokens[1:]))
-        logits, _ = self.rows.forward(pending, trees, None, logits_to_keep=logits_to_keep)
+        logits, _ = self.rows.forward(pending, trees, None, logits_to_keep=logits_to_keep, prefill=prefill)
         for row, tokens in inputs.items():
             self.rows.commit(row, range(len(tokens)))
         return logits
@@ -120,7 +121,8 @@ class DraftBatch:
             drafter.cached = len(state.token_ids)
         long = {row: tokens[:-SHORT_CATCH_UP] for row, tokens in zip(rows, new) if len(tokens) > SHORT_CATCH_UP}
         while long:                                # prompts and gaps, CATCH_UP_CHUNK tokens a forward
-            self._forward({row: tokens[:CATCH_UP_CHUNK] for row, tokens in long.items()}, logits_to_keep=1)
+            self._forward({row: tokens[:CATCH_UP_CHUNK] for row, tokens in long.items()}, logits_to_keep=1,
+                          prefill=True)
             long = {row: tokens[CATCH_UP_CHUNK:] for row, tokens in long.items() if len(tokens) > CATCH_UP_CHUNK}
         short = {row: tokens[-SHORT_CATCH_UP:] for row, tokens in zip(rows, new)}
         logits = self._forward(short)                                              # [B, <= 2, V]

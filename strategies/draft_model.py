@@ -24,6 +24,7 @@ from specdec.errors import ConfigError
 from specdec.models import cache_kwargs, check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
+from specdec.tables import ShapeTables
 from specdec.tree import (INDEPENDENT, WITHOUT_REPLACEMENT, CandidateTree, tree_masks, tree_position_ids, tree_shape,
                           with_pending_root)
 from specdec.types import DecodeState, StepResult
@@ -91,6 +92,7 @@ class DraftModel(BaseStrategy):
         self.draft_tokenizer = draft_tokenizer
         self.vocab = output_vocab_size(draft)
         self.layout = None                    # the draft's attention layout, known at bind
+        self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -136,7 +138,7 @@ class DraftModel(BaseStrategy):
 
     def new_batch(self):
         from .draft_batch import DraftBatch
-        return DraftBatch(self.draft, self.layout)
+        return DraftBatch(self.draft, self.layout, self.tables)
 
     def propose_start(self, state: DecodeState) -> bool:
         """Phase one of a batched proposal: whether this row calls its drafter (always, here)."""
@@ -209,8 +211,8 @@ class DraftModel(BaseStrategy):
         on_device = None
         if rows != list(range(len(rows))) and self.fed_nodes == list(range(len(self.fed_nodes))):
             # fed in node order (chains, trees level by level): the kept rows are the accepted path's nodes,
-            # on the device in the tree shape's path table (the verifier's: nothing copied)
-            path = tree_shape(with_pending_root(result.tree.parents), self.cache_device()).path(
+            # on the device in the tree shape's path table (in its own tables: copied once per shape)
+            path = tree_shape(with_pending_root(result.tree.parents), self.cache_device(), self.tables).path(
                 result.accepted[len(kept) - 1] + 1, len(kept) + 1)
             on_device = path[1:] - 1
         if self.batch is not None and self.branching is not None:   # the pending token and the kept nodes
@@ -318,7 +320,7 @@ class DraftModel(BaseStrategy):
         """[L, V] the draft's logits of the level from level_start (the nodes' tokens [N]), each node
         seeing its ancestors only, on this row's own cache."""
         mask = self._tree_mask(parents, level_start)
-        positions = tree_position_ids(parents, self.cached, self.draft.device)
+        positions = tree_position_ids(parents, self.cached, self.draft.device, self.tables)
         return self._logits(tokens[level_start:][None], mask, positions[:, level_start:])
 
     def _tree_steps(self, logits: torch.Tensor, branching: list[int], state: DecodeState):
@@ -364,7 +366,8 @@ class DraftModel(BaseStrategy):
         """The draft's tree mask(s) for the rows from level_start on, with its own sliding windows
         (one [1, 1, L, cached + N] mask, or {layer type: mask}); a plain tree mask when its attention
         layout is unknown (drafts only guess: a wrong mask costs acceptance, never correctness)."""
-        return tree_masks(self.layout, parents, self.cached, self.draft.dtype, self.draft.device, first_row=level_start)
+        return tree_masks(self.layout, parents, self.cached, self.draft.dtype, self.draft.device, first_row=level_start,
+                          tables=self.tables)
 
     # ------------------------------------------------------------------ the target's logits processing
     def _start_processing(self, state: DecodeState) -> LogitsProcessing:

@@ -50,6 +50,7 @@ from specdec.sampling import logits_to_probs
 from specdec.strategies.base import BaseStrategy
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
+from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
@@ -119,6 +120,7 @@ class Eagle(BaseStrategy):
         self.expand = int(expand) if expand is not None else self.top_k   # nodes expanded per depth (greedy)
         self.feature_layers = tuple(drafter.layout.feature_layers)
         self.device = torch.device("cpu")
+        self.tables = ShapeTables()         # its tree shapes' tables (its per-call copies share them)
         self.reset_cache()
 
     # ------------------------------------------------------------------ protocol
@@ -206,7 +208,7 @@ class Eagle(BaseStrategy):
             # the rows' next tokens: the accepted path's, then the new pending one, all on the device
             accepted = result.tree.tokens[: result.num_accepted] if result.tree.is_chain else \
                 result.tree.tokens.index_select(0, tree_shape(with_pending_root(result.tree.parents),
-                                                              result.tree.tokens.device)
+                                                              result.tree.tokens.device, self.tables)
                                                 .path(result.next_row, result.num_accepted + 1)[1:] - 1)
             self.unfed_tokens += [accepted.to(state.pending.device), state.pending]
         else:
@@ -284,7 +286,8 @@ class Eagle(BaseStrategy):
         fed_parents += [-1 if parents[i] < 0 else column[parents[i]] for i in nodes]
         # the cache's tree rows form a tree of their own (row -> parent row): each new row sees the
         # committed rows, its ancestors' rows and itself
-        visible = tree_visibility(fed_parents, self.fed, self.device, first_row=fed_tree)   # [n, fed + fed_tree + n]
+        visible = tree_visibility(fed_parents, self.fed, self.device, first_row=fed_tree,
+                                  tables=self.tables)                               # [n, fed + fed_tree + n]
         return g, tokens.to(self.device), positions, visible, self.fed + fed_tree
 
     @staticmethod

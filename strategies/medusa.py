@@ -28,7 +28,6 @@ guess is its own coupled sample; the tree is then chosen from those perturbed sc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import List, Optional
 from typing import Sequence
 
@@ -41,6 +40,7 @@ from specdec.sampling import logits_to_probs
 from specdec.strategies.base import BaseStrategy
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
+from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, to_device
 from specdec.types import DecodeState, StepResult
 
@@ -66,23 +66,25 @@ CONFIG_SECTIONS = {"medusa": MedusaConfig, "heads": HeadsConfig}
 
 
 
-def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor, device) -> CandidateTree:
+def ranks_to_tree(rank_paths: Sequence[Sequence[int]], head_tokens: torch.Tensor, device,
+                  tables: ShapeTables | None = None) -> CandidateTree:
     """Rank paths (and their prefixes) -> a trie of tokens; head_tokens [D, k]: row d = depth d's
     head's tokens by rank (distinct within a row, so distinct rank paths are distinct token paths).
-    The tokens are gathered on the device: no host read."""
+    The tokens are gathered on the device: no host read (the rank index kept in `tables`)."""
     paths = sorted({tuple(p[:end]) for p in rank_paths for end in range(1, len(p) + 1)}, key=lambda p: (len(p), p))
     if not paths:
         return CandidateTree.empty(device)
     node_of = {path: i for i, path in enumerate(paths)}
     parents = tuple(node_of[p[:-1]] if len(p) > 1 else -1 for p in paths)
-    depth_index, rank_index = _rank_index(tuple(paths), head_tokens.device)                 # [N], [N]
+    key = tuple(paths)
+    depth_index, rank_index = (_rank_index(key, head_tokens.device) if tables is None       # [N], [N]
+                               else tables.get(_rank_index, key, head_tokens.device))
     return CandidateTree(head_tokens[depth_index, rank_index].to(device), parents)
 
 
-@lru_cache(maxsize=64)
 def _rank_index(paths: tuple[tuple[int, ...], ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(depth [N], rank [N]) of each node of a static tree on the device, made once per tree (not
-    copied from the host every step)."""
+    """(depth [N], rank [N]) of each node of a static tree on the device, made once per tree and kept
+    in its Medusa's tables (not copied from the host every step)."""
     table = to_device(torch.tensor([[len(p) - 1 for p in paths], [p[-1] for p in paths]], dtype=torch.long), device)
     return table[0], table[1]
 
@@ -194,6 +196,7 @@ class Medusa(BaseStrategy):
                                       f"1..{heads.num_heads} (one rank per head)")
         self.device = torch.device("cpu")
         self.last_hidden: torch.Tensor | None = None     # [H] the row that produced the pending token
+        self.tables = ShapeTables()                      # a static tree's rank index (its per-call copies share it)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -223,7 +226,7 @@ class Medusa(BaseStrategy):
             if conditioned:
                 return static_nodes(ConditionedExpander(self.heads, last_hidden, width, noise, first), pending, paths)
             head_tokens = self._head_logits(last_hidden, depth, state).topk(width, dim=-1).indices   # [D, width]
-            return ranks_to_tree(paths, head_tokens, self.device)
+            return ranks_to_tree(paths, head_tokens, self.device, self.tables)
         if conditioned:
             return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k, noise, first), pending,
                                     depth, self.max_nodes)

@@ -241,7 +241,7 @@ def total_variation(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in keys)
 
 
-def always_accept(tree, target_probs: torch.Tensor, rng, tree_tokens=None):
+def always_accept(tree, target_probs: torch.Tensor, rng, tree_tokens=None, tables=None):
     """A deliberately wrong verifier (the negative control): keeps the first child at every depth."""
     from specdec.acceptance import Verdict
     accepted, node = [], -1

@@ -131,7 +131,7 @@ def test_monte_carlo_through_the_real_loop_matches_the_target(monkeypatch):
     tv = total_variation(_first_tokens_law(speculator, runs, 3, 2, temperature), exact)
     assert tv < bound, tv
     import specdec.loop
-    monkeypatch.setattr(specdec.loop, "accept_sampling", lambda tree, probs, rng, tokens=None: always_accept(tree, probs, rng))
+    monkeypatch.setattr(specdec.loop, "accept_sampling", lambda tree, probs, rng, tables=None: always_accept(tree, probs, rng))
     wrong = total_variation(_first_tokens_law(speculator, runs, 3, 2, temperature), exact)
     assert wrong > bound, wrong
 
