@@ -5,7 +5,6 @@ copied from there instead of trained again."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import time
@@ -15,6 +14,8 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 from rich.console import Console
+
+from specdec.atomic import atomic_write_json, atomic_write_text
 
 from . import store
 from .config import FamilyConfig, config_digest, config_hash, part_hash
@@ -85,8 +86,8 @@ class _Builder:
         tok = train_tokenizer(texts, c.tokenizer.vocab_size, c.tokenizer.min_frequency,
                               c.target.max_position_embeddings)     # the draft takes the target's positions
         tok.save_pretrained(out)
-        _write_json(os.path.join(out, "split.json"), {"root": self.split.root, "train": self.split.train,
-                                                       "heldout": self.split.heldout})
+        atomic_write_json(os.path.join(out, "split.json"), {"root": self.split.root, "train": self.split.train,
+                                                             "heldout": self.split.heldout}, indent=1)
 
     def build_target(self, out: str) -> None:
         from .lm import heldout_loss, new_llama, tokenize_stream, train_lm
@@ -101,10 +102,10 @@ class _Builder:
         model.save_pretrained(out)
         tok.save_pretrained(out)
         held = heldout_loss(model, heldout_stream, lm_cfg.train, seed)
-        _write_json(os.path.join(out, "train.json"), {
+        atomic_write_json(os.path.join(out, "train.json"), {
             "role": "target", "parameters": sum(p.numel() for p in model.parameters()),
             "steps": len(losses), "train_tokens": lm_cfg.train.steps * lm_cfg.train.batch_size * lm_cfg.train.seq_len,
-            "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes})
+            "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes}, indent=1)
         console.print(f"  target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
                       f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
                       + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
@@ -170,12 +171,7 @@ def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
             store.build_part(paths.folder, part, digest, _copy_part(donor) if donor else builder.step(part))
     finally:
         torch.set_num_threads(threads_before)
-    store.write_atomically(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))
+    atomic_write_text(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))
     store.mark_complete(paths.folder, digest)
     console.print(f"[bold]specdec[/bold]: default model family ready in "
                   f"{(time.perf_counter() - started) / 60:.1f} min: {paths.folder}")
-
-
-def _write_json(path: str, data) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)

@@ -23,11 +23,8 @@ for and the recipe.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
@@ -36,6 +33,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from specdec.atomic import atomic_files_into, atomic_write, atomic_write_json
 from specdec.config import build_config, setting
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
@@ -47,7 +45,7 @@ from .distill_loss import distill_loss, loss_weights
 from .eagle_train import _Distributed, lr_at, out_of_time
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
-from .io import atomic_write, fingerprints_match, target_identity
+from .io import fingerprints_match, target_identity
 from .train import training_streams
 
 CHECKPOINT_FILE = "draft_checkpoint.pt"
@@ -314,32 +312,21 @@ def _load_checkpoint(path: str, draft, optimizer, generator, identity: dict) -> 
     return state
 
 
-def _write_json(path: str, data: dict) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(path, write)
-
-
 def save_distilled(folder: str, draft, tokenizer, info: dict) -> None:
     """The draft as a plain Hugging Face checkpoint (config, safetensors, tokenizer files) and
     distill.json, written last: each file is moved into place whole, so a folder with distill.json
     holds a complete draft."""
-    tmp = tempfile.mkdtemp(dir=folder, prefix=".draft-")
-    try:
+    def write(tmp: str) -> None:
         draft.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for name in os.listdir(tmp):
-            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _write_json(os.path.join(folder, INFO_FILE), info)
+    atomic_files_into(folder, write)
+    atomic_write_json(os.path.join(folder, INFO_FILE), info, indent=2)
 
 
 # ---------------------------------------------------------------------- the loop
 def _write_log(folder, cfg, history, losses, extra) -> None:
-    _write_json(os.path.join(folder, LOG_FILE), {"config": OmegaConf.to_container(cfg), "history": history,
-                                                 "losses": losses, **extra})
+    atomic_write_json(os.path.join(folder, LOG_FILE), {"config": OmegaConf.to_container(cfg), "history": history,
+                                                       "losses": losses, **extra}, indent=2)
 
 
 def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:

@@ -22,7 +22,6 @@ same output_dir resumes. Under torchrun each rank trains on its own share of eve
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import sys
@@ -36,6 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from specdec.atomic import atomic_write_json
 from specdec.config import build_config, find_config_file
 from specdec.errors import ConfigError
 from specdec.models import DTYPES, has_native_bf16, load_model, load_tokenizer, resolve_device
@@ -45,7 +45,7 @@ from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_tokens
 from .eagle_io import save_eagle
 from .interrupt import deferred_interrupt, stop_training, training_main
-from .io import atomic_write, target_fingerprint
+from .io import target_fingerprint
 from .train import _fmt, load_checkpoint, save_checkpoint, training_streams
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
@@ -317,11 +317,7 @@ def start_from_target_head(drafter: Eagle3Drafter, target) -> None:
 def _write_log(folder, cfg, history, losses, extra) -> None:
     data = {"config": OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg),
             "history": history, "losses": losses, **extra}
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(os.path.join(folder, LOG_FILE), write)
+    atomic_write_json(os.path.join(folder, LOG_FILE), data, indent=2)
 
 
 class _Distributed:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import IncompatibleModelsError, ModelLoadError
 
 from .module import HeadsLayout, MedusaHeads
@@ -124,32 +124,6 @@ def check_heads_fit_target(info: dict, target, where: str = "these heads") -> No
     check_fits_target(HEADS_FILES, info, target, where)
 
 
-# ---------------------------------------------------------------------- atomic writes
-def atomic_write(path: str, write) -> None:
-    """Call write(temp_path) for a temp file in the same folder, then os.replace it onto `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~umask)         # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _write_json(path: str, data: dict) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(path, write)
-
-
 # ---------------------------------------------------------------------- save / load
 def save_drafter(files: DrafterFiles, folder: str, module, target, training: dict | None = None) -> str:
     """Write the weights, then the config (the config last: a folder with a config has weights
@@ -157,9 +131,9 @@ def save_drafter(files: DrafterFiles, folder: str, module, target, training: dic
     state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in module.state_dict().items()}
     atomic_write(os.path.join(folder, files.weights_file),
                  lambda tmp: save_file(state, tmp, metadata={"format": files.format}))
-    _write_json(os.path.join(folder, files.config_file), {
+    atomic_write_json(os.path.join(folder, files.config_file), {
         "format": files.format, "version": VERSION, "layout": module.layout.as_dict(),
-        "target": target_identity(target), "training": training or {}})
+        "target": target_identity(target), "training": training or {}}, indent=2)
     return folder
 
 

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.config import parse_overrides
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
@@ -31,7 +32,7 @@ from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
 from .interrupt import deferred_interrupt, stop_training, training_main
-from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
+from .io import output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -197,11 +198,7 @@ def load_checkpoint(path: str, module, optimizer, generator, fingerprint, key: s
 def _write_log(folder: str, cfg, history: list, extra: dict) -> None:
     data = {"config": OmegaConf.to_container(OmegaConf.structured(cfg)) if not isinstance(cfg, dict) else cfg,
             "history": history, **extra}
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(os.path.join(folder, LOG_FILE), write)
+    atomic_write_json(os.path.join(folder, LOG_FILE), data, indent=2)
 
 
 def _fmt(values: list[float]) -> str:

@@ -19,17 +19,17 @@ trained on, so an imported drafter is checked against the target by shape only.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads.eagle import eagle3_layers
 from specdec.heads.eagle3 import Eagle3Drafter, Eagle3Layout
-from specdec.heads.io import atomic_write, output_vocab
+from specdec.heads.io import output_vocab
 from specdec.interop.files import read_json
 
 FORMATS = ("speculators", "eagle", "sglang")
@@ -275,11 +275,7 @@ def export_eagle3(drafter: Eagle3Drafter, out: str, fmt: str, target=None, verif
         atomic_write(os.path.join(out, TORCH_BIN), lambda tmp: torch.save(state, tmp))
     else:
         atomic_write(os.path.join(out, SAFETENSORS), lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(config, f, indent=2)
-    atomic_write(os.path.join(out, "config.json"), write)
+    atomic_write_json(os.path.join(out, "config.json"), config, indent=2)
     return out
 
 

@@ -25,7 +25,6 @@ tool runs them, so exporting them is refused.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -33,8 +32,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
-from specdec.heads.io import CONFIG_FILE, atomic_write, output_vocab
+from specdec.heads.io import CONFIG_FILE, output_vocab
 from specdec.heads.module import HeadsLayout, MedusaHeads
 from specdec.interop.files import read_json
 
@@ -257,9 +257,5 @@ def export_heads(heads: MedusaHeads, out: str, format: str = "vllm", target=None
         weights_name = MEDUSA_WEIGHTS[0]
     os.makedirs(out, exist_ok=True)
     atomic_write(os.path.join(out, weights_name), lambda tmp: save_file(state, tmp))
-
-    def write_config(tmp):
-        with open(tmp, "w") as f:
-            json.dump(config, f, indent=2)
-    atomic_write(os.path.join(out, "config.json"), write_config)
+    atomic_write_json(os.path.join(out, "config.json"), config, indent=2)
     return out
