@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from .peers import HFRow, shared_generation_config
+from .generation import shared_generation_config
+from .peers import HFRow
 from .plots import pyplot
 
 
