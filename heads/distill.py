@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from specdec.atomic import atomic_files_into, atomic_write, atomic_write_json
-from specdec.config import build_config, setting
+from specdec.config import build_config, find_config_file, setting
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
 from specdec.models import resolve_device
@@ -43,6 +43,7 @@ from specdec.sampling import SamplingParams, logits_to_probs
 from .data import fixed_windows, sample_windows
 from .distill_loss import distill_loss, loss_weights
 from .eagle_train import _Distributed, lr_at, out_of_time
+from .help import keys_help
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
 from .io import fingerprints_match, target_identity
@@ -480,8 +481,6 @@ USAGE = ("usage: specdec train-draft [CONFIG] [key=value ...]\n"
 
 
 def help_text(name: str | None) -> str:
-    from .command import keys_help
-    from specdec.config import find_config_file
     where = f" ({find_config_file(name)})" if name else ""
     return (f"{USAGE}\n\ndistils a draft model into its target{where}; keys"
             f"{', with this config' + chr(39) + 's values' if name else ' (defaults)'}:\n"

@@ -32,6 +32,7 @@ from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
+from .help import help_text
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .io import output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
@@ -297,7 +298,6 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
 
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
-    from .command import help_text
     return training_main(argv, show_help=lambda name: print(help_text(name)),
                          load_config=lambda name, argv: load_train_config(name, parse_overrides(argv)),
                          train=train_heads, cli="specdec train-heads", module="specdec.heads.train",
