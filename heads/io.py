@@ -24,11 +24,11 @@ from safetensors.torch import load_file, save_file
 
 from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import IncompatibleModelsError, ModelLoadError
+from specdec.models import output_vocab_size as output_vocab
 
-from .module import HeadsLayout, MedusaHeads
+from .medusa_formats import FOREIGN_FORMATS, detect_heads_format, import_heads
+from .module import CONFIG_FILE, WEIGHTS_FILE, HeadsLayout, MedusaHeads, bind_heads
 
-WEIGHTS_FILE = "heads.safetensors"
-CONFIG_FILE = "heads.json"
 FORMAT = "specdec-medusa-heads"
 VERSION = 1
 FINGERPRINT_ROWS = 8
@@ -36,11 +36,6 @@ FINGERPRINT_RTOL = 2e-2         # bf16 keeps ~3 significant digits; another mode
 
 
 # ---------------------------------------------------------------------- target identity
-def output_vocab(target) -> int:
-    head = target.get_output_embeddings()
-    return head.weight.shape[0] if head is not None else target.config.vocab_size
-
-
 def target_fingerprint(target) -> list[float]:
     """2 * FINGERPRINT_ROWS numbers: fixed rows of the input embedding and of the lm_head, each
     projected on a fixed vector (fp32)."""
@@ -196,9 +191,8 @@ def read_heads_config(folder: str) -> dict:
 def load_heads(folder: str, target=None) -> MedusaHeads:
     """Heads from `folder`; with `target`, checked against it and attached to its lm_head.
     A folder in FasterDecoding's or vLLM's Medusa layout (no heads.json) is imported
-    (specdec.interop.medusa)."""
+    (specdec.heads.medusa_formats)."""
     if folder and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
-        from specdec.interop.medusa import FOREIGN_FORMATS, detect_heads_format, import_heads
         kind = detect_heads_format(folder)
         if kind in FOREIGN_FORMATS:
             return import_heads(folder, target, kind)
@@ -206,12 +200,3 @@ def load_heads(folder: str, target=None) -> MedusaHeads:
     if target is not None:
         bind_heads(heads, target)
     return heads.eval()
-
-
-def bind_heads(heads: MedusaHeads, target) -> MedusaHeads:
-    """Move the heads to the target's device and dtype and share its lm_head (and its input
-    embedding, which token-conditioned heads read)."""
-    heads.to(device=target.device, dtype=target.dtype)
-    heads.attach_lm_head(target.get_output_embeddings())
-    heads.attach_embedding(target.get_input_embeddings())
-    return heads

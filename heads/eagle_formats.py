@@ -27,10 +27,11 @@ from safetensors.torch import load_file, save_file
 
 from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
-from specdec.heads.eagle import eagle3_layers
-from specdec.heads.eagle3 import Eagle3Drafter, Eagle3Layout
-from specdec.heads.io import output_vocab
 from specdec.interop.files import read_json
+from specdec.models import output_vocab_size
+
+from .eagle import eagle3_layers
+from .eagle3 import Eagle3Drafter, Eagle3Layout
 
 FORMATS = ("speculators", "eagle", "sglang")
 SAFETENSORS = "model.safetensors"
@@ -134,7 +135,7 @@ def layout_from_config(config: dict, kind: str, target, where: str, own_embeddin
 
 def check_fits(layout: Eagle3Layout, target, where: str) -> None:
     """IncompatibleModelsError when the drafter was made for a target of another shape."""
-    hidden, vocab = int(target.config.hidden_size), output_vocab(target)
+    hidden, vocab = int(target.config.hidden_size), output_vocab_size(target)
     layers = int(target.config.num_hidden_layers)
     if layout.hidden_size != hidden:
         raise IncompatibleModelsError(f"{where}: made for a target of hidden size {layout.hidden_size}, but this "
