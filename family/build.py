@@ -20,6 +20,7 @@ from specdec.atomic import atomic_write_json, atomic_write_text
 from . import store
 from .config import FamilyConfig, config_digest, config_hash, part_hash
 from .corpus import CorpusSplit, split_corpus
+from .heads import train_default_draft, train_default_eagle, train_default_heads
 
 PARTS = ("tokenizer", "target", "draft", "heads", "eagle")
 OPTIONAL_PARTS = ("heads", "eagle")     # built when cfg.<part>.enabled
@@ -111,15 +112,12 @@ class _Builder:
                  + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
 
     def build_draft(self, out: str) -> None:
-        from .heads import train_default_draft
         train_default_draft(self.paths.target, self.split, self.cfg, out)
 
     def build_heads(self, out: str) -> None:
-        from .heads import train_default_heads
         train_default_heads(self.paths.target, self.split, self.cfg, out)
 
     def build_eagle(self, out: str) -> None:
-        from .heads import train_default_eagle
         train_default_eagle(self.paths.target, self.split, self.cfg, out)
 
     def step(self, part: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from specdec.atomic import atomic_write_json
+from specdec.heads import distill, eagle_train, train
 
 from .config import FamilyConfig
 from .corpus import CorpusSplit
@@ -36,15 +37,12 @@ def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConf
 
 
 def train_default_draft(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    from specdec.heads.distill import train_draft
-    return train_draft(_train_config(cfg.draft.train, target_path, split, cfg, out))
+    return distill.train_draft(_train_config(cfg.draft.train, target_path, split, cfg, out))
 
 
 def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    from specdec.heads.train import train_heads
-    return train_heads(_train_config(cfg.heads.train, target_path, split, cfg, out))
+    return train.train_heads(_train_config(cfg.heads.train, target_path, split, cfg, out))
 
 
 def train_default_eagle(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    from specdec.heads.eagle_train import train_eagle
-    return train_eagle(_train_config(cfg.eagle.train, target_path, split, cfg, out))
+    return eagle_train.train_eagle(_train_config(cfg.eagle.train, target_path, split, cfg, out))

@@ -33,12 +33,14 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from specdec.api import Speculator
 from specdec.atomic import atomic_files_into, atomic_write, atomic_write_json
 from specdec.config import build_config, find_config_file, setting
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
 from specdec.models import resolve_device
 from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.strategies.draft_model import DraftModel
 
 from .data import fixed_windows, sample_windows
 from .distill_loss import distill_loss, loss_weights
@@ -213,8 +215,6 @@ def target_continuations(target, tokenizer, draft, prompts: torch.Tensor, new_to
                          seed: int) -> torch.Tensor:
     """[B, P] -> [B, P + new_tokens] sampled from the *target*, through our own speculative decoding
     (draft_model with the draft being trained: the target's law, fewer target forwards)."""
-    from specdec.api import Speculator
-    from specdec.strategies.draft_model import DraftModel
     was_training = draft.training
     speculator = Speculator(target, tokenizer, DraftModel(draft, num_tokens=4))
     outs = speculator.generate([row.tolist() for row in prompts], max_new_tokens=new_tokens, temperature=temperature,
@@ -274,8 +274,6 @@ class HeldOut:
 
     def chain_tau(self, draft, temperature: float) -> float:
         """Tokens per target forward of draft_model (a chain of eval_gamma) on the held-out prompts."""
-        from specdec.api import Speculator
-        from specdec.strategies.draft_model import DraftModel
         speculator = Speculator(self.target, self.tokenizer, DraftModel(draft, num_tokens=self.cfg.eval_gamma))
         outs = speculator.generate(self.prompts, max_new_tokens=self.cfg.eval_new_tokens, temperature=temperature,
                                    seed=[self.cfg.seed + i for i in range(len(self.prompts))] if temperature else None,

@@ -73,7 +73,7 @@ def _generate_file(sd, args) -> int:
 
 
 def _generate(args) -> int:
-    from .api import load
+    from .loading import load
     from .config import parse_overrides
     sd = load(args.config, **parse_overrides(args.overrides))
     if args.prompts_file:
