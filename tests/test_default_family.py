@@ -311,23 +311,12 @@ def test_load_without_target_says_it_builds_the_default_family(monkeypatch, caps
     assert capsys.readouterr() == ("", "")
 
 
-@pytest.fixture
-def specdec_logger():
-    """The "specdec" logger's handlers and level, restored after the test (the CLI adds a handler)."""
-    import logging
-    logger = logging.getLogger("specdec")
-    handlers, level = list(logger.handlers), logger.level
-    yield logger
-    logger.handlers[:] = handlers
-    logger.setLevel(level)
-
-
 def _stub_parts(monkeypatch):
     """Parts built in no time (empty folders): the build's own messages without its training."""
     monkeypatch.setattr(family_module._Builder, "step", lambda self, part: (lambda out: None))
 
 
-def test_building_logs_through_the_logger_and_prints_nothing(home, monkeypatch, capsys, caplog, specdec_logger):
+def test_building_logs_through_the_logger_and_prints_nothing(home, monkeypatch, capsys, caplog):
     import logging
     _stub_parts(monkeypatch)
     caplog.set_level(logging.INFO, logger="specdec")
@@ -340,7 +329,7 @@ def test_building_logs_through_the_logger_and_prints_nothing(home, monkeypatch, 
     assert capsys.readouterr() == ("", "")
 
 
-def test_the_cli_shows_the_build_progress_on_stderr(home, tmp_path, monkeypatch, capsys, specdec_logger):
+def test_the_cli_shows_the_build_progress_on_stderr(home, tmp_path, monkeypatch, capsys):
     """`specdec generate` without target.path: the warning and the build's progress (INFO) on stderr,
     as plain lines, through the handler the CLI puts on the specdec logger; nothing on stdout."""
     from specdec.cli import main as cli_main
