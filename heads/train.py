@@ -137,13 +137,13 @@ def corpus_files(cfg: TrainHeadsConfig) -> tuple[list[str], list[str]]:
 def training_streams(cfg, tokenizer, announce: bool = True):
     """(train files, held-out files, train [T_train], held-out [T_heldout]) of the config's corpus:
     the files and their token streams, documents joined by the tokenizer's EOS. A note on how the
-    held-out part was chosen is logged when `announce` (rank 0 of several); a stream shorter than
-    one window is a ConfigError."""
+    held-out part was chosen is logged as a warning when `announce` (rank 0 of several); a stream
+    shorter than one window is a ConfigError."""
     train_files, heldout_files = corpus_files(cfg)
     train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
                                                        min_tokens=cfg.seq_len + 1)
     if note and announce:
-        log.info(note)
+        log.warning(note)
     for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
         if stream.numel() < cfg.seq_len + 1:
             raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
