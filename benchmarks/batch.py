@@ -11,7 +11,9 @@ import time
 
 import torch
 
-from .peers import HFRow, shared_generation_config
+from .generation import shared_generation_config
+from .peers import HFRow
+from .plots import pyplot
 
 
 @torch.inference_mode()
@@ -113,9 +115,7 @@ def batch_table(records: list[dict], reference: str, baseline: str | None) -> st
 
 def batch_plot(records: list[dict], output_dir: str) -> list[str]:
     """tokens/s against batch size, one line per row, one panel per temperature."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     temperatures = sorted({r["temperature"] for r in records})
     fig, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.5), squeeze=False)
     labels = sorted(dict.fromkeys(r["row"] for r in records))

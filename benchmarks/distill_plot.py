@@ -10,6 +10,8 @@ import glob
 import json
 import os
 
+from .plots import pyplot
+
 DATA_NAMES = {"fixed": "fixed text", "draft": "on-policy (draft samples)", "target": "target samples",
               "mixed": "mixed"}
 METRICS = (("acceptance_t1", "held-out 1 - TV (T = 1)"), ("tau_greedy", "chain tau, gamma 4, greedy"),
@@ -28,9 +30,7 @@ def read_runs(folder: str) -> dict[tuple[str, str], dict]:
 
 
 def plot(runs: dict, out: str, name: str = "ablation") -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     datas = sorted({data for _, data in runs}, key=list(DATA_NAMES).index)
     fig, axes = plt.subplots(len(METRICS), len(datas), figsize=(5 * len(datas), 3.2 * len(METRICS)), squeeze=False,
                              sharey="row")

@@ -15,23 +15,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import GenerationConfig
 
-from .rows import Generation
+from .generation import Generation, shared_generation_config
 
 NO_EOS = -1      # never generated: generation runs to max_new_tokens (HF warns, harmlessly)
-# generation_config settings no fixed-length row can share: they act on EOS, which every row
-# ignores (HF's rows through NO_EOS, ours through ignore_eos), or warp sampling beyond the
-# temperature / top-k / top-p that all rows set alike.
-NOT_SHARED = dict(min_length=0, min_new_tokens=None, exponential_decay_length_penalty=None,
-                  min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_h=None)
 ASSISTANT_KEYS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-
-
-def shared_generation_config(target) -> GenerationConfig:
-    """The checkpoint's generation_config as every benchmark row runs it, HF's and ours: its logits
-    processing (repetition penalty, no-repeat n-grams, bad words, ...) kept, NOT_SHARED reset."""
-    gc = copy.deepcopy(target.generation_config)
-    gc.update(**NOT_SHARED)
-    return gc
 
 
 @dataclass

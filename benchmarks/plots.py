@@ -1,14 +1,25 @@
 """PNG plots of a summary: speed-up per row per prompt set, and tokens per target forward against
-the sweep value (draft length, tree size) of sweep rows."""
+the sweep value (draft length, tree size) of sweep rows. matplotlib is the `bench` extra, not a
+requirement of the library: it is imported when a plot is made (pyplot())."""
 from __future__ import annotations
 
 import os
 from collections import defaultdict
 
-import matplotlib
+from specdec.errors import MissingDependencyError
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def pyplot():
+    """matplotlib.pyplot, drawing to files only (the Agg backend); MissingDependencyError saying what
+    to install when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise MissingDependencyError("the benchmark plots need matplotlib, which is not installed: "
+                                     "pip install 'specdec[bench]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def _temperature_title(t: float) -> str:
@@ -21,6 +32,7 @@ def speedup_plot(summary: list[dict], path: str, reference_label: str) -> str:
     sets = list(dict.fromkeys(e["prompt_set"] for e in summary))
     rows = list(dict.fromkeys(e["row"] for e in summary))
     kinds = {e["row"]: e["kind"] for e in summary}
+    plt = pyplot()
     fig, axes = plt.subplots(len(temperatures), 1, figsize=(min(14, 4 + 0.3 * len(rows) * len(sets)), 3.4 * len(temperatures)),
                              squeeze=False)
     width = 0.8 / len(rows)
@@ -52,6 +64,7 @@ def sweep_plot(summary: list[dict], path: str) -> str | None:
     if not lines:
         return None
     sweeps = list(dict.fromkeys(k[0] for k in lines))
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 3.8), squeeze=False)
     for ax, sweep in zip(axes[0], sweeps):
         for (name, prompt_set, temperature), points in lines.items():
@@ -86,6 +99,7 @@ def samples_plot(by_index: dict, path: str, baseline_label: str | None) -> str |
         return None
     indices = sorted({i for per in by_index.values() for i in per if isinstance(i, int)})
     xs = list(range(len(indices) + 1))
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for k, (row, per) in enumerate(by_index.items()):
         ys = [(per.get(i) or {}).get("speedup_vs_autoregressive") for i in indices + ["edited"]]

@@ -2,10 +2,11 @@
 the JSON file and the generated section of benchmarks/README.md."""
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import defaultdict
+
+from specdec.atomic import atomic_write_json, atomic_write_text
 
 
 def _ratio(a, b):
@@ -164,8 +165,7 @@ to HF plain greedy, token for token (sampled, coupled sampler: to the coupled au
 
 
 def write_json(path: str, payload: dict) -> None:
-    with open(path, "w") as fh:
-        json.dump(payload, fh, indent=1, default=str)
+    atomic_write_json(path, payload, indent=1, default=str)
 
 
 def readme_section(name: str, command: str, machine: str, tables: str, plots: list[str], notes: list[str],
@@ -188,5 +188,4 @@ def rewrite_marked_section(readme_path: str, name: str, body: str) -> None:
         text = pattern.sub(lambda _m: block, text)
     else:
         text = text.rstrip("\n") + f"\n\n## Results: `{name}` preset\n\n{block}\n"
-    with open(readme_path, "w") as fh:
-        fh.write(text)
+    atomic_write_text(readme_path, text)

@@ -9,14 +9,10 @@ from specdec.api import Speculator
 from specdec.config import load_spec_config
 from specdec.strategies import build_strategy
 
+from .generation import Generation, shared_generation_config
+
 NEEDED_BY_STRATEGY = {"draft_model": "draft", "medusa": "heads", "eagle": "eagle"}
 WHAT_IS_NEEDED = {"draft": "a draft checkpoint", "heads": "trained Medusa heads", "eagle": "a trained EAGLE drafter"}
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    stats: dict | None = None          # specdec Stats.as_dict(); None for HF rows
 
 
 @dataclass
@@ -27,7 +23,6 @@ class SpecdecRow:
     kind: str = "specdec"
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
-        from .peers import shared_generation_config
         target = self.speculator.target
         saved = target.generation_config   # run with the generation_config HF's rows use, for this call only
         target.generation_config = shared_generation_config(target)

@@ -22,7 +22,7 @@ from .config import as_plain, load_bench_config
 from .machine import machine_info, machine_line
 from .meter import ForwardMeter
 from .peers import HFRow, build_peer_rows
-from .plots import write_plots
+from .plots import pyplot, write_plots
 from .prompts import build_prompt_sets
 from .report import (COLUMNS_HELP, markdown_tables, readme_section, rewrite_marked_section, samples_by_index,
                      samples_table, summarize, write_json)
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
     cfg = load_bench_config(args.preset, parse_overrides(args.overrides))
+    pyplot()                         # before any model runs: matplotlib (specdec[bench]) is there for the plots
     console = Console(stderr=True)
     import transformers
     transformers.logging.set_verbosity_error()

@@ -5,7 +5,7 @@ copied from there instead of trained again."""
 from __future__ import annotations
 
 import glob
-import json
+import logging
 import os
 import shutil
 import time
@@ -14,15 +14,17 @@ from typing import Optional
 
 import torch
 from omegaconf import OmegaConf
-from rich.console import Console
+
+from specdec.atomic import atomic_write_json, atomic_write_text
 
 from . import store
 from .config import FamilyConfig, config_digest, config_hash, part_hash
 from .corpus import CorpusSplit, split_corpus
+from .heads import train_default_draft, train_default_eagle, train_default_heads
 
 PARTS = ("tokenizer", "target", "draft", "heads", "eagle")
 OPTIONAL_PARTS = ("heads", "eagle")     # built when cfg.<part>.enabled
-console = Console(stderr=True)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,8 @@ class _Builder:
         tok = train_tokenizer(texts, c.tokenizer.vocab_size, c.tokenizer.min_frequency,
                               c.target.max_position_embeddings)     # the draft takes the target's positions
         tok.save_pretrained(out)
-        _write_json(os.path.join(out, "split.json"), {"root": self.split.root, "train": self.split.train,
-                                                       "heldout": self.split.heldout})
+        atomic_write_json(os.path.join(out, "split.json"), {"root": self.split.root, "train": self.split.train,
+                                                             "heldout": self.split.heldout}, indent=1)
 
     def build_target(self, out: str) -> None:
         from .lm import heldout_loss, new_llama, tokenize_stream, train_lm
@@ -101,24 +103,21 @@ class _Builder:
         model.save_pretrained(out)
         tok.save_pretrained(out)
         held = heldout_loss(model, heldout_stream, lm_cfg.train, seed)
-        _write_json(os.path.join(out, "train.json"), {
+        atomic_write_json(os.path.join(out, "train.json"), {
             "role": "target", "parameters": sum(p.numel() for p in model.parameters()),
             "steps": len(losses), "train_tokens": lm_cfg.train.steps * lm_cfg.train.batch_size * lm_cfg.train.seq_len,
-            "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes})
-        console.print(f"  target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-                      f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
-                      + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
+            "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes}, indent=1)
+        log.info(f"  target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
+                 f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
+                 + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
 
     def build_draft(self, out: str) -> None:
-        from .heads import train_default_draft
         train_default_draft(self.paths.target, self.split, self.cfg, out)
 
     def build_heads(self, out: str) -> None:
-        from .heads import train_default_heads
         train_default_heads(self.paths.target, self.split, self.cfg, out)
 
     def build_eagle(self, out: str) -> None:
-        from .heads import train_default_eagle
         train_default_eagle(self.paths.target, self.split, self.cfg, out)
 
     def step(self, part: str):
@@ -156,8 +155,8 @@ def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
     wanted = [p for p in PARTS if p not in OPTIONAL_PARTS or cfg[p].enabled]
     store.remove_stale(paths.folder, keep={p for p in wanted if store.part_is_complete(paths.folder, p, digest)})
     todo = [p for p in wanted if not store.part_is_complete(paths.folder, p, digest)]
-    console.print(f"[bold]specdec[/bold]: building the default model family ({', '.join(todo)}) in "
-                  f"{paths.folder} - once, a few minutes on a CPU")
+    log.info(f"specdec: building the default model family ({', '.join(todo)}) in {paths.folder} - once, "
+             f"a few minutes on a CPU")
     builder = _Builder(cfg, paths)
     started = time.perf_counter()
     threads_before = torch.get_num_threads()
@@ -166,16 +165,11 @@ def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
     try:
         for part in todo:
             donor = built_elsewhere(cfg, part, paths.folder)
-            console.print(f"[bold]{part}[/bold] ..." + (f" (the same as {donor}: copied)" if donor else ""))
+            log.info(f"{part} ..." + (f" (the same as {donor}: copied)" if donor else ""))
             store.build_part(paths.folder, part, digest, _copy_part(donor) if donor else builder.step(part))
     finally:
         torch.set_num_threads(threads_before)
-    store.write_atomically(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))
+    atomic_write_text(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))
     store.mark_complete(paths.folder, digest)
-    console.print(f"[bold]specdec[/bold]: default model family ready in "
-                  f"{(time.perf_counter() - started) / 60:.1f} min: {paths.folder}")
-
-
-def _write_json(path: str, data) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+    log.info(f"specdec: default model family ready in {(time.perf_counter() - started) / 60:.1f} min: "
+             f"{paths.folder}")

@@ -12,9 +12,8 @@ from omegaconf import OmegaConf
 
 from specdec.config import build_config
 from specdec.errors import ConfigError
-from specdec.heads.config import TrainHeadsConfig
+from specdec.heads.config import TrainEagleConfig, TrainHeadsConfig
 from specdec.heads.distill import TrainDraftConfig, validate as validate_train_draft
-from specdec.heads.eagle_train import TrainEagleConfig
 
 # Bump when the builder's output changes for the same config (invalidates every cache).
 # 2: the draft is distilled by `specdec train-draft`'s code (train_draft), not by lm.train_lm.

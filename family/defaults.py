@@ -7,12 +7,13 @@ heads.path are unset. $SPECDEC_FAMILY_CONFIG may name another family YAML (sizes
 $SPECDEC_HOME moves the cache (default ~/.cache/specdec)."""
 from __future__ import annotations
 
+import logging
 import os
-
-import sys
 
 from . import FamilyPaths, ensure_family, family_is_built, load_family_config
 from .config import DEFAULT_FAMILY_CONFIG
+
+log = logging.getLogger(__name__)
 
 
 def default_family_config_name() -> str:
@@ -26,12 +27,13 @@ def default_family() -> FamilyPaths:
 
 def apply_default_paths(cfg) -> None:
     """Fill cfg.target.path (and cfg.draft.path / cfg.heads.path / cfg.eagle.path when unset) with the default family,
-    saying so (on stderr) when it has to be built first."""
+    saying so (a warning of the "specdec" logger: on stderr unless logging says otherwise) when it has
+    to be built first."""
     family_cfg = load_family_config(default_family_config_name())
     if not family_is_built(family_cfg):
-        print("specdec: no target.path given, so specdec uses its small embedded default model family, "
-              "which is not built yet: building it now (once, about 6 minutes on a 2-core CPU). "
-              "Give target.path=/path/to/checkpoint to use your own model instead.", file=sys.stderr)
+        log.warning("specdec: no target.path given, so specdec uses its small embedded default model family, "
+                    "which is not built yet: building it now (once, about 6 minutes on a 2-core CPU). "
+                    "Give target.path=/path/to/checkpoint to use your own model instead.")
     family = ensure_family(family_cfg)
     cfg.target.path = family.target
     if cfg.draft.path is None:

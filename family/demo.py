@@ -27,6 +27,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specdec.log import log_to_stderr
+
 STRATEGIES = ("autoregressive", "draft_model", "medusa", "eagle", "prompt_lookup", "auto")
 DEFAULT_ORIGIN = "default family"
 
@@ -293,6 +295,7 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     from specdec.errors import SpecDecError
+    log_to_stderr()                  # the family build's progress
     args = parse_args(argv)
     console = Console()
     prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT

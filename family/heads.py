@@ -3,8 +3,10 @@ library's own `specdec train-draft` / `specdec train-heads` code on the same tra
 target read (and evaluated on the held-out ones)."""
 from __future__ import annotations
 
-import json
 import os
+
+from specdec.atomic import atomic_write_json
+from specdec.heads import distill, eagle_train, train
 
 from .config import FamilyConfig
 from .corpus import CorpusSplit
@@ -28,23 +30,19 @@ def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConf
     from omegaconf import OmegaConf
 
     split_file = os.path.join(out, SPLIT_FILE)
-    with open(split_file, "w", encoding="utf-8") as f:
-        json.dump({"train": _files_within(split, "train", cfg.corpus.train_chars),
-                   "heldout": _files_within(split, "heldout", cfg.corpus.train_chars // 10)}, f, indent=1)
+    atomic_write_json(split_file, {"train": _files_within(split, "train", cfg.corpus.train_chars),
+                                   "heldout": _files_within(split, "heldout", cfg.corpus.train_chars // 10)}, indent=1)
     return OmegaConf.merge(section, {"target": target_path, "tokenizer": None, "output_dir": out,
                                      "split_file": split_file, "corpus_root": split.root})
 
 
 def train_default_draft(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    from specdec.heads.distill import train_draft
-    return train_draft(_train_config(cfg.draft.train, target_path, split, cfg, out))
+    return distill.train_draft(_train_config(cfg.draft.train, target_path, split, cfg, out))
 
 
 def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    from specdec.heads.train import train_heads
-    return train_heads(_train_config(cfg.heads.train, target_path, split, cfg, out))
+    return train.train_heads(_train_config(cfg.heads.train, target_path, split, cfg, out))
 
 
 def train_default_eagle(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    from specdec.heads.eagle_train import train_eagle
-    return train_eagle(_train_config(cfg.eagle.train, target_path, split, cfg, out))
+    return eagle_train.train_eagle(_train_config(cfg.eagle.train, target_path, split, cfg, out))

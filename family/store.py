@@ -1,7 +1,7 @@
 """Where a family lives on disk and how it gets there safely.
 
     <cache>/default-<hash>/
-        tokenizer/ target/ draft/ heads/   each built in a temp folder, renamed into place,
+        tokenizer/ target/ draft/ heads/   each built in a temp folder, renamed into place (specdec.atomic),
                                            with a PART_COMPLETE marker (the hash) inside
         family.yaml                        the config it was built from
         COMPLETE                           the hash, written last: only then is it loaded
@@ -16,8 +16,9 @@ import contextlib
 import fcntl
 import os
 import shutil
-import tempfile
 from typing import Callable, Iterator
+
+from specdec.atomic import atomic_folder, atomic_write_text
 
 COMPLETE = "COMPLETE"
 PART_COMPLETE = "PART_COMPLETE"
@@ -42,22 +43,12 @@ def _read(path: str) -> str | None:
         return None
 
 
-def write_atomically(path: str, text: str) -> None:
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def is_complete(folder: str, config_hash: str) -> bool:
     return _read(os.path.join(folder, COMPLETE)) == config_hash
 
 
 def mark_complete(folder: str, config_hash: str) -> None:
-    write_atomically(os.path.join(folder, COMPLETE), config_hash + "\n")
+    atomic_write_text(os.path.join(folder, COMPLETE), config_hash + "\n")
 
 
 def part_is_complete(folder: str, part: str, config_hash: str) -> bool:
@@ -68,16 +59,11 @@ def build_part(folder: str, part: str, config_hash: str, build: Callable[[str], 
     """Run build(tmp_folder), mark it, and rename it to folder/part (replacing any stale one).
     An exception leaves no folder/part behind that could pass for a finished one."""
     final = os.path.join(folder, part)
-    tmp = tempfile.mkdtemp(dir=folder, prefix=f".{part}.building-")
-    try:
+
+    def build_and_mark(tmp: str) -> None:
         build(tmp)
-        write_atomically(os.path.join(tmp, PART_COMPLETE), config_hash + "\n")
-        if os.path.lexists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        atomic_write_text(os.path.join(tmp, PART_COMPLETE), config_hash + "\n")
+    atomic_folder(final, build_and_mark)
     return final
 
 

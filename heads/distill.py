@@ -23,11 +23,8 @@ for and the recipe.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
@@ -36,18 +33,22 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from specdec.config import build_config, setting
+from specdec.api import Speculator
+from specdec.atomic import atomic_files_into, atomic_write, atomic_write_json
+from specdec.config import build_config, find_config_file, setting
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
 from specdec.models import resolve_device
 from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.strategies.draft_model import DraftModel
 
 from .data import fixed_windows, sample_windows
 from .distill_loss import distill_loss, loss_weights
 from .eagle_train import _Distributed, lr_at, out_of_time
+from .help import keys_help
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
-from .io import atomic_write, fingerprints_match, target_identity
+from .io import fingerprints_match, target_identity
 from .train import training_streams
 
 CHECKPOINT_FILE = "draft_checkpoint.pt"
@@ -214,8 +215,6 @@ def target_continuations(target, tokenizer, draft, prompts: torch.Tensor, new_to
                          seed: int) -> torch.Tensor:
     """[B, P] -> [B, P + new_tokens] sampled from the *target*, through our own speculative decoding
     (draft_model with the draft being trained: the target's law, fewer target forwards)."""
-    from specdec.api import Speculator
-    from specdec.strategies.draft_model import DraftModel
     was_training = draft.training
     speculator = Speculator(target, tokenizer, DraftModel(draft, num_tokens=4))
     outs = speculator.generate([row.tolist() for row in prompts], max_new_tokens=new_tokens, temperature=temperature,
@@ -275,8 +274,6 @@ class HeldOut:
 
     def chain_tau(self, draft, temperature: float) -> float:
         """Tokens per target forward of draft_model (a chain of eval_gamma) on the held-out prompts."""
-        from specdec.api import Speculator
-        from specdec.strategies.draft_model import DraftModel
         speculator = Speculator(self.target, self.tokenizer, DraftModel(draft, num_tokens=self.cfg.eval_gamma))
         outs = speculator.generate(self.prompts, max_new_tokens=self.cfg.eval_new_tokens, temperature=temperature,
                                    seed=[self.cfg.seed + i for i in range(len(self.prompts))] if temperature else None,
@@ -314,32 +311,21 @@ def _load_checkpoint(path: str, draft, optimizer, generator, identity: dict) -> 
     return state
 
 
-def _write_json(path: str, data: dict) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(path, write)
-
-
 def save_distilled(folder: str, draft, tokenizer, info: dict) -> None:
     """The draft as a plain Hugging Face checkpoint (config, safetensors, tokenizer files) and
     distill.json, written last: each file is moved into place whole, so a folder with distill.json
     holds a complete draft."""
-    tmp = tempfile.mkdtemp(dir=folder, prefix=".draft-")
-    try:
+    def write(tmp: str) -> None:
         draft.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        for name in os.listdir(tmp):
-            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _write_json(os.path.join(folder, INFO_FILE), info)
+    atomic_files_into(folder, write)
+    atomic_write_json(os.path.join(folder, INFO_FILE), info, indent=2)
 
 
 # ---------------------------------------------------------------------- the loop
 def _write_log(folder, cfg, history, losses, extra) -> None:
-    _write_json(os.path.join(folder, LOG_FILE), {"config": OmegaConf.to_container(cfg), "history": history,
-                                                 "losses": losses, **extra})
+    atomic_write_json(os.path.join(folder, LOG_FILE), {"config": OmegaConf.to_container(cfg), "history": history,
+                                                       "losses": losses, **extra}, indent=2)
 
 
 def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
@@ -493,8 +479,6 @@ USAGE = ("usage: specdec train-draft [CONFIG] [key=value ...]\n"
 
 
 def help_text(name: str | None) -> str:
-    from .command import keys_help
-    from specdec.config import find_config_file
     where = f" ({find_config_file(name)})" if name else ""
     return (f"{USAGE}\n\ndistils a draft model into its target{where}; keys"
             f"{', with this config' + chr(39) + 's values' if name else ' (defaults)'}:\n"

@@ -15,7 +15,7 @@ so sampled trees carry exact draft distributions and the target's law is kept by
 
 Parameter names are the `speculators` ones (`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`,
 optional `embed_tokens`): a speculators checkpoint loads with load_state_dict as is; the EAGLE
-repository and SGLang name layer 0 `midlayer` (specdec.interop.eagle renames).
+repository and SGLang name layer 0 `midlayer` (specdec.heads.eagle_formats renames).
 The call interface is EagleDrafter's (specdec.heads.eagle), so the eagle strategy, its training
 and its evaluation serve both.
 """

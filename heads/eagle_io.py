@@ -26,6 +26,7 @@ from specdec.models import has_native_bf16
 
 from .eagle import EagleDrafter, EagleLayout
 from .eagle3 import Eagle3Drafter, Eagle3Layout
+from .eagle_formats import import_eagle3
 from .io import DrafterFiles, load_drafter, read_drafter_config, save_drafter
 
 WEIGHTS_FILE = "eagle.safetensors"
@@ -58,9 +59,8 @@ def read_eagle_config(folder: str) -> dict:
 def load_eagle(folder: str, target=None) -> EagleDrafter | Eagle3Drafter:
     """The drafter in `folder`; with `target`, checked against it and bound to it. A folder holding
     an EAGLE-3 checkpoint of `speculators` or of the EAGLE repository (no eagle.json) is imported
-    (specdec.interop.eagle)."""
+    (specdec.heads.eagle_formats)."""
     if folder and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
-        from specdec.interop.eagle import import_eagle3
         drafter = import_eagle3(folder, target)
         if target is not None:
             bind_eagle(drafter, target)

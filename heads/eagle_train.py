@@ -22,13 +22,11 @@ same output_dir resumes. Under torchrun each rank trains on its own share of eve
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable
 
 import torch
 from omegaconf import OmegaConf
@@ -36,69 +34,23 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from specdec.config import build_config, find_config_file
+from specdec.atomic import atomic_write_json
+from specdec.config import build_config
 from specdec.errors import ConfigError
 from specdec.models import DTYPES, has_native_bf16, load_model, load_tokenizer, resolve_device
 
+from .config import TrainEagleConfig, is_eagle_config  # noqa: F401 - is_eagle_config: specdec.heads.eagle_train's name too
 from .data import fixed_windows, sample_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_tokens
 from .eagle_io import save_eagle
+from .help import help_text
 from .interrupt import deferred_interrupt, stop_training, training_main
-from .io import atomic_write, target_fingerprint
+from .io import target_fingerprint
 from .train import _fmt, load_checkpoint, save_checkpoint, training_streams
 
 CHECKPOINT_FILE = "eagle_checkpoint.pt"
 LOG_FILE = "eagle_train.json"
-
-
-@dataclass
-class TrainEagleConfig:
-    drafter: str = "eagle"              # marks a config as an EAGLE training config (`specdec train-heads` dispatch)
-    target: Optional[str] = None        # Hugging Face checkpoint folder of the (frozen) target
-    tokenizer: Optional[str] = None
-    output_dir: str = "eagle-out"       # eagle.json + eagle.safetensors + checkpoint + log; re-run to resume
-    corpus: List[str] = field(default_factory=list)     # [] = the whole standard library
-    corpus_root: Optional[str] = None
-    heldout: List[str] = field(default_factory=list)
-    split_file: Optional[str] = None    # JSON with "train" / "heldout" file lists
-    # drafter
-    layout: str = "eagle3"              # eagle1 (last hidden state, the target's lm_head) | eagle3 (the standard
-    #   EAGLE-3 drafter: low, middle and high layer fused, its own lm_head over draft_vocab_size tokens)
-    feature_layers: Optional[List[int]] = None   # override the layers read (hidden_states indices)
-    draft_vocab_size: Optional[int] = None   # eagle3: the drafter's vocabulary, the corpus's most frequent
-    #   target tokens (None = the whole target vocabulary)
-    norm_before_residual: bool = False  # eagle3: the layer's residual is hidden_norm(g) (speculators' flag)
-    intermediate_size: Optional[int] = None   # the drafter's SwiGLU width (None = the target's); narrower
-    #   drafts faster where one target layer is a large share of the model (small targets, CPUs)
-    # objective
-    ttt_steps: int = 3                  # unrolled steps on the drafter's own predictions (training-time test)
-    step_loss_decay: float = 0.8        # step j's loss weight = decay ** (j - 1)
-    feature_loss_weight: float = 0.1    # eagle1 only: smooth-L1 regression of the output onto f_{t+1}
-    # optimisation
-    seq_len: int = 256
-    batch_size: int = 8                 # global batch (split across torchrun ranks)
-    steps: int = 300
-    max_minutes: Optional[float] = None   # also stop after this much training time (summed over resumes); the
-    #   lr schedule then follows whichever of steps / time is further along
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    bf16: Optional[bool] = False        # bf16 autocast for the target and drafter forwards (null: where it pays -
-    #   CUDA with bf16, a CPU with bf16 dot products; elsewhere emulated bf16 is many times slower)
-    # bookkeeping
-    seed: int = 0
-    eval_interval: int = 100
-    eval_windows: int = 12              # held-out windows of seq_len tokens
-    eval_new_tokens: int = 64           # tail of each window replaced by the target's greedy continuation
-    eval_depth: int = 6                 # chain depths reported
-    checkpoint_interval: int = 50
-    device: str = "cpu"
-    dtype: str = "float32"              # the target's dtype while training (the drafter trains in fp32)
-    backend: Optional[str] = None       # torch.distributed backend under torchrun (None: nccl on CUDA, else gloo)
-    progress: bool = True
 
 
 def validate(cfg) -> None:
@@ -131,15 +83,6 @@ def load_train_eagle_config(name_or_path: str | None = None, overrides=None):
     cfg = build_config(TrainEagleConfig, name_or_path, overrides)
     validate(cfg)
     return cfg
-
-
-def is_eagle_config(name_or_path: str) -> bool:
-    """Whether a shipped config name / YAML path is an EAGLE training config (`drafter: eagle`)."""
-    try:
-        data = OmegaConf.load(find_config_file(name_or_path))
-    except Exception:  # noqa: BLE001 - let the regular loader report it
-        return False
-    return OmegaConf.is_dict(data) and data.get("drafter") == "eagle"
 
 
 # ---------------------------------------------------------------------- the unrolled objective
@@ -317,11 +260,7 @@ def start_from_target_head(drafter: Eagle3Drafter, target) -> None:
 def _write_log(folder, cfg, history, losses, extra) -> None:
     data = {"config": OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg),
             "history": history, "losses": losses, **extra}
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(os.path.join(folder, LOG_FILE), write)
+    atomic_write_json(os.path.join(folder, LOG_FILE), data, indent=2)
 
 
 class _Distributed:
@@ -488,7 +427,6 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads train_eagle [key=value ...]  (or a YAML with `drafter: eagle`)"""
-    from .command import help_text
     return training_main(argv, show_help=lambda name: print(help_text(name, eagle=True)),
                          load_config=load_train_eagle_config, train=train_eagle, cli="specdec train-heads",
                          module="specdec.heads.eagle_train", saved="EAGLE drafter saved in {folder}")

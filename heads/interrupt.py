@@ -9,6 +9,8 @@ import signal
 import sys
 import threading
 
+from specdec.log import log_to_stderr
+
 EXIT_INTERRUPTED = 130
 
 
@@ -75,6 +77,7 @@ def training_main(argv: list[str] | None, *, show_help, load_config, train, cli:
     config loaded by load_config(name, overrides) and trained by train(cfg) -> folder; Ctrl-C ends
     with the command that resumes the run (a torchrun one when several ranks ran `module`), and only
     rank 0 reports. `saved` formats the last line with {folder}."""
+    log_to_stderr()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = list(argv)
     name = None

@@ -16,19 +16,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import IncompatibleModelsError, ModelLoadError
+from specdec.models import output_vocab_size as output_vocab
 
-from .module import HeadsLayout, MedusaHeads
+from .medusa_formats import FOREIGN_FORMATS, detect_heads_format, import_heads
+from .module import CONFIG_FILE, WEIGHTS_FILE, HeadsLayout, MedusaHeads, bind_heads
 
-WEIGHTS_FILE = "heads.safetensors"
-CONFIG_FILE = "heads.json"
 FORMAT = "specdec-medusa-heads"
 VERSION = 1
 FINGERPRINT_ROWS = 8
@@ -36,11 +36,6 @@ FINGERPRINT_RTOL = 2e-2         # bf16 keeps ~3 significant digits; another mode
 
 
 # ---------------------------------------------------------------------- target identity
-def output_vocab(target) -> int:
-    head = target.get_output_embeddings()
-    return head.weight.shape[0] if head is not None else target.config.vocab_size
-
-
 def target_fingerprint(target) -> list[float]:
     """2 * FINGERPRINT_ROWS numbers: fixed rows of the input embedding and of the lm_head, each
     projected on a fixed vector (fp32)."""
@@ -124,32 +119,6 @@ def check_heads_fit_target(info: dict, target, where: str = "these heads") -> No
     check_fits_target(HEADS_FILES, info, target, where)
 
 
-# ---------------------------------------------------------------------- atomic writes
-def atomic_write(path: str, write) -> None:
-    """Call write(temp_path) for a temp file in the same folder, then os.replace it onto `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~umask)         # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _write_json(path: str, data: dict) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(path, write)
-
-
 # ---------------------------------------------------------------------- save / load
 def save_drafter(files: DrafterFiles, folder: str, module, target, training: dict | None = None) -> str:
     """Write the weights, then the config (the config last: a folder with a config has weights
@@ -157,9 +126,9 @@ def save_drafter(files: DrafterFiles, folder: str, module, target, training: dic
     state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in module.state_dict().items()}
     atomic_write(os.path.join(folder, files.weights_file),
                  lambda tmp: save_file(state, tmp, metadata={"format": files.format}))
-    _write_json(os.path.join(folder, files.config_file), {
+    atomic_write_json(os.path.join(folder, files.config_file), {
         "format": files.format, "version": VERSION, "layout": module.layout.as_dict(),
-        "target": target_identity(target), "training": training or {}})
+        "target": target_identity(target), "training": training or {}}, indent=2)
     return folder
 
 
@@ -222,9 +191,8 @@ def read_heads_config(folder: str) -> dict:
 def load_heads(folder: str, target=None) -> MedusaHeads:
     """Heads from `folder`; with `target`, checked against it and attached to its lm_head.
     A folder in FasterDecoding's or vLLM's Medusa layout (no heads.json) is imported
-    (specdec.interop.medusa)."""
+    (specdec.heads.medusa_formats)."""
     if folder and os.path.isdir(folder) and not os.path.isfile(os.path.join(folder, CONFIG_FILE)):
-        from specdec.interop.medusa import FOREIGN_FORMATS, detect_heads_format, import_heads
         kind = detect_heads_format(folder)
         if kind in FOREIGN_FORMATS:
             return import_heads(folder, target, kind)
@@ -232,12 +200,3 @@ def load_heads(folder: str, target=None) -> MedusaHeads:
     if target is not None:
         bind_heads(heads, target)
     return heads.eval()
-
-
-def bind_heads(heads: MedusaHeads, target) -> MedusaHeads:
-    """Move the heads to the target's device and dtype and share its lm_head (and its input
-    embedding, which token-conditioned heads read)."""
-    heads.to(device=target.device, dtype=target.dtype)
-    heads.attach_lm_head(target.get_output_embeddings())
-    heads.attach_embedding(target.get_input_embeddings())
-    return heads

@@ -21,6 +21,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+# the heads' own file format (written and read by heads/io.py): a folder with these two files
+WEIGHTS_FILE = "heads.safetensors"
+CONFIG_FILE = "heads.json"
+
 
 @dataclass(frozen=True)
 class HeadsLayout:
@@ -150,3 +154,12 @@ class MedusaHeads(nn.Module):
         if head is not None:
             return self.head_logits(head, hidden, prev_ids)
         return self.project(self.features(hidden, prev_ids))                 # [..., K, V]
+
+
+def bind_heads(heads: MedusaHeads, target) -> MedusaHeads:
+    """Move the heads to the target's device and dtype and share its lm_head (and its input
+    embedding, which token-conditioned heads read)."""
+    heads.to(device=target.device, dtype=target.dtype)
+    heads.attach_lm_head(target.get_output_embeddings())
+    heads.attach_embedding(target.get_input_embeddings())
+    return heads

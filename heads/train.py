@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import sys
@@ -24,18 +25,21 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.config import parse_overrides
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
+from .help import help_text
 from .interrupt import deferred_interrupt, stop_training, training_main
-from .io import atomic_write, output_vocab, save_heads, target_fingerprint, fingerprints_match
+from .io import output_vocab, save_heads, target_fingerprint, fingerprints_match
 from .module import HeadsLayout, MedusaHeads
 
 CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "train.json"
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- losses and metrics
@@ -133,13 +137,13 @@ def corpus_files(cfg: TrainHeadsConfig) -> tuple[list[str], list[str]]:
 def training_streams(cfg, tokenizer, announce: bool = True):
     """(train files, held-out files, train [T_train], held-out [T_heldout]) of the config's corpus:
     the files and their token streams, documents joined by the tokenizer's EOS. A note on how the
-    held-out part was chosen is printed when `announce` (rank 0 of several); a stream shorter than
-    one window is a ConfigError."""
+    held-out part was chosen is logged as a warning when `announce` (rank 0 of several); a stream
+    shorter than one window is a ConfigError."""
     train_files, heldout_files = corpus_files(cfg)
     train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
                                                        min_tokens=cfg.seq_len + 1)
     if note and announce:
-        print(note, file=sys.stderr)
+        log.warning(note)
     for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
         if stream.numel() < cfg.seq_len + 1:
             raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
@@ -197,11 +201,7 @@ def load_checkpoint(path: str, module, optimizer, generator, fingerprint, key: s
 def _write_log(folder: str, cfg, history: list, extra: dict) -> None:
     data = {"config": OmegaConf.to_container(OmegaConf.structured(cfg)) if not isinstance(cfg, dict) else cfg,
             "history": history, **extra}
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-    atomic_write(os.path.join(folder, LOG_FILE), write)
+    atomic_write_json(os.path.join(folder, LOG_FILE), data, indent=2)
 
 
 def _fmt(values: list[float]) -> str:
@@ -298,7 +298,6 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
 
 def main(argv: list[str] | None = None) -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
-    from .command import help_text
     return training_main(argv, show_help=lambda name: print(help_text(name)),
                          load_config=lambda name, argv: load_train_config(name, parse_overrides(argv)),
                          train=train_heads, cli="specdec train-heads", module="specdec.heads.train",

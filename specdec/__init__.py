@@ -5,9 +5,10 @@
     out = sd.generate("def parse(", max_new_tokens=128)
     out.text, out.token_ids, out.stats.tokens_per_forward
 """
-from .api import Speculator, Stream, load
+from .api import Speculator, Stream
 from .errors import (ConfigError, IncompatibleModelsError, InputError, ModelLoadError, SpecDecError,
                      StreamSupersededError)
+from .loading import load
 from .sampling import SamplingParams
 from .tree import CandidateTree
 from .types import GenerationOutput, Stats

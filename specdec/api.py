@@ -1,4 +1,5 @@
-"""The public API: specdec.load(...) and specdec.Speculator(target, tokenizer, strategy)."""
+"""The public API: specdec.Speculator(target, tokenizer, strategy); specdec.load(...) builds one from a
+config (specdec/loading.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,13 +12,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .arguments import as_int, check_flag, check_int, check_generation_args, check_text, check_token_ids
-from .config import GenerationDefaults, load_spec_config
+from .config import GenerationDefaults
 from .coupled import make_noise
 from .errors import InputError
 from .batch import BatchOutput, Job, batch_output, decode_batch
 from .loop import Decoding, _Clock, decode
 from .processing import LogitsProcessing
-from .models import context_length, load_model, load_tokenizer, output_vocab_size, resolve_device, resolve_dtype
+from .models import context_length, output_vocab_size
 from .sampling import SamplingParams, TorchRandom, make_generator, resolve_seed
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
@@ -460,19 +461,3 @@ def _strategy_by_name(name: str, config):
     except ModelLoadError as exc:
         raise InputError(f"strategy {name!r} needs a model or heads of its own ({exc}): build it with "
                          f"specdec.load({name!r}, ...) or pass a strategy object") from exc
-
-
-def load(config: str = "autoregressive", /, **overrides) -> Speculator:
-    """Build a Speculator from a shipped config name or a YAML path, with dotted overrides:
-    specdec.load("draft_model", **{"target.path": "...", "draft.path": "..."})."""
-    from .strategies import build_strategy
-    cfg = load_spec_config(config, overrides)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    if cfg.target.path is None:
-        from .family.defaults import apply_default_paths
-        apply_default_paths(cfg)
-    target = load_model(cfg.target.path, "target", device, dtype)
-    tokenizer = load_tokenizer(cfg.target.tokenizer or cfg.target.path, "target")
-    strategy = build_strategy(cfg, target, tokenizer, device, dtype)
-    return Speculator(target, tokenizer, strategy, config=cfg)

@@ -14,6 +14,8 @@ import torch
 
 from .errors import InputError
 
+SAMPLERS = ("rejection", "coupled")       # generation.sampler: how sampled tokens are drawn (specdec.coupled)
+
 # Below this the warped logits (logits / temperature) overflow fp32 for ordinary logits, and
 # sampling is greedy in all but name; temperature=0 is the greedy path.
 MIN_TEMPERATURE = 1e-4
@@ -137,7 +139,6 @@ def check_flag(value: Any, name: str, error=InputError) -> bool:
 
 
 def check_sampler(value: Any, name: str, error=InputError) -> str:
-    from .coupled import SAMPLERS
     if not isinstance(value, str) or value not in SAMPLERS:
         raise error(f"{name} must be one of {', '.join(SAMPLERS)} (rejection: lossless rejection sampling; "
                     f"coupled: Gumbel-max noise keyed by (seed, position), the same text for every strategy), "

@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        from .api import load
+        from .loading import load
         overrides = {}
         for o in args.overrides:
             if "=" not in o:

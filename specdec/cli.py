@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .errors import SpecDecError
+from .log import log_to_stderr
 
 
 def _read_prompts_file(path: str) -> list[dict]:
@@ -72,7 +73,7 @@ def _generate_file(sd, args) -> int:
 
 
 def _generate(args) -> int:
-    from .api import load
+    from .loading import load
     from .config import parse_overrides
     sd = load(args.config, **parse_overrides(args.overrides))
     if args.prompts_file:
@@ -113,6 +114,7 @@ def _add_version(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    log_to_stderr()                  # the library's progress messages (building the default family, ...)
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for HF causal LMs")
     _add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)

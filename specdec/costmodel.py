@@ -28,6 +28,7 @@ from typing import Sequence
 
 import torch
 
+from .atomic import atomic_write_json
 from .errors import ConfigError
 
 
@@ -222,15 +223,7 @@ def read_profile(path: str, key: str, sizes: Sequence[int] | None = None) -> Cos
 def store_profile(profile: CostProfile, path: str) -> None:
     """Write the profile atomically (a reader never sees half a file); OSError when the folder
     cannot be made or written."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(asdict(profile), f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write_json(path, asdict(profile))
 
 
 def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: int, batch: int = 1,

@@ -29,11 +29,10 @@ from typing import Sequence
 
 import torch
 
+from .arguments import SAMPLERS
 from .errors import InputError
 from .sampling import SamplingParams, resolve_seed, warp_logits
 from .tree import to_device
-
-SAMPLERS = ("rejection", "coupled")
 
 KEY_WINDOW = 64          # positions whose noise keys go to the device together (GumbelNoise)
 _M32 = 0xFFFFFFFF

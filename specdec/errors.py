@@ -21,6 +21,10 @@ class InputError(SpecDecError, ValueError):
     """A prompt or generation argument that cannot be served."""
 
 
+class MissingDependencyError(SpecDecError, ImportError):
+    """An optional dependency that is not installed; the message names the extra that brings it."""
+
+
 class StrategyError(SpecDecError, RuntimeError):
     """A strategy broke the protocol (e.g. a tree deeper than state.max_depth): a bug in that strategy."""
 

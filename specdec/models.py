@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import IncompatibleModelsError, ModelLoadError
+from .tree import tree_attention_mask, tree_position_ids
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -231,7 +232,6 @@ def check_tree_forward(model, layout: AttentionLayout) -> None:
     worse, verify trees silently wrong. Compared in fp32 only (lower precisions differ in rounding).
     Called through model.forward: forward hooks on the model (a benchmark's forward meter) do not
     see this probe."""
-    from .tree import tree_position_ids
     check_causal(model)
     vocab = model.get_input_embeddings().num_embeddings
     tokens = [min(i, vocab - 1) for i in (3, 4, 5)]
@@ -290,14 +290,12 @@ def check_own_window(model, layout: AttentionLayout) -> None:
 
 
 def _tree_mask(parents, dtype, device, window):
-    from .tree import tree_attention_mask
     return tree_attention_mask(parents, 0, dtype, device, window)
 
 
 def _takes_mask_per_type(model) -> bool:
     """Whether the decoder's forward accepts attention_mask={layer type: mask} (Hugging Face's
     `causal_mask_mapping` convention of models with layer_types)."""
-    import inspect
     try:
         source = inspect.getsource(type(model.base_model).forward)
     except (OSError, TypeError):

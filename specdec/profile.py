@@ -7,7 +7,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from .api import load
+    from .loading import load
     from .config import parse_overrides
     from .costmodel import measure_and_store, profile_sizes
     parser = argparse.ArgumentParser(prog="specdec profile", description=__doc__)

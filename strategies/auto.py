@@ -93,6 +93,12 @@ def match_bucket(length: int) -> int:
     return next((i for i, bound in enumerate(MATCH_BUCKETS) if length <= bound), len(MATCH_BUCKETS))
 
 
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above a batch size (1 for 1): the batch sizes one cost profile and one
+    batch gate serve."""
+    return 1 << (batch - 1).bit_length()
+
+
 class _Step(NamedTuple):
     """What propose decided, for observe."""
     merged: CandidateTree         # lookup + drafter tree before planning
@@ -212,7 +218,7 @@ class Auto(BaseStrategy):
         the forward turns compute-bound, tree nodes cost more, and the planner drafts less or nothing."""
         if batch <= 1 or not self.profile or self.target is None:
             return self.costs
-        bucket = 1 << (batch - 1).bit_length()     # the next power of two: a few profiles serve every size
+        bucket = batch_bucket(batch)               # a few profiles serve every size
         if bucket not in self.batch_costs:
             sizes, context = self.profile_setup(self.target)
             sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
@@ -385,7 +391,7 @@ class Auto(BaseStrategy):
                 self.gate_mark = None
             return True
         now = time.perf_counter()
-        bucket = 1 << (state.batch_size - 1).bit_length()
+        bucket = batch_bucket(state.batch_size)
         key = (bucket, temperature_key(state.sampling.temperature))
         gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate(
             speculate_first=self._speculates_below(key)))

@@ -24,16 +24,15 @@ own outputs (and the corpus): `generate(..., cache_scope="user-17")`.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, List, Optional, Sequence
 
+from specdec.atomic import atomic_write_bytes
 from specdec.config import setting
 from specdec.errors import ConfigError
 from specdec.tree import CandidateTree, root_to_leaf_paths
@@ -171,26 +170,14 @@ class SuffixCache:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> None:
-        """Write the cached outputs (not the corpus) atomically: a temporary file in the same folder,
-        then a rename, so a crash mid-write leaves the previous file whole."""
+        """Write the cached outputs (not the corpus) atomically (specdec.atomic): a crash mid-write
+        leaves the previous file whole."""
         payload = json.dumps({"max_depth": self.max_depth,
                               "outputs": [[scope, tokens] for scope, tokens in self.outputs()]},
                              separators=(",", ":")).encode()
         header = json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION, "bytes": len(payload),
                              "sha256": hashlib.sha256(payload).hexdigest()}).encode()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(header + b"\n" + payload)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):     # the temporary file may already be gone
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(path, header + b"\n" + payload)
 
     def load(self, path: str | os.PathLike) -> None:
         """Add the outputs saved at `path` (in their order, within this cache's bound)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import string
 
 import pytest
@@ -73,6 +74,17 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> li
     out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
                          max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
     return out[0, len(prompt_ids):].tolist()
+
+
+@pytest.fixture(autouse=True)
+def _restore_specdec_logger():
+    """The "specdec" logger as it was before each test: a test that runs the CLI (which puts a stderr
+    handler on it, specdec.log.log_to_stderr) leaves nothing behind for the next."""
+    logger = logging.getLogger("specdec")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
 
 
 @pytest.fixture(params=ARCHITECTURES)

@@ -12,7 +12,7 @@ from test_greedy_identity import contrarian_copy, target_of
 from specdec import Speculator
 from specdec.costmodel import CostProfile
 from specdec.sampling import SamplingParams
-from specdec.strategies.auto import PRIOR_ACCEPT, PRIOR_ACCEPT_SAMPLED, Auto
+from specdec.strategies.auto import PRIOR_ACCEPT, PRIOR_ACCEPT_SAMPLED, Auto, batch_bucket
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.mixed import LOOKUP, NEURAL, merge_paths
 from specdec.tree import CandidateTree
@@ -305,3 +305,7 @@ def test_a_drafter_priced_out_is_timed_again_on_its_looks():
     Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=120, ignore_eos=True)
     timed = [t for t in strategy.draft_times if t < 100.0]
     assert len(timed) >= 5 and strategy.draft_cost_s < 1.0
+
+
+def test_batch_bucket_is_the_power_of_two_at_or_above():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]

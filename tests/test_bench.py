@@ -226,3 +226,41 @@ def test_forget_empties_suffix_caches_of_suffix_and_auto_rows(tiny_family):
     for row in rows:
         row.forget()                       # prompt_lookup keeps nothing: a no-op there
     assert all(c.stats()["entries"] == 0 and c.stats()["tokens"] == 0 for c in caches)
+
+
+NO_MATPLOTLIB = """
+import importlib.abc, sys
+
+class NoMatplotlib(importlib.abc.MetaPathFinder):     # as if matplotlib were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoMatplotlib())
+import specdec, specdec.benchmarks.run, specdec.benchmarks.batch, specdec.benchmarks.plots
+from specdec.cli import main
+assert "matplotlib" not in sys.modules
+sys.exit(main(["bench", "quick"]))
+"""
+
+
+def test_matplotlib_is_only_the_bench_extra(tmp_path):
+    """The library and the benchmark modules import without matplotlib; `specdec bench` then stops at
+    once (before any model is built or run) saying what to install."""
+    import subprocess
+    import sys
+    env = {**os.environ, "SPECDEC_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("specdec bench: error: the benchmark plots need matplotlib, which "
+                                                    "is not installed: pip install 'specdec[bench]'")
+    assert not (tmp_path / "home").exists()          # no default family was built, nothing was measured
+
+
+def test_pyproject_requires_neither_matplotlib_nor_einops():
+    tomllib = pytest.importorskip("tomllib")          # Python 3.11+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert not [r for r in project["dependencies"] if r.startswith(("matplotlib", "einops"))]
+    assert [r for r in project["optional-dependencies"]["bench"] if r.startswith("matplotlib")]

@@ -95,14 +95,14 @@ def test_parse_overrides_reads_yaml_values():
 
 
 def test_cli_generate_takes_yaml_overrides(folders, capsys, monkeypatch):
-    import specdec.api
+    import specdec.loading
     loaded = []
 
     def recording_load(*args, **kwargs):
         loaded.append(real_load(*args, **kwargs))
         return loaded[-1]
-    real_load = specdec.api.load
-    monkeypatch.setattr(specdec.api, "load", recording_load)
+    real_load = specdec.loading.load
+    monkeypatch.setattr(specdec.loading, "load", recording_load)
     argv = ["generate", "draft_model", f"target.path={folders['target']}", f"draft.path={folders['draft']}",
             "device=cpu", "draft.branching=[2,2,1]", "draft.max_nodes=6", "medusa.choices=[[0],[1],[0,0]]",
             "generation.stop=[return]", "generation.seed=null", "generation.max_new_tokens=7", "--prompt", "def f",

@@ -79,11 +79,11 @@ def test_ctrl_c_prints_the_text_so_far_and_exits_130(target, capsys, monkeypatch
 
 
 def test_ctrl_c_while_loading_exits_130(target, capsys, monkeypatch):
-    import specdec.api
+    import specdec.loading
 
     def interrupted_load(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(specdec.api, "load", interrupted_load)
+    monkeypatch.setattr(specdec.loading, "load", interrupted_load)
     assert cli_main(argv(target)) == 130
     captured = capsys.readouterr()
     assert captured.out == ""

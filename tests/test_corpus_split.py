@@ -45,7 +45,7 @@ def test_separate_heldout_files_are_kept_whole(tmp_path):
     assert train.numel() == tokenize_files([train_file], tokenizer, tokenizer.eos_token_id).numel()
 
 
-def test_training_on_one_file_evaluates_on_its_held_out_end(tmp_path, capsys):
+def test_training_on_one_file_evaluates_on_its_held_out_end(tmp_path, caplog):
     model_dir = tmp_path / "target"
     tiny_model("llama", seed=0).save_pretrained(model_dir)
     char_tokenizer().save_pretrained(model_dir)
@@ -54,8 +54,8 @@ def test_training_on_one_file_evaluates_on_its_held_out_end(tmp_path, capsys):
                                    "num_heads": 2, "seq_len": 24, "batch_size": 2, "steps": 2, "warmup_steps": 1,
                                    "eval_windows": 2, "progress": False})
     folder = train_heads(cfg)
-    notes = [line for line in capsys.readouterr().err.splitlines() if "held-out text is its training text" in line]
-    assert len(notes) == 1
+    notes = [r for r in caplog.records if "held-out text is its training text" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].name == "specdec.heads.train" and notes[0].levelname == "WARNING"
     log = json.load(open(os.path.join(folder, "train.json")))
     total = len(open(corpus).read()) + 1                                    # chars + the EOS separator
     assert log["train_tokens"] + log["heldout_tokens"] == total and log["heldout_tokens"] < total // 2

@@ -289,9 +289,10 @@ def test_bad_family_config_names_the_problem():
         minimal_config(**{"draft.train.loss": "kl"})
 
 
-def test_load_without_target_says_it_builds_the_default_family(monkeypatch, capsys):
+def test_load_without_target_says_it_builds_the_default_family(monkeypatch, capsys, caplog):
     """specdec.load() with no target.path never trains silently: it says what it builds and how to
-    use one's own model instead."""
+    use one's own model instead - a warning of the specdec logger (shown on stderr when logging is not
+    configured), never a print."""
     from omegaconf import OmegaConf
     from specdec.family import defaults
     from specdec.family.build import FamilyPaths
@@ -303,5 +304,43 @@ def test_load_without_target_says_it_builds_the_default_family(monkeypatch, caps
                             "eagle": {"path": None}})
     defaults.apply_default_paths(cfg)
     assert cfg.target.path == "/nowhere/target" and cfg.draft.path == "/nowhere/draft"
-    err = capsys.readouterr().err
-    assert "no target.path given" in err and "building it now" in err and "target.path=" in err
+    [record] = [r for r in caplog.records if r.name.startswith("specdec")]
+    assert record.name == "specdec.family.defaults" and record.levelname == "WARNING"
+    message = record.getMessage()
+    assert "no target.path given" in message and "building it now" in message and "target.path=" in message
+    assert capsys.readouterr() == ("", "")
+
+
+def _stub_parts(monkeypatch):
+    """Parts built in no time (empty folders): the build's own messages without its training."""
+    monkeypatch.setattr(family_module._Builder, "step", lambda self, part: (lambda out: None))
+
+
+def test_building_logs_through_the_logger_and_prints_nothing(home, monkeypatch, capsys, caplog):
+    import logging
+    _stub_parts(monkeypatch)
+    caplog.set_level(logging.INFO, logger="specdec")
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
+    ensure_family(cfg)
+    messages = [r.getMessage() for r in caplog.records if r.name == "specdec.family.build"]
+    assert messages[0].startswith("specdec: building the default model family (tokenizer, target, draft)")
+    assert messages[1:4] == ["tokenizer ...", "target ...", "draft ..."]
+    assert messages[-1].startswith("specdec: default model family ready in")
+    assert capsys.readouterr() == ("", "")
+
+
+def test_the_cli_shows_the_build_progress_on_stderr(home, tmp_path, monkeypatch, capsys):
+    """`specdec generate` without target.path: the warning and the build's progress (INFO) on stderr,
+    as plain lines, through the handler the CLI puts on the specdec logger; nothing on stdout."""
+    from specdec.cli import main as cli_main
+    _stub_parts(monkeypatch)
+    monkeypatch.setenv("SPECDEC_FAMILY_CONFIG", write_minimal_yaml(tmp_path / "family.yaml"))
+    code = cli_main(["generate", "autoregressive", "device=cpu", "--prompt", "x"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""               # the stub parts hold no model: loading the target fails
+    lines = err.splitlines()
+    assert lines[0].startswith("specdec: no target.path given, so specdec uses its small embedded default model")
+    assert lines[1].startswith("specdec: building the default model family (")
+    assert "tokenizer ..." in lines and "target ..." in lines
+    assert any(line.startswith("specdec: default model family ready in") for line in lines)
+    assert lines[-1].startswith("specdec generate: error:")

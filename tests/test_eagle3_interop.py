@@ -16,7 +16,7 @@ from specdec.api import Speculator
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads.eagle3 import Eagle3Drafter
 from specdec.heads.eagle_io import load_eagle, save_eagle
-from specdec.interop.eagle import detect_eagle_format, export_eagle3, import_eagle3
+from specdec.heads.eagle_formats import detect_eagle_format, export_eagle3, import_eagle3
 from specdec.strategies.eagle import Eagle
 
 PROMPT = list(range(5, 17))

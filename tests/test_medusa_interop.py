@@ -1,4 +1,4 @@
-"""Medusa heads in and out of FasterDecoding's and vLLM's layouts (specdec.interop.medusa):
+"""Medusa heads in and out of FasterDecoding's and vLLM's layouts (specdec.heads.medusa_formats):
 round trips (ours -> export -> import drafts the same tokens; foreign -> import -> export gives the
 same tensors back), the names and shapes those tools' loaders expect, and clear errors."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from specdec.cli import main as cli_main
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads import HeadsLayout, MedusaHeads
 from specdec.heads.io import bind_heads, load_heads, output_vocab, save_heads
-from specdec.interop.medusa import detect_heads_format, export_heads, import_heads
+from specdec.heads.medusa_formats import detect_heads_format, export_heads, import_heads
 from specdec.strategies.medusa import Medusa
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]

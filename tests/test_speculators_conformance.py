@@ -22,7 +22,7 @@ from eagle_helpers import random_drafter
 from speculators_env import side, side_python  # noqa: F401 - a fixture
 from specdec.heads.eagle3 import Eagle3Drafter
 from specdec.heads.eagle_io import load_eagle
-from specdec.interop.eagle import export_eagle3
+from specdec.heads.eagle_formats import export_eagle3
 from specdec.models import load_model
 
 pytestmark = pytest.mark.slow

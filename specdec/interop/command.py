@@ -1,5 +1,5 @@
 """`specdec export KIND SOURCE --format F --out DIR`: a trained drafter in a layout another tool
-reads (specdec.interop). Kinds: medusa (--format vllm | medusa), eagle (--format speculators |
+reads (specdec.heads.medusa_formats, specdec.heads.eagle_formats). Kinds: medusa (--format vllm | medusa), eagle (--format speculators |
 sglang | eagle)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _load_target(path: str | None):
 
 def export_medusa(args) -> str:
     from specdec.heads.io import load_heads
-    from specdec.interop.medusa import export_heads
+    from specdec.heads.medusa_formats import export_heads
     target = _load_target(args.target)
     heads = load_heads(args.source, target)       # with a target: checked against it (fingerprint)
     return export_heads(heads, args.out, args.format, target=target, base_model=args.base_model or args.target)
@@ -28,7 +28,7 @@ def export_medusa(args) -> str:
 
 def export_eagle(args) -> str:
     from specdec.heads.eagle_io import load_eagle
-    from specdec.interop.eagle import export_eagle3
+    from specdec.heads.eagle_formats import export_eagle3
     target = _load_target(args.target)
     drafter = load_eagle(args.source, target)     # with a target: checked against it (fingerprint)
     return export_eagle3(drafter, args.out, args.format, target=target,

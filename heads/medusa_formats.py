@@ -25,7 +25,6 @@ tool runs them, so exporting them is refused.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -33,10 +32,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
-from specdec.heads.io import CONFIG_FILE, atomic_write, output_vocab
-from specdec.heads.module import HeadsLayout, MedusaHeads
 from specdec.interop.files import read_json
+from specdec.models import output_vocab_size
+
+from .module import CONFIG_FILE, HeadsLayout, MedusaHeads, bind_heads
 
 FOREIGN_FORMATS = ("medusa", "vllm")
 MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -165,7 +166,7 @@ def import_heads(folder: str, target=None, kind: str | None = None) -> MedusaHea
                              f"model_type=medusa + safetensors)")
     layout, state, named = _medusa_state(folder) if kind == "medusa" else _vllm_state(folder, target)
     if target is not None:
-        hidden, vocab = int(target.config.hidden_size), output_vocab(target)
+        hidden, vocab = int(target.config.hidden_size), output_vocab_size(target)
         if (layout.hidden_size, layout.vocab_size) != (hidden, vocab):
             raise IncompatibleModelsError(
                 f"the {kind} Medusa heads in {folder!r} (trained for {named}) have hidden size {layout.hidden_size} "
@@ -179,7 +180,6 @@ def import_heads(folder: str, target=None, kind: str | None = None) -> MedusaHea
                              f"({exc})") from exc
     heads.imported_from = {"format": kind, "folder": folder, "trained_for": named}
     if target is not None:
-        from specdec.heads.io import bind_heads
         bind_heads(heads, target)
     return heads.eval()
 
@@ -257,9 +257,5 @@ def export_heads(heads: MedusaHeads, out: str, format: str = "vllm", target=None
         weights_name = MEDUSA_WEIGHTS[0]
     os.makedirs(out, exist_ok=True)
     atomic_write(os.path.join(out, weights_name), lambda tmp: save_file(state, tmp))
-
-    def write_config(tmp):
-        with open(tmp, "w") as f:
-            json.dump(config, f, indent=2)
-    atomic_write(os.path.join(out, "config.json"), write_config)
+    atomic_write_json(os.path.join(out, "config.json"), config, indent=2)
     return out

@@ -19,18 +19,19 @@ trained on, so an imported drafter is checked against the target by shape only.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specdec.atomic import atomic_write, atomic_write_json
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
-from specdec.heads.eagle import eagle3_layers
-from specdec.heads.eagle3 import Eagle3Drafter, Eagle3Layout
-from specdec.heads.io import atomic_write, output_vocab
 from specdec.interop.files import read_json
+from specdec.models import output_vocab_size
+
+from .eagle import eagle3_layers
+from .eagle3 import Eagle3Drafter, Eagle3Layout
 
 FORMATS = ("speculators", "eagle", "sglang")
 SAFETENSORS = "model.safetensors"
@@ -134,7 +135,7 @@ def layout_from_config(config: dict, kind: str, target, where: str, own_embeddin
 
 def check_fits(layout: Eagle3Layout, target, where: str) -> None:
     """IncompatibleModelsError when the drafter was made for a target of another shape."""
-    hidden, vocab = int(target.config.hidden_size), output_vocab(target)
+    hidden, vocab = int(target.config.hidden_size), output_vocab_size(target)
     layers = int(target.config.num_hidden_layers)
     if layout.hidden_size != hidden:
         raise IncompatibleModelsError(f"{where}: made for a target of hidden size {layout.hidden_size}, but this "
@@ -275,11 +276,7 @@ def export_eagle3(drafter: Eagle3Drafter, out: str, fmt: str, target=None, verif
         atomic_write(os.path.join(out, TORCH_BIN), lambda tmp: torch.save(state, tmp))
     else:
         atomic_write(os.path.join(out, SAFETENSORS), lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(config, f, indent=2)
-    atomic_write(os.path.join(out, "config.json"), write)
+    atomic_write_json(os.path.join(out, "config.json"), config, indent=2)
     return out
 
 
