@@ -1,18 +1,19 @@
-"""What limits train-draft on pycode: the draft's capacity. Pre-trains a fresh draft of a given size
-the way the shipped pycode draft was trained (next-token cross-entropy on the pycode split's training
-text, batches of 16 x 256 tokens, AdamW, warmup then cosine decay from 3e-3 to 3e-4), then measures it
-exactly as `specdec train-draft` does (heads.distill.HeldOut: 1 - TV at T = 1 and the greedy match on
-16 held-out windows; the chain tau at gamma = 4, greedy and T = 0.8, through our draft_model on 16
-held-out prompts x 128 tokens), every --eval-every steps (tau at the end only). The model is saved as a
-Hugging Face checkpoint (usable as draft.path) with capacity.json (shape, steps, time, curve).
+"""What limits train-draft on the pycode models: the draft's capacity. Pre-trains a fresh draft of a
+given size the way the shipped pycode draft was trained (next-token cross-entropy on the pycode
+split's training text, batches of 16 x 256 tokens, AdamW, warmup then cosine decay from 3e-3 to
+3e-4), then measures it exactly as `specdec train-draft` does (heads.distill.HeldOut: 1 - TV at T = 1
+and the greedy match on 16 held-out windows; the chain tau at gamma = 4, greedy and T = 0.8, through
+our draft_model on 16 held-out prompts x 128 tokens), every --eval-every steps (tau at the end only).
+The model is saved as a Hugging Face checkpoint (usable as draft.path) with capacity.json (shape,
+steps, time, curve). --plot draws held-out 1 - TV against steps and training time for saved runs.
 
-    python benchmarks/results/distill/capacity.py --hidden 192 --layers 2 --heads 3 --out /work/runs/cap-small
-    python benchmarks/results/distill/capacity.py --hidden 320 --layers 3 --heads 5 --out /work/runs/cap-large
+    python scripts/measure/draft_capacity.py --hidden 192 --layers 2 --heads 3 --out runs/cap/small
+    python scripts/measure/draft_capacity.py --hidden 320 --layers 3 --heads 5 --minutes 40 --out runs/cap/large
+    python scripts/measure/draft_capacity.py --plot runs/cap/small runs/cap/large --out capacity.png
 
-    python benchmarks/results/distill/capacity.py --plot /work/runs/cap/small /work/runs/cap/large \
-        --out benchmarks/results/distill/capacity.png       # held-out 1 - TV against steps and training time
-
-Run from the repository root (paths of configs/train_draft.yaml are relative to it). One torch thread.
+The target, draft and split come from configs/train_draft.yaml (paths relative to the repository
+root; override them with --set target=... draft=... split_file=...). One torch thread.
+Results: benchmarks/results/distill/README.md.
 """
 from __future__ import annotations
 
@@ -57,16 +58,12 @@ def plot(folders: list[str], out: str) -> None:
     print(f"wrote {out}")
 
 
-def main() -> None:
-    if "--plot" in sys.argv:
-        args = sys.argv[sys.argv.index("--plot") + 1:]
-        out = args[args.index("--out") + 1]
-        plot([a for a in args if a not in ("--out", out)], out)
-        return
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, required=True)
-    parser.add_argument("--layers", type=int, required=True)
-    parser.add_argument("--heads", type=int, required=True)
+    parser.add_argument("--plot", nargs="+", metavar="RUN", help="plot these saved runs into --out (a .png) and stop")
+    parser.add_argument("--hidden", type=int, help="the draft's hidden size")
+    parser.add_argument("--layers", type=int, help="the draft's decoder layers")
+    parser.add_argument("--heads", type=int, help="the draft's attention heads")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
@@ -74,10 +71,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--minutes", type=float, default=None, help="stop after this much training time")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="overrides of configs/train_draft.yaml (target=..., draft=..., split_file=...)")
+    parser.add_argument("--out", required=True, help="the run's folder (or, with --plot, the .png)")
+    args = parser.parse_args(argv)
+    if args.plot:
+        plot(args.plot, args.out)
+        return
+    if None in (args.hidden, args.layers, args.heads):
+        parser.error("--hidden, --layers and --heads are required to train a draft")
     torch.set_num_threads(1)
-    cfg = load_train_draft_config("train_draft", [f"output_dir={args.out}"])
+    cfg = load_train_draft_config("train_draft", [*args.set, f"output_dir={args.out}"])
     target = load_model(cfg.target, "target", torch.device("cpu"), torch.float32, key="target").requires_grad_(False)
     tokenizer = load_tokenizer(cfg.target, "target", key="tokenizer")
     _, _, train_stream, heldout_stream = training_streams(cfg, tokenizer)
