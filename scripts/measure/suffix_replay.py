@@ -1,33 +1,42 @@
-"""Offline replay behind suffix's CPU defaults (issue 30): greedy references of the target on the
-bench's code / grounded / noise prompts, then each proposer along them - what it drafts each step
-(tree nodes), how many of them the greedy verifier would keep - with no cross-call cache. Token
-counts are exact; the "est x AR" column prices each step with a verify-cost profile (relative to a
-plain step) and ignores drafting time; propose+observe and reset are this process's timings (noisy
-on a shared machine).
+"""Offline replay behind suffix's CPU defaults: greedy references of the target on the bench's code /
+grounded / noise prompts, then each proposer along them - what it drafts each step (tree nodes), how
+many of them the greedy verifier would keep - with no cross-call cache. Token counts are exact; the
+"est x AR" column prices each step with a verify-cost profile (relative to a plain step) and leaves
+drafting time out; propose+observe and reset are this process's timings.
+benchmarks/results/suffix/README.md has what it measured.
 
-    .venv/bin/python benchmarks/results/suffix/replay_regular.py [--num 6] [--tokens 128] [--refs refs.pkl]
+    python scripts/measure/suffix_replay.py --models MODELS/pycode [--num 6] [--tokens 128] [--refs refs.json]
+
+--models is the folder of the pycode models (target/, tokenizer/, split.json); --refs keeps the greedy
+references in a JSON file, made on the first run and read on the next ones.
 """
-import argparse, os, pickle, sys, time
+import argparse
+import json
+import os
+import sys
+import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, REPO)
-MODELS = os.path.join(os.path.dirname(REPO), "shared", "models", "pycode")
-# v(n) / v(0) on this CPU, benchmarks docs (docs/benchmarks.md: 1-3 nodes 1.31 / 1.43 / 1.43, 4-5 1.19 / 1.16,
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)          # benchmarks/ lives at the repository root, not in the package
+# v(n) / v(0) on a 2-core CPU (docs/benchmarks.md: 1-3 nodes 1.31 / 1.43 / 1.43, 4-5 1.19 / 1.16,
 # 8-11 1.38-1.39), the gaps filled in; and a flat one: any tree costs 1.2 plain steps + 0.02 a node
 DOC_COSTS = [1.0, 1.31, 1.43, 1.43, 1.19, 1.16, 1.3, 1.35, 1.38, 1.38, 1.38, 1.39, 1.42, 1.45, 1.48, 1.5, 1.52]
 FLAT_COSTS = [1.0] + [1.2 + 0.02 * n for n in range(1, 40)]
 
 
-def references(num, tokens, path):
+def references(models, num, tokens, path):
+    """{set name: [(prompt ids, the target's greedy continuation ids)]}, read from `path` if it exists."""
     if path and os.path.exists(path):
-        return pickle.load(open(path, "rb"))
+        with open(path) as f:
+            return {name: [(prompt, ref) for prompt, ref in items] for name, items in json.load(f).items()}
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from benchmarks.config import PromptsConfig
     from benchmarks.prompts import build_prompt_sets
-    tok = AutoTokenizer.from_pretrained(f"{MODELS}/tokenizer")
-    model = AutoModelForCausalLM.from_pretrained(f"{MODELS}/target").eval()
-    cfg = PromptsConfig(sets=["code", "grounded", "noise"], num=num, tokens=256, seed=0, split=f"{MODELS}/split.json")
+    tok = AutoTokenizer.from_pretrained(os.path.join(models, "tokenizer"))
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(models, "target")).eval()
+    cfg = PromptsConfig(sets=["code", "grounded", "noise"], num=num, tokens=256, seed=0,
+                        split=os.path.join(models, "split.json"))
     refs = {}
     for name, prompts in build_prompt_sets(cfg, tok, 2048).items():
         refs[name] = []
@@ -37,7 +46,8 @@ def references(num, tokens, path):
                 out = model.generate(ids, max_new_tokens=tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
             refs[name].append((list(p.token_ids), out[0, ids.shape[1]:].tolist()))
     if path:
-        pickle.dump(refs, open(path, "wb"))
+        with open(path, "w") as f:
+            json.dump(refs, f)
     return refs
 
 
@@ -80,15 +90,16 @@ def replay(make, label, refs):
               f"propose+observe {1000 * t['time'] / st:.2f} ms/step  reset {1000 * t['reset'] / len(items):.1f} ms")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--num", type=int, default=6)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--refs", default=None, help="cache the greedy references here (pickle)")
-    args = ap.parse_args()
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", required=True, help="the pycode models' folder (target/, tokenizer/, split.json)")
+    ap.add_argument("--num", type=int, default=6, help="prompts per set")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens of each greedy reference")
+    ap.add_argument("--refs", default=None, help="keep the greedy references in this JSON file")
+    args = ap.parse_args(argv)
     from specdec.strategies.prompt_lookup import PromptLookup
     from specdec.strategies.suffix import Suffix
-    refs = references(args.num, args.tokens, args.refs)
+    refs = references(args.models, args.num, args.tokens, args.refs)
     rows = [("prompt_lookup", lambda: PromptLookup()),
             ("suffix (defaults)", lambda: Suffix(max_cached_tokens=0)),
             ("suffix min_gain=0 (no gate)", lambda: Suffix(max_cached_tokens=0, min_gain=0.0))]
