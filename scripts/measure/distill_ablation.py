@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=2.5, help="training minutes of each run")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--out", required=True, help="the folder of the runs (one subfolder each)")
-    parser.add_argument("--plot-dir", default="benchmarks/results/distill", help="where the plot and table go")
+    parser.add_argument("--plot-dir", default="benchmarks/results/distill/ablation", help="where the plot and table go")
     args = parser.parse_args(argv)
     runs = [(loss, data) for data in DATA for loss in LOSSES]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
