@@ -1,7 +1,7 @@
 """Plot and tabulate a train-draft ablation: one folder per run (`<loss>-<data>`, each holding the
 train_draft.json its run wrote), held-out acceptance against training time per loss.
 
-    python -m specdec.benchmarks.distill_plot RUNS_FOLDER --out benchmarks/results/distill [--name ablation]
+    python -m specdec.benchmarks.distill_plot RUNS_FOLDER --out benchmarks/results/distill/ablation [--name ablation]
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def table(runs: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", help="folder with one sub-folder per run")
-    parser.add_argument("--out", default="benchmarks/results/distill")
+    parser.add_argument("--out", default="benchmarks/results/distill/ablation")
     parser.add_argument("--name", default="ablation", help="the files written: NAME.png and NAME_table.md")
     args = parser.parse_args(argv)
     runs = read_runs(args.runs)

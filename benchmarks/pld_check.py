@@ -6,8 +6,11 @@ files (split.json); every method generates --new-tokens tokens (EOS ignored) on 
 in the same process, interleaved prompt by prompt. Each output is checked against HF's plain
 greedy generate(). Also measures the lookup's own per-step cost on a long context.
 
-    .venv/bin/python -m specdec.benchmarks.pld_check            # or: python benchmarks/pld_check.py
-    .venv/bin/python benchmarks/pld_check.py --variant small:num_tokens=6,max_nodes=12
+    python -m specdec.benchmarks.pld_check --models MODELS/pycode       # or: python benchmarks/pld_check.py
+    python benchmarks/pld_check.py --models MODELS/pycode --variant small:num_tokens=6,max_nodes=12
+
+--models is the folder of the pycode models: target/ (with its tokenizer) and split.json, whose
+"heldout" list names standard-library files relative to this Python's standard library.
 """
 from __future__ import annotations
 
@@ -26,13 +29,10 @@ from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.types import DecodeState, StepResult
 from specdec.sampling import SamplingParams, TorchRandom
 
-MODELS = "/work/shared/models/pycode"
-
-
-def heldout_prompts(tokenizer, count: int, length: int, seed: int) -> list[tuple[str, list[int]]]:
+def heldout_prompts(tokenizer, models: str, count: int, length: int, seed: int) -> list[tuple[str, list[int]]]:
     """`count` prompts of `length` tokens cut at seeded random places from distinct held-out files."""
     stdlib = os.path.dirname(os.__file__)
-    with open(os.path.join(MODELS, "split.json")) as fh:
+    with open(os.path.join(models, "split.json")) as fh:
         names = sorted(json.load(fh)["heldout"])
     rng = random.Random(seed)
     rng.shuffle(names)
@@ -76,10 +76,10 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, kwargs
 
 
-def step_cost(tokenizer, context_len: int = 2000, steps: int = 300, seed: int = 0) -> dict:
+def step_cost(tokenizer, models: str, context_len: int = 2000, steps: int = 300, seed: int = 0) -> dict:
     """Mean time of one propose + observe at a ~context_len-token context (and of the reset)."""
     stdlib = os.path.dirname(os.__file__)
-    with open(os.path.join(MODELS, "split.json")) as fh:
+    with open(os.path.join(models, "split.json")) as fh:
         names = sorted(json.load(fh)["heldout"])
     ids: list[int] = []
     for name in names:
@@ -108,7 +108,8 @@ def step_cost(tokenizer, context_len: int = 2000, steps: int = 300, seed: int = 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", required=True, help="the pycode models' folder (target/, split.json)")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=384)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -120,10 +121,10 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(MODELS, "target"))
-    print("lookup cost per step:", json.dumps({k: round(v, 2) for k, v in step_cost(tokenizer).items()}))
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.models, "target"))
+    print("lookup cost per step:", json.dumps({k: round(v, 2) for k, v in step_cost(tokenizer, args.models).items()}))
 
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(MODELS, "target"), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(args.models, "target"), dtype=torch.float32).eval()
     counter = ForwardCounter(model)
     eos = model.generation_config.eos_token_id
     ours = {"autoregressive": specdec.Speculator(model, tokenizer, Autoregressive()),
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
         name, kwargs = parse_variant(variant)
         ours[f"prompt_lookup[{name}]"] = specdec.Speculator(model, tokenizer, PromptLookup(**kwargs))
 
-    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.seed)
+    prompts = heldout_prompts(tokenizer, args.models, args.prompts, args.prompt_tokens, args.seed)
     n = args.new_tokens
     rows: dict[str, dict] = {}
 

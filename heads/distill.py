@@ -99,11 +99,11 @@ class TrainDraftConfig:
     weight_decay: float = setting(0.0, min=0.0)
     grad_clip: float = setting(1.0, min=0.0)
     bf16: bool = False                  # bf16 autocast for the target's and the draft's forwards (slower on a CPU
-    #   without native bf16 matmuls, such as AVX2 ones: measured in benchmarks/results/distill)
+    #   without native bf16 matmuls, such as AVX2 ones: benchmarks/results/distill/README.md)
     threads: int = setting(1, min=0)    # torch's CPU threads (intra-op) while training; 0 = torch's default (one per
-    #   core). 1 is what measured fastest on a shared 2-core CPU: the per-token forwards of on-policy sampling and
-    #   of the chain tau are too small to split, and a second thread that the scheduler gives to another process
-    #   stalls every op on it (10-20x slower steps at load ~9). Restored when train_draft returns
+    #   core). 1 because the per-token forwards of on-policy sampling and of the chain tau are too small to split,
+    #   and a second thread that the scheduler gives to another process stalls every op on it, so on a busy CPU
+    #   steps run several times slower (benchmarks/results/distill/README.md). Restored when train_draft returns
     # bookkeeping
     seed: int = setting(0, min=0)
     eval_interval: int = setting(200, min=1)

@@ -98,7 +98,7 @@ def accept_greedy(tree: CandidateTree, target_tokens: torch.Tensor | list[int],
     noisy argmax), on the device. One host read: the tree's tokens and the target's come back
     together and the walk (O(N) Python) runs on the host. A GPU synchronises once either way, and
     the tokens have to reach the host for streaming and the stop rules; computing the path with
-    tensor ops first would only add kernel launches (and ~15 us per step on a CPU).
+    tensor ops first would only add kernel launches (and time on a CPU: docs/architecture.md).
     values: walk_values(tree, target_tokens) already read (a batch reads all its rows' at once)."""
     target_tokens = torch.as_tensor(target_tokens, dtype=torch.long)             # [1 + N]
     if values is None:

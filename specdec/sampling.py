@@ -95,8 +95,8 @@ class TorchRandom:
 def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """[1] one token of the weights probs [V]: one uniform scaled to their total, searched in their
     cumulative sum (float64, so that a token's share of [0, total) is its weight to about 1e-16).
-    torch.multinomial draws the same law but costs several times more on a CPU (about 70 against
-    10 microseconds over 4096 tokens), and a batch draws once per row and level of every step."""
+    torch.multinomial draws the same law but costs several times more on a CPU
+    (benchmarks/results/batch/README.md), and a batch draws once per row and level of every step."""
     uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
     return inverse_cdf_token(probs, uniform.to(probs.device))
 

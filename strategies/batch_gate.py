@@ -57,7 +57,7 @@ STALL = 3.0      # a step that took this many times a mode's median step stalled
 # the gate measures. Its rows end at different steps, so a list's last rows drain in ever smaller
 # batches (plain decoding ends rows of equal budgets together), and each new row's drafter catches
 # up on its whole prompt in a speculating step (a stall the rate leaves out). Where the two modes'
-# steps tie (batch 16 at T = 0.8 on a 2-core CPU: benchmarks/results/batch/README.md), those decide.
+# steps tie (benchmarks/results/batch/README.md has where, on a CPU), those costs decide.
 MARGIN = 0.05
 
 

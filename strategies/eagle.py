@@ -23,10 +23,9 @@ Trees:
     `score_temperature` (default 0.5): the tree is ranked by the drafter's log-probabilities
     divided by it (a softmax at that temperature). A drafter distilled on the target's soft
     distributions is under-confident in its top child and over-confident in the alternatives,
-    while greedy verification keeps only the target's argmax: on held-out code the pycode
-    drafter's top child is kept 65-100% of the time at draft probabilities of 0.1-0.9 (the
-    per-bucket counts are in the closing note of issue 11). Raw scores (1.0) build bushy, shallow
-    trees; 0.5 builds the deeper ones greedy keeps (same run, code: tau 2.59 -> 3.35).
+    while greedy verification keeps only the target's argmax, so its top child is kept far more
+    often than its draft probability says. Raw scores (1.0) build bushy, shallow trees; 0.5 builds
+    the deeper ones greedy keeps (benchmarks/results/defaults.md has what was measured).
   * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
     distributions, built by strategies/sampled_tree.py (shared with medusa), `sampled_depth` levels
     (default 4) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the

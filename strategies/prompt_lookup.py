@@ -25,7 +25,7 @@ from .base import BaseStrategy
 class PromptLookupConfig:
     """The `prompt_lookup:` section. Defaults chosen on CPU, where each tree node costs forward
     time: unigram matches (weak guesses) are off and the trie is small (benchmarks/pld_check.py;
-    benchmarks/results say what it measured)."""
+    benchmarks/results/defaults.md says what it measured)."""
     min_ngram: int = setting(2, min=1)      # shortest suffix n-gram to look up
     max_ngram: int = setting(3, min=1)      # longest suffix n-gram to look up (tried first)
     num_tokens: int = setting(10, min=1)    # tokens taken after each match

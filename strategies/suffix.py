@@ -67,8 +67,8 @@ def gate_temperature(sampling) -> str:
 class SuffixConfig:
     """The `suffix:` section. Depth 24 and min_token_prob 0.1 as Arctic Inference's vLLM integration;
     a CPU-sized node budget like prompt lookup's, no 1-token matches and a speculation factor of 6
-    (Arctic: 1.0, and 1-token matches): on a CPU a verify step of a few nodes costs 1.2-1.4 plain
-    steps whatever they hold, so a draft must be worth it (prompt lookup's rule: a 2-gram match,
+    (Arctic: 1.0, and 1-token matches): on a CPU a verify step of a few nodes costs more than a plain
+    step whatever they hold, so a draft must be worth it (prompt lookup's rule: a 2-gram match,
     then up to 10 tokens). benchmarks/results/suffix/README.md has the replay and the runs behind it."""
     max_depth: int = setting(24, min=2)                # suffix tree depth: longest match + its continuation
     max_nodes: int = setting(16, min=1)                # node budget of one proposal
@@ -336,7 +336,7 @@ class Suffix(BaseStrategy):
             self._gate_record(self.gate_key, result.num_accepted)
             self.gate_key = None
 
-    # the gate: a drafted step costs more than a plain one (on a CPU 1.2-1.4 plain steps for a few nodes),
+    # the gate: a drafted step costs more than a plain one (on a CPU even for a few nodes: docs/benchmarks.md),
     # so a draft pays only when it keeps enough tokens. Where this call's or earlier calls' drafts from
     # matches of this length kept fewer than min_gain tokens per drafted step lately (e.g. samples at
     # T = 0.8 drafting from other samples of the same prompt: point masses kept with p(x) only), drafting

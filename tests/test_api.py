@@ -1,4 +1,4 @@
-"""The public surface of DESIGN.md, exactly as written there."""
+"""The public surface of docs/architecture.md ("Config, API, CLI"), exactly as written there."""
 from __future__ import annotations
 
 import importlib
@@ -38,7 +38,7 @@ def test_top_level_names():
                  "SpecDecError", "ConfigError", "InputError", "ModelLoadError", "IncompatibleModelsError"]:
         assert hasattr(specdec, name), name
     assert isinstance(specdec.__version__, str)
-    strategies = importlib.import_module("specdec.strategies")   # DESIGN.md's namespace layout
+    strategies = importlib.import_module("specdec.strategies")   # the namespace layout of docs/architecture.md
     assert hasattr(strategies, "Strategy") and hasattr(strategies, "REGISTRY")
 
 

@@ -1,4 +1,4 @@
-"""`auto`'s cost profile times the verifier the steps run (issue 28): with `compile: true`, the
+"""`auto`'s cost profile times the verifier the steps run: with `compile: true`, the
 compiled static-shape forward (specdec.compiled), not the eager one, under a profile key of its own.
 
 torch.compile itself is replaced by the identity here (inductor on CPU takes tens of seconds per

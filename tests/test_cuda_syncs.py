@@ -1,5 +1,5 @@
 """On a CUDA GPU: every strategy's hot loop, after warm-up, makes no device sync but the explicit reads
-that tests/host_reads.py counts and budgets (issue 28).
+that tests/host_reads.py counts and budgets.
 
 From the first propose on, torch.cuda.set_sync_debug_mode("error") turns every synchronising CUDA
 call into an error - a pageable copy to the host, a data-sized op (nonzero, boolean masks,

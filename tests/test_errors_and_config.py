@@ -364,7 +364,7 @@ def test_only_generation_configs_are_listed_for_load():
     for name in names:                                   # every listed name loads
         assert load_spec_config(name).strategy
     assert shipped_config_names(schema_cls=TrainHeadsConfig) == ["train_heads"]
-    # the rule classifies configs other helpers add: eagle.yaml (a strategy) and train_eagle.yaml
+    # the rule also classifies configs added beside these: eagle.yaml (a strategy) and train_eagle.yaml
     assert is_config_of({"strategy", "eagle"}, SpecConfig)
     assert not is_config_of({"target", "output_dir", "drafter", "num_layers"}, SpecConfig)
     assert not is_config_of({"strategy", "target"}, TrainHeadsConfig)

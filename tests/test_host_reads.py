@@ -1,4 +1,4 @@
-"""The engine's host-sync budget (issues 13, 26, 28), counted on CPU with tests/host_reads.py: device ->
+"""The engine's host-sync budget, counted on CPU with tests/host_reads.py: device ->
 host reads (conversions and ops sized by their data) and host -> device writes, which on a GPU each
 wait for the device or copy to it.
 

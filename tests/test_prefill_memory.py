@@ -1,4 +1,4 @@
-"""Memory on long prompts (issue 28, section 1): the verifier asks the target for the hidden states
+"""Memory on long prompts: the verifier asks the target for the hidden states
 of the layers a strategy reads and no others, computes the prefill's lm_head on its last row only,
 and feeds a long prompt in chunks of `prefill_chunk` tokens - without changing a single output.
 

@@ -6,9 +6,9 @@
    ninja and numpy, the arctic-inference 0.3.0 sdist from PyPI, and its suffix_decoding extension
    compiled with cmake alone (the rest of the package — vLLM patches, CUDA ops, gRPC — is not needed
    and not built; setup.py would import torch and compile protobufs for them).
-2. Records traffic once with the pycode target (/work/shared/models/pycode, or --models): held-out
-   code prompts, several samples each at T = 0.8 (pass@k style), then each prompt with one line
-   edited, greedy. Saved to build/suffix_replay.json.
+2. Records traffic once with the pycode target (--models: its folder, by default where the shipped
+   configs read it): held-out code prompts, several samples each at T = 0.8 (pass@k style), then each
+   prompt with one line edited, greedy. Saved to build/suffix_replay.json.
 3. Replays the requests in order through both proposers, like Arctic's simulator: each request
    starts with its prompt, and at every step the proposer drafts after the context, the draft's
    longest prefix (path) or root-to-node path (tree) that equals the recorded response is accepted,
@@ -220,7 +220,7 @@ def run_ours(requests, budget: dict, tree: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="/work/shared/models/pycode")
+    parser.add_argument("--models", default="../shared/models/pycode")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--new", type=int, default=64)

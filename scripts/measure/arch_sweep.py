@@ -266,7 +266,12 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
     import time
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_types", nargs="*", metavar="model_type",
+                        help="Hugging Face model types to check (default: every causal-LM architecture)")
+    argv = parser.parse_args(argv).model_types
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     from transformers.utils import logging

@@ -4,7 +4,7 @@ gates after the call (per (batch bucket, temperature kind): the mode kept, its s
 rates in tokens/s). The bench's own table is unchanged. Arguments are `specdec bench`'s:
 
     python scripts/measure/bench_trace.py batch models.eagle=/path/to/eagle 'only=[autoregressive,auto]' \\
-        'batch_sizes=[32]' 'temperatures=[0.8]' repeats=5 output_dir=/tmp/trace progress=false
+        'batch_sizes=[32]' 'temperatures=[0.8]' repeats=5 output_dir=TMP/trace progress=false
 """
 from __future__ import annotations
 
@@ -47,6 +47,11 @@ def traced_generate(row, prompts, *args, **kwargs):
 
 
 if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="`specdec bench`'s arguments: a preset or "
+                        "YAML, then key=value overrides")
+    bench_args = parser.parse_args().bench_args
     batch_module.propose_rows, batch_module.BatchVerifier.forward = traced_propose_rows, traced_forward
     bench_batch.our_batch_generate = traced_generate
-    sys.exit(main(["bench"] + sys.argv[1:]))
+    sys.exit(main(["bench"] + bench_args))
