@@ -5,23 +5,32 @@
 #
 #   bash scripts/gpu/pack.sh --models MODELS/pycode   # here, beforehand: wheels + models into gpu-pack/
 #   bash scripts/gpu/check.sh                         # there, from the repository root
-#   bash scripts/gpu/check.sh --dry-run               # any machine, CPU, tiny random models, ~2 minutes
+#   bash scripts/gpu/check.sh --dry-run               # any machine, CPU, tiny random models, ~3 minutes
+#   bash scripts/gpu/check.sh --quick --steps cuda_syncs,bench   # a second look: some steps, smaller
 #
 # Steps: (0) install the packed wheels with --no-deps onto the machine's own torch and transformers,
 # unpack the models; (1) environment; (2) the CUDA tests (every strategy under sync-debug mode
 # "error", greedy identity and the exact law on the device, compile with CUDA graphs); (3) an EAGLE
 # drafter trained for the target on the GPU (a minute); (4) bf16 greedy identity for every strategy,
-# counting exact top-2 ties; (5) `specdec bench`: every strategy with Hugging Face's rows, greedy
-# and T = 0.8, one sequence; (6) the same at batch 1 and 8; (7) peak GPU memory against Hugging
-# Face's plain generate() at 1k- and 8k-token prompts; (8) `compile: true` against eager.
+# each difference classified (an exact top-2 tie, a tie within one bf16 unit, or a mismatch); (5) `specdec bench`: every strategy with Hugging Face's rows, greedy
+# and T = 0.8, one sequence; (6) peak GPU memory against Hugging Face's plain generate() at 1k- and
+# 8k-token prompts; (7) the bench at batch 1 and 8; (8) `compile: true` against eager. The whole
+# run keeps to CHECK_BUDGET seconds (default 480): a step that would pass it is cut short.
 # Output: $OUT (default gpu-out/) holds summary.md, check.log (every step's output) and
 # results.tar.gz (the bench folders, the JSON of each step); fewer than eight files, as the GPU
 # tool brings back.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
-[ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ] && { sed -n '2,19p' "$0"; exit 0; }
+DRY=0 QUICK=0 STEPS=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1; shift ;;
+    --quick) QUICK=1; shift ;;          # smaller sizes: a second look within a few minutes
+    --steps) STEPS=",$2,"; shift 2 ;;   # e.g. --steps cuda_syncs,bench: only these (set-up always runs)
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -53,14 +62,29 @@ else
          eval_interval=100000)
   MEMORY=(--lengths 1024 8192)
   COMPILE_ROWS=()
-  IDENTITY=(--prompts 4 --prompt-tokens 256 --new 128)
+  IDENTITY=(--prompts 3 --prompt-tokens 256 --new 96)
+  if [ "$QUICK" = 1 ]; then
+    SIZE=(prompts.num=1 max_new_tokens=64)
+    IDENTITY=(--prompts 2 --prompt-tokens 256 --new 64)
+  fi
 fi
 
 echo "| step | status | seconds |" >"$SUMMARY"
 echo "|---|---|---|" >>"$SUMMARY"
+# The whole run's budget (seconds): a step gets its own limit or what is left of the budget, less
+# the time to pack the results, whichever is smaller; one with under 10 s left is skipped.
+BUDGET="${CHECK_BUDGET:-480}"
 step() {   # step NAME SECONDS COMMAND...: run with a time limit, log it, add a summary row
   local name="$1" limit="$2"; shift 2
-  local start=$SECONDS status
+  if [ "$STEPS" != all ] && [ "$name" != setup ] && [[ "$STEPS" != *",$name,"* ]]; then
+    return 0
+  fi
+  local start=$SECONDS status left=$((BUDGET - SECONDS - 15))
+  if [ "$left" -lt 10 ]; then
+    echo "| $name | skipped: the run's ${BUDGET}s budget is spent | 0 |" >>"$SUMMARY"
+    return 0
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
   echo "===== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" >>"$LOG"
   timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
   local rc=$?
@@ -100,40 +124,49 @@ json.dump(kept, open(os.path.join(models, "split.json"), "w"))
 print({k: f"{len(kept[k])}/{len(v)}" for k, v in split.items() if isinstance(v, list)})
 EOF
   }
-  step setup 120 setup
+  export -f setup
+  export PY MODELS
+  step setup 120 bash -c setup
   export PYTHONPATH="/tmp/specdec-site${PYTHONPATH:+:$PYTHONPATH}"
   SPLIT="$MODELS/split.json"
 fi
 TARGET="$MODELS/target"
 DRAFT="$MODELS/draft"
 EAGLE="$WORK/eagle"
+# a drafter trained by an earlier run, packed with the models, stands in when training is not run
+if [[ "$STEPS" != all && "$STEPS" != *",train_eagle,"* && -d gpu-pack/models/eagle ]]; then
+  EAGLE="$(pwd)/gpu-pack/models/eagle"
+fi
 
 # (1) environment
 step environment 60 bash -c "$RUN scripts/gpu/env_report.py > '$WORK/environment.json'; cat '$WORK/environment.json'; nvidia-smi || true"
 
 # (2) the CUDA tests (on the dry run: the same files on the CPU; the sync test skips there)
-step tests 150 env SPECDEC_TEST_DEVICE=$DEVICE $RUN -m pytest -q -p no:cacheprovider tests/test_cuda_syncs.py \
-  tests/test_device.py -o addopts="" --junitxml="$WORK/tests.xml"
+TESTS=(-m pytest -q -rfE -p no:cacheprovider -o addopts="")
+step cuda_syncs 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/test_cuda_syncs.py \
+  --junitxml="$WORK/cuda_syncs.xml"
+step device_tests 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/test_device.py \
+  --junitxml="$WORK/device_tests.xml"
 
 # (3) an EAGLE drafter for the target
-step train_eagle 100 $RUN -m specdec.cli train-heads train_eagle target="$TARGET" output_dir="$EAGLE" \
+step train_eagle 90 $RUN -m specdec.cli train-heads train_eagle target="$TARGET" output_dir="$EAGLE" \
   split_file="$SPLIT" device=$DEVICE bf16=null progress=false "${TRAIN[@]}"
 
 # (4) bf16 greedy identity, ties counted
-step bf16_identity 60 bash -c "$RUN scripts/gpu/bf16_identity.py --target '$TARGET' --draft '$DRAFT' \
+step bf16_identity 50 bash -c "$RUN scripts/gpu/bf16_identity.py --target '$TARGET' --draft '$DRAFT' \
   --eagle '$EAGLE' --split '$SPLIT' --device $DEVICE --dtype $DTYPE ${IDENTITY[*]} > '$WORK/bf16_identity.jsonl'"
 
-# (5) - (6) the bench, one sequence then batches
+# (5) the bench, one sequence
 MODEL_ARGS=(models.target="$TARGET" models.draft="$DRAFT" models.eagle="$EAGLE" models.device=$DEVICE
             models.dtype=$DTYPE prompts.split="$SPLIT")
-step bench 130 $RUN -m specdec.cli bench scripts/gpu/bench.yaml "${MODEL_ARGS[@]}" output_dir="$WORK/bench" \
+step bench 120 $RUN -m specdec.cli bench scripts/gpu/bench.yaml "${MODEL_ARGS[@]}" output_dir="$WORK/bench" \
   progress=false "${SIZE[@]}"
+# (6) peak memory against Hugging Face's plain generate()
+step memory 50 bash -c "SPECDEC_PYCODE_TARGET='$TARGET' $RUN scripts/measure/prefill_memory.py --device $DEVICE \
+  --runners hf autoregressive ${MEMORY[*]} > '$WORK/memory.txt'; cat '$WORK/memory.txt'"
+# (7) the bench at batch 1 and 8
 step bench_batch 80 $RUN -m specdec.cli bench scripts/gpu/bench_batch.yaml "${MODEL_ARGS[@]}" \
   output_dir="$WORK/bench_batch" progress=false "${SIZE[@]}"
-
-# (7) peak memory against Hugging Face's plain generate()
-step memory 50 bash -c "SPECDEC_PYCODE_TARGET='$TARGET' $RUN scripts/measure/prefill_memory.py --device $DEVICE \
-  --runners hf autoregressive eagle ${MEMORY[*]} > '$WORK/memory.txt'; cat '$WORK/memory.txt'"
 
 # (8) compile: true against eager (compiling CUDA graphs for each bucket takes a while: last)
 step bench_compile 100 $RUN -m specdec.cli bench scripts/gpu/bench_compile.yaml "${MODEL_ARGS[@]}" \

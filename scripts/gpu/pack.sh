@@ -9,14 +9,19 @@
 # Then it prints the size of what would travel (the repository's tracked files plus gpu-pack/)
 # against the 64 MiB the GPU machine takes, and fails when it does not fit.
 #
-#   bash scripts/gpu/pack.sh [--models DIR]    # DIR: a model family folder (target/, draft/, split.json)
+#   bash scripts/gpu/pack.sh [--models DIR] [--eagle DIR]
+#     --models: a model family folder (target/, draft/, split.json)
+#     --eagle:  an EAGLE drafter for that target (eagle.json + eagle.safetensors), packed in bfloat16,
+#               for `check.sh --steps ...` without the training step
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODELS=""
+EAGLE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --models) MODELS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --eagle) EAGLE="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "pack.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +42,17 @@ if [ -n "$MODELS" ]; then
     fi
   done
   [ -f "$MODELS/split.json" ] && cp "$MODELS/split.json" "$PACK/models/"
+fi
+if [ -n "$EAGLE" ]; then
+  mkdir -p "$PACK/models/eagle"
+  cp "$EAGLE/eagle.json" "$PACK/models/eagle/"
+  "$PY" - "$EAGLE/eagle.safetensors" "$PACK/models/eagle/eagle.safetensors" <<'EOF'
+import sys
+import torch
+from safetensors.torch import load_file, save_file
+weights = load_file(sys.argv[1])
+save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, sys.argv[2])
+EOF
 fi
 tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
 packed=$(find "$PACK" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
