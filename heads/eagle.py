@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specdec.cache import BufferedLayer
+from specdec.tree import host_to_device
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class RaggedRows:
     def drop(self, order: list[int]) -> None:
         """Keep the rows `order` (old row of each new one), in that order."""
         if self.key_buffer is not None:
-            index = torch.tensor(order, dtype=torch.long, device=self.key_buffer.device)
+            index = host_to_device(order, self.key_buffer.device)
             self.key_buffer = self.key_buffer.index_select(0, index)
             self.value_buffer = self.value_buffer.index_select(0, index)
         self.rows = len(order)

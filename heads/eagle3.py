@@ -30,6 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from specdec.cache import BufferedLayer
+from specdec.tree import host_to_device
 
 from .eagle import attend
 
@@ -201,7 +202,7 @@ class Eagle3Drafter(nn.Module):
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Make target_ids [N] (distinct, ascending or not) the draft vocabulary, draft id i <-> target_ids[i]."""
-        target_ids = torch.as_tensor(target_ids, dtype=torch.long, device=self.d2t.device)
+        target_ids = host_to_device(target_ids, self.d2t.device)
         if target_ids.shape != self.d2t.shape or len(set(target_ids.tolist())) != len(target_ids):
             raise ValueError(f"a draft vocabulary needs {self.layout.draft_vocab_size} distinct target ids")
         with torch.no_grad():

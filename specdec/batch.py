@@ -36,6 +36,7 @@ from .tree import (CandidateTree, chain_masks, chain_position_ids, to_device, tr
                    with_pending_root)
 from .types import GenerationOutput, Stats
 from .verifier import Verifier, hidden_request
+from .tree import host_to_device
 
 
 class RowLayer(DynamicLayer):
@@ -199,7 +200,7 @@ class BatchVerifier:
         self.fills = [self.fills[row] for row in order]
         if self.fills_on_device is not None:      # the same rows moved, on the device
             self.fills_on_device = self.fills_on_device.index_select(
-                0, torch.tensor(order, dtype=torch.long, device=self.model.device))
+                0, host_to_device(order, self.model.device))
         return order
 
     @torch.inference_mode()
@@ -256,7 +257,7 @@ class BatchVerifier:
             pass                                    # in place already: only the fill moves
         else:
             if kept_on_device is None:
-                kept_on_device = torch.tensor(list(kept_rows), dtype=torch.long, device=self.model.device)
+                kept_on_device = host_to_device(list(kept_rows), self.model.device)
             slots = kept_on_device.to(self.model.device) + fill                               # [K]
             for layer in self.cache.layers:
                 layer.keep(row, fill, slots)

@@ -22,7 +22,7 @@ from transformers.generation import logits_process as lp
 
 from .errors import InputError
 from .tables import ShapeTables
-from .tree import CandidateTree, depths_of, tree_shape, with_pending_root
+from .tree import CandidateTree, depths_of, tree_shape, with_pending_root, host_to_device
 
 # Processors that are pure functions of (ids so far, scores): safe to apply row by row to a tree.
 SUPPORTED = (
@@ -50,7 +50,7 @@ def generation_processors(model, prompt_ids: Sequence[int], max_new_tokens: int)
         config.min_length = config.min_new_tokens + prompt_len
     device = model.device
     model._prepare_special_tokens(config, True, device=device)
-    prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    prompt = host_to_device([list(prompt_ids)], device)
     processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=prompt_len,
                                               encoder_input_ids=prompt, logits_processor=LogitsProcessorList(),
                                               device=device, model_kwargs={})
@@ -93,7 +93,7 @@ class LogitsProcessing:
         if not self.processors:
             return logits
         device = logits.device
-        prefix = torch.tensor(list(committed), dtype=torch.long, device=device)              # [C]
+        prefix = host_to_device(list(committed), device)              # [C]
         out = logits.float().clone()
         out[:1] = self.processors(prefix[None], out[:1])
         if tree.num_nodes == 0:

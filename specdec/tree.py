@@ -53,7 +53,7 @@ class CandidateTree:
     @classmethod
     def chain(cls, tokens: Sequence[int] | torch.Tensor, draft_probs: torch.Tensor | None = None,
               device: torch.device | str | None = None) -> "CandidateTree":
-        tokens = torch.as_tensor(tokens, dtype=torch.long, device=device)
+        tokens = host_to_device(tokens, device)
         return cls(tokens, tuple(range(-1, tokens.numel() - 1)), draft_probs)
 
     @classmethod
@@ -63,7 +63,7 @@ class CandidateTree:
 
         Paths are taken in order; a path is cut where the node budget runs out."""
         tokens, parents = merge_into_trie([], (), paths, max_nodes)
-        return cls(torch.tensor(tokens, dtype=torch.long, device=device), tuple(parents))
+        return cls(host_to_device(tokens, device), tuple(parents))
 
     # ------------------------------------------------------------------ views
     @property
@@ -85,7 +85,7 @@ class CandidateTree:
         """Sub-tree of the nodes `keep` (closed under parents, in index order)."""
         new_index = {old: new for new, old in enumerate(keep)}
         parents = tuple(-1 if self.parents[o] == -1 else new_index[self.parents[o]] for o in keep)
-        idx = torch.tensor(list(keep), dtype=torch.long, device=self.tokens.device)
+        idx = host_to_device(list(keep), self.tokens.device)
         draft_probs = None if self.draft_probs is None else self.draft_probs[idx.to(self.draft_probs.device)]
         return CandidateTree(self.tokens[idx], parents, draft_probs, self.siblings)
 
@@ -200,6 +200,20 @@ def _host_shape_table(parents: tuple[int, ...]) -> torch.Tensor:
             path.append(parents[path[-1]])
         table[node, n + 1: n + 1 + len(path)] = torch.tensor(path[::-1], dtype=torch.long)
     return table
+
+
+def host_to_device(values, device: torch.device | str | None, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """`values` (host data: a list of ints, say, or a tensor) as a `dtype` tensor on `device` (None:
+    where a tensor already is, else the host), copied without stalling the device (`to_device`):
+    `torch.tensor(values, device="cuda")` copies from pageable memory, a sync."""
+    if isinstance(values, torch.Tensor):
+        tensor = values.to(dtype)
+        if device is None or tensor.device == torch.device(device):
+            return tensor
+        return to_device(tensor, device) if tensor.device.type == "cpu" else tensor.to(device)
+    if device is not None and torch.device(device).type == "cuda":
+        return to_device(torch.tensor(values, dtype=dtype), device)
+    return torch.tensor(values, dtype=dtype, device=device)    # elsewhere made in place: nothing to stall
 
 
 def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -19,7 +19,7 @@ from .cache import commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
 from .tables import ShapeTables
-from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root
+from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root, host_to_device
 
 
 @dataclass
@@ -123,7 +123,7 @@ class Verifier:
             self.cache = new_cache(self.model, "target", self.capacity)
         if not len(token_ids):
             return None
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)     # [1, P]
+        ids = host_to_device([list(token_ids)], self.device)     # [1, P]
         hidden = []
         for start in range(0, ids.shape[1], self.prefill_chunk):
             chunk = ids[:, start: start + self.prefill_chunk]                           # [1, C]

@@ -31,6 +31,7 @@ from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
 from .base import BaseStrategy
+from specdec.tree import host_to_device
 
 
 @dataclass
@@ -269,7 +270,7 @@ class DraftModel(BaseStrategy):
             return torch.cat([tail, pending.to(self.draft.device)])
         if pending is not None and tail is None and len(token_ids) - self.cached == 1:
             return pending.to(self.draft.device).view(1)
-        return torch.tensor(token_ids[self.cached:], dtype=torch.long, device=self.draft.device)
+        return host_to_device(token_ids[self.cached:], self.draft.device)
 
     def _pick(self, logits: torch.Tensor, widths: list[int], state: DecodeState, position: int):
         """Children of R nodes at one depth from their [R, V] draft logits guessing `position`:
@@ -389,7 +390,7 @@ class DraftModel(BaseStrategy):
         continues the committed ids + drafted[r] ([R, d] on the device, all paths of one length).
         Called only when the target's generation_config asks for processing."""
         if self._committed is None or len(self._committed) != len(state.token_ids):   # once per proposal, not per forward
-            self._committed = torch.tensor(state.token_ids, dtype=torch.long, device=logits.device)
+            self._committed = host_to_device(state.token_ids, logits.device)
         committed = self._committed
         drafted = drafted.to(logits.device).view(len(logits), -1)
         return self.processing.rows(logits, torch.cat([committed.expand(len(logits), -1), drafted], dim=1))

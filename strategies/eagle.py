@@ -50,7 +50,7 @@ from specdec.strategies.base import BaseStrategy
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
-from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root
+from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root, host_to_device
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
@@ -255,7 +255,7 @@ class Eagle(BaseStrategy):
             raise RuntimeError(f"eagle: {self.fed + n} features for {len(token_ids)} committed tokens "
                                f"(expected one fewer feature than tokens)")
         if on_device is None or len(on_device) != n:
-            on_device = torch.tensor(token_ids[self.fed + 1: self.fed + 1 + n], device=self.device)
+            on_device = host_to_device(token_ids[self.fed + 1: self.fed + 1 + n], self.device)
         return self.drafter.input_features(features), on_device
 
     def _dtype(self) -> torch.dtype:

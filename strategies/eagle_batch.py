@@ -23,7 +23,7 @@ from specdec.sampling import logits_to_probs
 from specdec.strategies.best_first import best_first_steps, top_children
 from specdec.strategies.lockstep import run_together
 from specdec.strategies.sampled_tree import sampled_tree_steps
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState
 from specdec.verifier import CATCH_UP_CHUNK
 
@@ -74,8 +74,8 @@ class EagleBatch:
             if m < n:                   # padding rows see themselves: a valid softmax, never read
                 visible_in[i, pad[m:], row_start + pad[m:]] = True
         every = rows == list(range(self.kv.rows)) and len(rows) == self.kv.rows
-        index = None if every else torch.tensor(rows, dtype=torch.long, device=device)
-        self.kv.prepare(index, torch.tensor(start, dtype=torch.long, device=device), width, max(rows) + 1)
+        index = None if every else host_to_device(rows, device)
+        self.kv.prepare(index, host_to_device(start, device), width, max(rows) + 1)
         out, _, _, _ = self.drafter(g_in, token_in, position_in, visible=visible_in, with_logits=False, cache=self.kv)
         return [out[i, : part.shape[0]] for i, part in enumerate(g)]
 

@@ -41,7 +41,7 @@ from specdec.strategies.base import BaseStrategy
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
-from specdec.tree import CandidateTree, to_device
+from specdec.tree import CandidateTree, to_device, host_to_device
 from specdec.types import DecodeState, StepResult
 
 @dataclass
@@ -100,7 +100,7 @@ class ConditionedExpander:
 
     def logits(self, depth: int, parent_tokens) -> torch.Tensor:
         """parent_tokens [n] (ints or a tensor) -> [n, V] head depth + 1's logits, one batched call."""
-        ids = torch.as_tensor(parent_tokens, dtype=torch.long, device=self.hidden.device).view(-1)   # [n]
+        ids = host_to_device(parent_tokens, self.hidden.device).view(-1)   # [n]
         return self.heads(self.hidden.expand(len(ids), -1), ids, head=depth + 1).float()
 
     def scores(self, depth: int, parent_tokens) -> torch.Tensor:
@@ -154,7 +154,7 @@ def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequen
     for depth in range(max((len(p) for p in paths), default=0)):
         level = [p for p in paths if len(p) == depth + 1]
         parent_keys = sorted({p[:-1] for p in level})
-        parent_tokens = (torch.as_tensor(_as_parents(pending), device=device) if depth == 0
+        parent_tokens = (host_to_device(_as_parents(pending), device) if depth == 0
                          else torch.stack([tokens[node_of[key]] for key in parent_keys]))
         width = max(p[-1] for p in level) + 1
         scores = expander.scores(depth, parent_tokens)                              # [n, V]

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.tree import INDEPENDENT, CandidateTree, merge_into_trie
+from specdec.tree import INDEPENDENT, CandidateTree, merge_into_trie, host_to_device
 
 NEURAL = "neural"
 LOOKUP = "lookup"
@@ -38,7 +38,7 @@ def merge_paths(tree: CandidateTree, paths: Sequence[Sequence[int]], max_nodes: 
     if added == 0:
         return tree, source
     device = tree.tokens.device
-    new_tokens = torch.tensor(tokens, dtype=torch.long, device=device)          # [N]
+    new_tokens = host_to_device(tokens, device)          # [N]
     draft_probs = tree.draft_probs
     if draft_probs is not None:
         one_hot = torch.zeros(added, draft_probs.shape[1], dtype=draft_probs.dtype, device=draft_probs.device)

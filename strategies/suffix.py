@@ -35,7 +35,7 @@ from typing import Collection, List, Optional, Sequence
 from specdec.atomic import atomic_write_bytes
 from specdec.config import setting
 from specdec.errors import ConfigError
-from specdec.tree import CandidateTree, root_to_leaf_paths
+from specdec.tree import CandidateTree, root_to_leaf_paths, host_to_device
 from specdec.types import DecodeState, StepResult
 
 from .base import BaseStrategy
@@ -328,7 +328,7 @@ class Suffix(BaseStrategy):
         if not tokens or not self._gate_open(state):
             return CandidateTree.empty(self.device)
         import torch
-        return CandidateTree(torch.tensor(tokens, dtype=torch.long, device=self.device), tuple(parents))
+        return CandidateTree(host_to_device(tokens, self.device), tuple(parents))
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self._catch_up(state)
