@@ -134,7 +134,7 @@ TARGET="$MODELS/target"
 DRAFT="$MODELS/draft"
 EAGLE="$WORK/eagle"
 # a drafter trained by an earlier run, packed with the models, stands in when training is not run
-if [[ "$STEPS" != all && "$STEPS" != *",train_eagle,"* && -d gpu-pack/models/eagle ]]; then
+if [[ "$DRY" = 0 && "$STEPS" != all && "$STEPS" != *",train_eagle,"* && -d gpu-pack/models/eagle ]]; then
   EAGLE="$(pwd)/gpu-pack/models/eagle"
 fi
 
