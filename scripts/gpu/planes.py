@@ -50,7 +50,10 @@ def unpack(src: Path, dst: Path) -> None:
     at += 4 + meta_len
     parts = []
     for size in meta["parts"]:
-        parts.append(zlib.decompress(blob[at:at + size]))
+        try:
+            parts.append(zlib.decompress(blob[at:at + size]))
+        except zlib.error as exc:
+            raise SystemExit(f"planes.py: {src} is corrupt or truncated ({exc}); pack it again") from exc
         at += size
     head, low, high = parts
     body = bytearray(2 * len(low))
