@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import string
 
 import pytest
 import torch
@@ -54,19 +53,10 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: i
 
 
 def char_tokenizer(vocab: int = VOCAB, reverse: bool = False):
-    """A character-level fast tokenizer over printable ASCII: ids 0-2 are <pad>, <bos>, <eos>.
-    reverse=True assigns the character ids in the opposite order (same size, other vocabulary)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    chars = list(" \n\t" + string.ascii_letters + string.digits + string.punctuation)[: vocab - 3]
-    if reverse:
-        chars = chars[::-1]
-    table = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
-    for c in chars:
-        table[c] = len(table)
-    tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+    """A character-level fast tokenizer over printable ASCII (specdec.family.tokenizer.char_tokenizer)
+    of VOCAB ids by default: ids 0-2 are <pad>, <bos>, <eos>."""
+    from specdec.family.tokenizer import char_tokenizer as build
+    return build(vocab, reverse)
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:

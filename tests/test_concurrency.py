@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import specdec.api as api
+from zoo import random_heads
 from conftest import char_tokenizer, noisy_copy, tiny_model
 from eagle_helpers import random_drafter
 from specdec import Speculator
-from specdec.heads import HeadsLayout, MedusaHeads
-from specdec.models import output_vocab_size
 from specdec.strategies.auto import Auto
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
@@ -35,13 +34,6 @@ def _target():
     return tiny_model("llama", seed=1, sharpen=4.0)
 
 
-def _heads(model):
-    heads = MedusaHeads(HeadsLayout(3, 1, model.config.hidden_size, output_vocab_size(model)))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    return heads
 
 
 def build(name: str) -> Speculator:
@@ -51,7 +43,7 @@ def build(name: str) -> Speculator:
         "prompt_lookup": lambda: PromptLookup(min_ngram=1, max_ngram=2),
         "draft_chain": lambda: DraftModel(noisy_copy(target), num_tokens=3),
         "draft_tree": lambda: DraftModel(noisy_copy(target), branching=[2, 2, 1]),
-        "medusa": lambda: Medusa(_heads(target), max_nodes=6, top_k=2),
+        "medusa": lambda: Medusa(random_heads(target), max_nodes=6, top_k=2),
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
         "suffix": lambda: Suffix(),

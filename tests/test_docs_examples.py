@@ -19,6 +19,7 @@ import io
 import os
 import re
 import shlex
+import subprocess
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
@@ -165,6 +166,8 @@ def _help_texts() -> str:
             except SystemExit:
                 pass
         texts.append(buffer.getvalue())
+    for script in ("scripts/gpu/check.sh", "scripts/gpu/pack.sh"):     # the GPU check's own flags
+        texts.append(subprocess.run(["bash", os.path.join(REPO, script), "--help"], capture_output=True, text=True).stdout)
     return "\n".join(texts)
 
 

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from zoo import random_heads
 from conftest import hf_greedy, noisy_copy, tiny_model
 from eagle_helpers import random_drafter
 from specdec import Speculator
 from specdec import loop as loop_module
-from specdec.heads import HeadsLayout, MedusaHeads
-from specdec.models import output_vocab_size
 from specdec.strategies import REGISTRY
 from specdec.strategies.auto import Auto
 from specdec.strategies.autoregressive import Autoregressive
@@ -108,13 +107,6 @@ class Watched:
         raise AttributeError(f"the engine set {name!r} on a strategy")
 
 
-def medusa_heads(target) -> MedusaHeads:
-    heads = MedusaHeads(HeadsLayout(3, 1, target.config.hidden_size, output_vocab_size(target)))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    return heads
 
 
 class Bare:
@@ -151,7 +143,7 @@ CASES = {
     "suffix": ("suffix", lambda target, log: Suffix()),
     "draft_chain": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), num_tokens=3)),
     "draft_tree": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), branching=[2, 1])),
-    "medusa": ("medusa", lambda target, log: Medusa(medusa_heads(target), max_nodes=6, top_k=2)),
+    "medusa": ("medusa", lambda target, log: Medusa(random_heads(target), max_nodes=6, top_k=2)),
     "eagle": ("eagle", lambda target, log: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=3)),
     "eagle3": ("eagle", lambda target, log: Eagle(random_drafter(target, (0, 1, 2), draft_vocab=list(range(0, 96, 3))),
                                                   max_nodes=6, top_k=2, depth=3)),
@@ -165,7 +157,7 @@ CASES = {
                 "auto.drafter"),
         profile=False, explore_every=1)),
     "auto_medusa": ("auto", lambda target, log: Auto(
-        None, Watched(Medusa(medusa_heads(target), max_nodes=6, top_k=2), STRATEGY, log, "auto.drafter"),
+        None, Watched(Medusa(random_heads(target), max_nodes=6, top_k=2), STRATEGY, log, "auto.drafter"),
         profile=False, explore_every=1)),
 }
 # hooks every run must have reached (the test's premise: the engine asked for them, through the proxy)

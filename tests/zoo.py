@@ -5,6 +5,19 @@ from __future__ import annotations
 import torch
 
 
+def random_heads(model):
+    """Plain Medusa heads (3 heads of 1 layer) for `model`, random, their weights pushed further from
+    zero than PyTorch's init so that their guesses vary."""
+    from specdec.heads import HeadsLayout, MedusaHeads
+    from specdec.models import output_vocab_size
+    heads = MedusaHeads(HeadsLayout(3, 1, model.config.hidden_size, output_vocab_size(model)))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return heads
+
+
 def strategies(target):
     from conftest import noisy_copy
     from eagle_helpers import random_drafter

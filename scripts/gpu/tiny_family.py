@@ -8,22 +8,8 @@ files and code paths are the real ones.
 from __future__ import annotations
 
 import argparse
-import string
 import sys
 from pathlib import Path
-
-
-def char_tokenizer():
-    import transformers as T
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    chars = list(" \n\t" + string.ascii_letters + string.digits + string.punctuation)
-    table = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
-    for c in chars:
-        table[c] = len(table)
-    tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
 
 
 def main(argv=None) -> int:
@@ -32,6 +18,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
     import transformers as T
+    from specdec.family.tokenizer import char_tokenizer
     tokenizer = char_tokenizer()
     for name, (layers, hidden, seed) in {"target": (4, 64, 0), "draft": (1, 32, 1)}.items():
         torch.manual_seed(seed)
