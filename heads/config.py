@@ -15,7 +15,7 @@ from specdec.errors import ConfigError
 class TrainHeadsConfig:
     target: Optional[str] = None        # Hugging Face checkpoint folder of the (frozen) target
     tokenizer: Optional[str] = None     # tokenizer folder when it is not beside the target's weights
-    output_dir: str = "heads-out"       # final heads + checkpoint.pt + train.json; re-run to resume
+    output_dir: str = "heads-out"       # final heads + checkpoint.safetensors + train.json; re-run to resume
     # corpus: folders / files (relative paths from corpus_root); [] = the whole standard library
     corpus: List[str] = field(default_factory=list)
     corpus_root: Optional[str] = None   # None = the standard library folder

@@ -16,7 +16,8 @@ windows the per-position expected acceptance 1 - TV at temperature 1 and the gre
 and the chain tau (tokens per target forward) of our own draft_model strategy, gamma = eval_gamma,
 on held-out prompts, greedy and at eval_temperature. Checkpoints are atomic and re-running with
 the same output_dir resumes from the last one (exactly: the window sampler's state is saved and
-every step's other random draws are keyed by (seed, step)). The output folder is a plain Hugging
+every step's other random draws are keyed by (seed, step); safetensors and JSON, heads/checkpoint.py,
+never a pickle). The output folder is a plain Hugging
 Face checkpoint (config, safetensors, tokenizer) plus distill.json: the target it was distilled
 for and the recipe.
 """
@@ -34,24 +35,25 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from specdec.api import Speculator
-from specdec.atomic import atomic_files_into, atomic_write, atomic_write_json
+from specdec.atomic import atomic_files_into, atomic_write_json
 from specdec.config import build_config, find_config_file, setting
-from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
+from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
 from specdec.models import resolve_device
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.strategies.draft_model import DraftModel
 
+from .checkpoint import checkpoint_target, find_checkpoint, load_checkpoint, save_checkpoint
 from .data import fixed_windows, sample_windows
 from .distill_loss import distill_loss, loss_weights
 from .eagle_train import _Distributed, lr_at, out_of_time
 from .help import keys_help
 from .interrupt import deferred_interrupt, stop_training, training_main
 from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
-from .io import fingerprints_match, target_identity
 from .train import training_streams
 
-CHECKPOINT_FILE = "draft_checkpoint.pt"
+CHECKPOINT_FILE = "draft_checkpoint.safetensors"
+LEGACY_CHECKPOINT_FILE = "draft_checkpoint.pt"    # a pickle, written before; refused, never read
 LOG_FILE = "train_draft.json"
 DATA_MODES = ("fixed", "draft", "target", "mixed")
 
@@ -288,29 +290,6 @@ def describe(result: dict) -> str:
 
 
 # ---------------------------------------------------------------------- saving
-def _save_checkpoint(path: str, draft, optimizer, generator, **progress) -> None:
-    state = {"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "window_rng": generator.get_state(),
-             "draft_config": draft.config.to_dict(), **progress}
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
-
-
-def _load_checkpoint(path: str, draft, optimizer, generator, identity: dict) -> dict:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
-        raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
-    if not fingerprints_match(state["target"]["fingerprint"], identity["fingerprint"]):
-        raise ConfigError(f"{path} was distilled for another target: use another output_dir, or delete it")
-    try:
-        draft.load_state_dict(state["draft"])
-    except RuntimeError as exc:
-        raise ConfigError(f"{path} holds a draft of another shape than this run's ({str(exc).splitlines()[0]}): "
-                          f"use another output_dir, or delete the checkpoint") from None
-    optimizer.load_state_dict(state["optimizer"])
-    generator.set_state(state["window_rng"])
-    return state
-
-
 def save_distilled(folder: str, draft, tokenizer, info: dict) -> None:
     """The draft as a plain Hugging Face checkpoint (config, safetensors, tokenizer files) and
     distill.json, written last: each file is moved into place whole, so a folder with distill.json
@@ -344,6 +323,8 @@ def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
 
 def _train_draft(cfg, on_step) -> str:
     weights = loss_spec(cfg)
+    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
+    resuming = find_checkpoint(checkpoint, os.path.join(cfg.output_dir, LEGACY_CHECKPOINT_FILE))   # before the set-up
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     ddp = _Distributed(cfg, device)
@@ -360,12 +341,11 @@ def _train_draft(cfg, on_step) -> str:
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
-    identity = target_identity(target)
+    identity = checkpoint_target(target, cfg.target)              # also distill.json's "target"
     os.makedirs(cfg.output_dir, exist_ok=True)
-    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
     step, history, losses, elapsed = 0, [], [], 0.0
-    if os.path.isfile(checkpoint):
-        saved = _load_checkpoint(checkpoint, draft, optimizer, generator, identity)
+    if resuming:
+        saved = load_checkpoint(checkpoint, "draft", draft, optimizer, generator, identity)
         step, history, losses = int(saved["step"]), list(saved["history"]), list(saved["losses"])
         elapsed = float(saved.get("elapsed_s", 0.0))
     extra = {"train_files": len(train_files), "heldout_files": len(heldout_files),
@@ -387,8 +367,8 @@ def _train_draft(cfg, on_step) -> str:
 
     def save(at_elapsed: float) -> None:
         if ddp.main:
-            _save_checkpoint(checkpoint, draft, optimizer, generator, step=step, history=history, losses=losses,
-                             elapsed_s=at_elapsed, target=identity)
+            save_checkpoint(checkpoint, "draft", draft, optimizer, generator, identity, step=step,
+                            history=history, losses=losses, elapsed_s=at_elapsed)
 
     if step == 0:
         evaluate(0)
@@ -447,7 +427,7 @@ def _train_draft(cfg, on_step) -> str:
             "loss", "jsd_beta", "loss_temperature", "loss_top_k", "loss_top_p", "data", "mix_lambda",
             "prompt_tokens", "sample_temperature", "seq_len", "batch_size", "lr", "seed", "draft", "draft_config")}
         info = {"format": FORMAT, "version": 1,
-                "target": {"path": os.path.abspath(cfg.target), **identity},
+                "target": identity,
                 "recipe": {**recipe, "steps": step, "train_time_s": elapsed, "processes": ddp.world},
                 "heldout": {k: v for k, v in final.items() if k != "step"}}
         save_distilled(cfg.output_dir, draft, tokenizer, info)

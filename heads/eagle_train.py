@@ -15,8 +15,8 @@ its output onto f_{s+1} (smooth L1, feature_loss_weight).
 Held-out evaluation is the acceptance at inference: held-out windows whose tail is replaced by
 the target's own greedy continuation, the drafter chained on its own features from each position
 of that tail; acceptance[d] = the fraction of positions whose first d + 1 drafted tokens all equal
-the target's greedy tokens (chain tau = 1 + sum). Checkpoints are atomic; re-running with the
-same output_dir resumes. Under torchrun each rank trains on its own share of every global batch
+the target's greedy tokens (chain tau = 1 + sum). Checkpoints are atomic safetensors and JSON
+(heads/checkpoint.py); re-running with the same output_dir resumes. Under torchrun each rank trains on its own share of every global batch
 (DistributedDataParallel averages the gradients), so the loss trajectory is the single process's.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ from specdec.config import build_config
 from specdec.errors import ConfigError
 from specdec.models import DTYPES, has_native_bf16, load_model, load_tokenizer, resolve_device
 
+from .checkpoint import checkpoint_target, find_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainEagleConfig, is_eagle_config  # noqa: F401 - is_eagle_config: specdec.heads.eagle_train's name too
 from .data import fixed_windows, sample_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
@@ -46,10 +47,10 @@ from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_token
 from .eagle_io import save_eagle
 from .help import help_text
 from .interrupt import deferred_interrupt, stop_training, training_main
-from .io import target_fingerprint
-from .train import _fmt, load_checkpoint, save_checkpoint, training_streams
+from .train import _fmt, training_streams
 
-CHECKPOINT_FILE = "eagle_checkpoint.pt"
+CHECKPOINT_FILE = "eagle_checkpoint.safetensors"
+LEGACY_CHECKPOINT_FILE = "eagle_checkpoint.pt"    # a pickle, written before; refused, never read
 LOG_FILE = "eagle_train.json"
 
 
@@ -320,6 +321,8 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(TrainEagleConfig), OmegaConf.structured(cfg))
     validate(cfg)
+    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
+    resuming = find_checkpoint(checkpoint, os.path.join(cfg.output_dir, LEGACY_CHECKPOINT_FILE))   # before the set-up
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     ddp = _Distributed(cfg, device)
@@ -340,14 +343,18 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
     weights = torch.tensor([cfg.step_loss_decay ** j for j in range(cfg.ttt_steps)], device=device)   # [J]
-    fingerprint = target_fingerprint(target)
+    identity = checkpoint_target(target, cfg.target)
     os.makedirs(cfg.output_dir, exist_ok=True)
-    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
     step, history, losses, elapsed = 0, [], [], 0.0
-    if os.path.isfile(checkpoint):
-        saved = load_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter")
+    if resuming:
+        saved = load_checkpoint(checkpoint, "eagle", drafter, optimizer, generator, identity, drafter.layout.as_dict())
         step, history, losses = int(saved["step"]), list(saved["history"]), list(saved["losses"])
         elapsed = float(saved.get("elapsed_s", 0.0))
+
+    def save(at_elapsed: float) -> None:
+        if ddp.main:                            # no collective here: on Ctrl-C the other ranks are stopping too
+            save_checkpoint(checkpoint, "eagle", drafter, optimizer, generator, identity, drafter.layout.as_dict(),
+                            step=step, history=history, losses=losses, elapsed_s=at_elapsed)
     extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
              "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
              "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
@@ -400,19 +407,15 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
             bar.update(1)
             bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
             last = step == cfg.steps or out_of_time(elapsed, cfg)
-            if ddp.main and (step % cfg.checkpoint_interval == 0 or last):
-                save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step,
-                                history=history, losses=losses, elapsed_s=elapsed)
+            if step % cfg.checkpoint_interval == 0 or last:
+                save(elapsed)
             if step % cfg.eval_interval == 0 and not last:
                 evaluate(step)
             if on_step is not None:
                 on_step(step, metrics)
     except KeyboardInterrupt:
-        def save():
-            if ddp.main:                        # no collective here: the other ranks are stopping too
-                save_checkpoint(checkpoint, drafter, optimizer, generator, fingerprint, key="drafter", step=step,
-                                history=history, losses=losses, elapsed_s=time.perf_counter() - started)
-        stop_training(bar, step, step_began, generator, rng_before, save, cfg.steps, checkpoint)
+        stop_training(bar, step, step_began, generator, rng_before, lambda: save(time.perf_counter() - started),
+                      cfg.steps, checkpoint)
     bar.close()
     final = evaluate(step)
     if ddp.main:

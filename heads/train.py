@@ -4,7 +4,8 @@ Each batch: corpus windows -> one no-grad target forward (last hidden states [B,
 [B, T, V]) -> the heads on the first T - K positions (token-conditioned head k also reads the
 token at t + k); head k at position t learns the target's own distribution at position t + k
 (the one that predicts token t + k + 1), by soft cross-entropy, weighted decay ** (k - 1).
-Held-out evaluation reports per-head top-1 / top-5 agreement with the target's greedy token. Checkpoints (heads, optimizer, step, RNG) are written atomically;
+Held-out evaluation reports per-head top-1 / top-5 agreement with the target's greedy token. Checkpoints
+(heads, optimizer, step, RNG: safetensors and JSON, heads/checkpoint.py) are written atomically;
 re-running with the same output_dir resumes from the last one.
 
     specdec train-heads train_heads target=/path/to/model output_dir=/path/to/heads steps=600
@@ -25,19 +26,21 @@ from omegaconf import OmegaConf
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from specdec.atomic import atomic_write, atomic_write_json
+from specdec.atomic import atomic_write_json
 from specdec.config import parse_overrides
-from specdec.errors import ConfigError, ModelLoadError
+from specdec.errors import ConfigError
 from specdec.models import DTYPES, load_model, load_tokenizer, resolve_device
 
+from .checkpoint import checkpoint_target, find_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainHeadsConfig, load_train_config, validate
 from .data import fixed_windows, resolve_files, sample_windows, split_heldout, token_streams
 from .help import help_text
 from .interrupt import deferred_interrupt, stop_training, training_main
-from .io import output_vocab, save_heads, target_fingerprint, fingerprints_match
+from .io import output_vocab, save_heads
 from .module import HeadsLayout, MedusaHeads
 
-CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+LEGACY_CHECKPOINT_FILE = "checkpoint.pt"          # a pickle, written before; refused, never read
 LOG_FILE = "train.json"
 log = logging.getLogger(__name__)
 
@@ -170,34 +173,6 @@ def _rng_generator(seed: int) -> torch.Generator:
     return generator
 
 
-def save_checkpoint(path: str, module, optimizer, generator, fingerprint, key: str = "heads", **progress) -> None:
-    """A training checkpoint (atomic): the trained module's and the optimizer's state, the window
-    sampler's RNG, the module's layout and target fingerprint, and `progress` (step, history, ...).
-    The module's state is kept under `key` ("heads", "drafter")."""
-    state = {key: module.state_dict(), "optimizer": optimizer.state_dict(),
-             "window_rng": generator.get_state(), "layout": module.layout.as_dict(),
-             "target_fingerprint": fingerprint, **progress}
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
-
-
-def load_checkpoint(path: str, module, optimizer, generator, fingerprint, key: str = "heads") -> dict:
-    """Restore what save_checkpoint wrote into module / optimizer / generator, after checking it
-    belongs to this run (same layout, same target); returns the saved progress entries."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises many kinds
-        raise ModelLoadError(f"checkpoint {path} is corrupt ({exc}): delete it to start over") from exc
-    if state["layout"] != module.layout.as_dict():
-        raise ConfigError(f"{path} holds a module of layout {state['layout']}, this run asks for "
-                          f"{module.layout.as_dict()}: use another output_dir, or delete the checkpoint")
-    if not fingerprints_match(state["target_fingerprint"], fingerprint):
-        raise ConfigError(f"{path} was trained for another target: use another output_dir, or delete it")
-    module.load_state_dict(state[key])
-    optimizer.load_state_dict(state["optimizer"])
-    generator.set_state(state["window_rng"])
-    return state
-
-
 def _write_log(folder: str, cfg, history: list, extra: dict) -> None:
     data = {"config": OmegaConf.to_container(OmegaConf.structured(cfg)) if not isinstance(cfg, dict) else cfg,
             "history": history, **extra}
@@ -211,10 +186,12 @@ def _fmt(values: list[float]) -> str:
 # ---------------------------------------------------------------------- the loop
 def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | None = None) -> str:
     """Train (or resume) heads as `cfg` says; returns the output folder (heads.json +
-    heads.safetensors + checkpoint.pt + train.json). `on_step(step, metrics)` runs after each step."""
+    heads.safetensors + checkpoint.safetensors + train.json). `on_step(step, metrics)` runs after each step."""
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(TrainHeadsConfig), OmegaConf.structured(cfg))
     validate(cfg)
+    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
+    resuming = find_checkpoint(checkpoint, os.path.join(cfg.output_dir, LEGACY_CHECKPOINT_FILE))   # before the set-up
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32), key="target")
@@ -229,13 +206,16 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = _rng_generator(cfg.seed)
     weights = loss_weights(cfg.num_heads, cfg.head_loss_decay, device)              # [K]
-    fingerprint = target_fingerprint(target)
+    identity = checkpoint_target(target, cfg.target)
     os.makedirs(cfg.output_dir, exist_ok=True)
-    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
     step, history = 0, []
-    if os.path.isfile(checkpoint):
-        saved = load_checkpoint(checkpoint, heads, optimizer, generator, fingerprint)
+    if resuming:
+        saved = load_checkpoint(checkpoint, "medusa", heads, optimizer, generator, identity, heads.layout.as_dict())
         step, history = int(saved["step"]), list(saved["history"])
+
+    def save() -> None:
+        save_checkpoint(checkpoint, "medusa", heads, optimizer, generator, identity, heads.layout.as_dict(),
+                        step=step, history=history)
     extra = {"train_files": len(train_files), "heldout_files": len(heldout_files),
              "train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout_stream.numel())}
 
@@ -277,15 +257,13 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
             bar.update(1)
             bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1 {_fmt(metrics['top1'])}")
             if step % cfg.checkpoint_interval == 0 or step == cfg.steps:
-                save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step, history=history)
+                save()
             if step % cfg.eval_interval == 0 and step != cfg.steps:
                 evaluate(step)
             if on_step is not None:
                 on_step(step, metrics)
     except KeyboardInterrupt:
-        stop_training(bar, step, step_began, generator, rng_before,
-                      lambda: save_checkpoint(checkpoint, heads, optimizer, generator, fingerprint, step=step,
-                                              history=history), cfg.steps, checkpoint)
+        stop_training(bar, step, step_began, generator, rng_before, save, cfg.steps, checkpoint)
     bar.close()
     final = evaluate(step)
     extra["train_time_s"] = extra.get("train_time_s", 0) + (time.perf_counter() - started)

@@ -14,6 +14,7 @@ import torch
 from conftest import char_tokenizer, tiny_model
 from eagle_helpers import random_drafter
 from specdec.errors import ConfigError
+from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.eagle_io import load_eagle
 from specdec.heads.eagle_train import (CHECKPOINT_FILE, LOG_FILE, Unrolled, is_eagle_config,
                                        load_train_eagle_config, train_eagle, ttt_visible)
@@ -121,16 +122,16 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_target, tmp_path):
     resumed = str(tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):
         train_eagle(_cfg(target, corpus, resumed, steps=6, checkpoint_interval=3), on_step=interrupt)
-    assert torch.load(os.path.join(resumed, CHECKPOINT_FILE), weights_only=False)["step"] == 5   # saved on the interrupt
+    assert read_checkpoint(os.path.join(resumed, CHECKPOINT_FILE))["step"] == 5   # saved on the interrupt
     assert not os.path.exists(os.path.join(resumed, "eagle.json"))
     seen = []
     train_eagle(_cfg(target, corpus, resumed, steps=6, checkpoint_interval=3),
                 on_step=lambda step, metrics: seen.append(step))
     assert seen == [6]
-    a = torch.load(os.path.join(straight, CHECKPOINT_FILE), weights_only=False)
-    b = torch.load(os.path.join(resumed, CHECKPOINT_FILE), weights_only=False)
-    for name in a["drafter"]:
-        torch.testing.assert_close(a["drafter"][name], b["drafter"][name], rtol=0, atol=1e-6)
+    a = read_checkpoint(os.path.join(straight, CHECKPOINT_FILE))
+    b = read_checkpoint(os.path.join(resumed, CHECKPOINT_FILE))
+    for name in a["module"]:
+        torch.testing.assert_close(a["module"][name], b["module"][name], rtol=0, atol=1e-6)
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-6)
 
 

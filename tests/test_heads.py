@@ -12,9 +12,10 @@ from safetensors.torch import load_file
 from conftest import char_tokenizer, tiny_model
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads import HeadsLayout, MedusaHeads, load_heads, save_heads
+from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.config import load_train_config
 from specdec.heads.io import output_vocab
-from specdec.heads.train import head_losses, train_heads
+from specdec.heads.train import CHECKPOINT_FILE, head_losses, train_heads
 from specdec.sampling import SamplingParams, TorchRandom
 from specdec.strategies.medusa import Medusa
 from specdec.types import DecodeState
@@ -211,18 +212,18 @@ def test_interrupted_run_resumes_from_its_checkpoint(tiny_target, tmp_path):
     resumed_dir = str(tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):
         train_heads(_cfg(target, corpus, resumed_dir, steps=6, checkpoint_interval=3), on_step=interrupt)
-    assert torch.load(os.path.join(resumed_dir, "checkpoint.pt"), weights_only=False)["step"] == 5   # saved on the interrupt
+    assert read_checkpoint(os.path.join(resumed_dir, CHECKPOINT_FILE))["step"] == 5   # saved on the interrupt
     assert not os.path.exists(os.path.join(resumed_dir, "heads.json"))     # no final heads yet
     steps_seen = []
     train_heads(_cfg(target, corpus, resumed_dir, steps=6, checkpoint_interval=3),
                 on_step=lambda step, metrics: steps_seen.append(step))
     assert steps_seen == [6]
 
-    a = torch.load(os.path.join(straight, "checkpoint.pt"), weights_only=False)
-    b = torch.load(os.path.join(resumed_dir, "checkpoint.pt"), weights_only=False)
+    a = read_checkpoint(os.path.join(straight, CHECKPOINT_FILE))
+    b = read_checkpoint(os.path.join(resumed_dir, CHECKPOINT_FILE))
     assert a["step"] == b["step"] == 6
-    for name in a["heads"]:
-        torch.testing.assert_close(a["heads"][name], b["heads"][name], rtol=0, atol=1e-6)
+    for name in a["module"]:
+        torch.testing.assert_close(a["module"][name], b["module"][name], rtol=0, atol=1e-6)
     opt_a, opt_b = a["optimizer"], b["optimizer"]
     assert opt_a["param_groups"] == opt_b["param_groups"]
     for index, state in opt_a["state"].items():

@@ -21,6 +21,7 @@ from conftest import char_tokenizer, tiny_model
 from specdec.cli import main as cli_main
 from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.heads import distill
+from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.distill import CHECKPOINT_FILE, INFO_FILE, LOG_FILE, load_train_draft_config, train_draft
 from specdec.heads.distill_loss import (LOG_FLOOR, distill_loss, divergence, loss_weights, target_log_probs)
 
@@ -222,21 +223,21 @@ def test_interrupted_runs_resume_bit_exactly(tiny, tmp_path):
     sigint, killed = tmp_path / "sigint", tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         train_draft(_cfg(tiny, sigint, data="draft", steps=6), on_step=stop(4, KeyboardInterrupt()))
-    assert torch.load(sigint / CHECKPOINT_FILE, weights_only=False)["step"] == 4
+    assert read_checkpoint(sigint / CHECKPOINT_FILE)["step"] == 4
     assert not (sigint / INFO_FILE).exists()
     with pytest.raises(RuntimeError):                     # dies at step 5: the step-3 checkpoint is what is left
         train_draft(_cfg(tiny, killed, data="draft", steps=6, checkpoint_interval=3),
                     on_step=stop(5, RuntimeError("killed")))
-    assert torch.load(killed / CHECKPOINT_FILE, weights_only=False)["step"] == 3
-    a = torch.load(os.path.join(straight, CHECKPOINT_FILE), weights_only=False)
+    assert read_checkpoint(killed / CHECKPOINT_FILE)["step"] == 3
+    a = read_checkpoint(os.path.join(straight, CHECKPOINT_FILE))
     for folder in (sigint, killed):
         seen = []
         train_draft(_cfg(tiny, folder, data="draft", steps=6), on_step=lambda step, m: seen.append(step))
         assert seen == ([5, 6] if folder == sigint else [4, 5, 6])
-        b = torch.load(folder / CHECKPOINT_FILE, weights_only=False)
+        b = read_checkpoint(folder / CHECKPOINT_FILE)
         assert b["losses"] == a["losses"]
-        for name in a["draft"]:
-            assert torch.equal(a["draft"][name], b["draft"][name]), name
+        for name in a["module"]:
+            assert torch.equal(a["module"][name], b["module"][name]), name
 
 
 def test_a_few_steps_lower_the_heldout_tv_and_write_a_plain_hf_checkpoint(tiny, tmp_path):

@@ -12,6 +12,7 @@ import torch
 
 from conftest import char_tokenizer, tiny_model
 from specdec.cli import main as cli_main
+from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.interrupt import deferred_interrupt, resume_command
 
 
@@ -43,9 +44,9 @@ def eagle_args(target, corpus):
             "ttt_steps=2", "checkpoint_interval=100", "progress=false"]
 
 
-KINDS = {  # trainer module, its arguments, checkpoint file, module's key in it
-    "medusa": ("specdec.heads.train", medusa_args, "checkpoint.pt", "heads"),
-    "eagle": ("specdec.heads.eagle_train", eagle_args, "eagle_checkpoint.pt", "drafter"),
+KINDS = {  # trainer module, its arguments, checkpoint file
+    "medusa": ("specdec.heads.train", medusa_args, "checkpoint.safetensors"),
+    "eagle": ("specdec.heads.eagle_train", eagle_args, "eagle_checkpoint.safetensors"),
 }
 
 
@@ -69,7 +70,7 @@ def count_windows(monkeypatch, module: str, interrupt_at: int | None = None) -> 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(kind, tiny_target, tmp_path, monkeypatch,
                                                                      capsys):
-    module, args, checkpoint_file, key = KINDS[kind]
+    module, args, checkpoint_file = KINDS[kind]
     args = args(*tiny_target)
     straight = str(tmp_path / "straight")
     assert cli_main(["train-heads", *args, f"output_dir={straight}"]) == 0
@@ -82,7 +83,7 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(kind, tin
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
     checkpoint = os.path.join(interrupted, checkpoint_file)
-    assert torch.load(checkpoint, weights_only=False)["step"] == 3
+    assert read_checkpoint(checkpoint)["step"] == 3
     assert f"interrupted after step 3 of 5: checkpoint saved in {checkpoint}" in err
     resume = [line for line in err.splitlines() if line.startswith("resume with: ")]
     assert len(resume) == 1
@@ -93,11 +94,11 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(kind, tin
         drawn = count_windows(mp, module)
         assert cli_main(command[1:]) == 0
     assert len(drawn) == 2                                  # steps 4 and 5 only: it went on from step 3
-    a = torch.load(os.path.join(straight, checkpoint_file), weights_only=False)
-    b = torch.load(checkpoint, weights_only=False)
+    a = read_checkpoint(os.path.join(straight, checkpoint_file))
+    b = read_checkpoint(checkpoint)
     assert a["step"] == b["step"] == 5
-    for name in a[key]:                                     # the interrupted step was redone as it would have run
-        torch.testing.assert_close(a[key][name], b[key][name], rtol=0, atol=1e-6)
+    for name in a["module"]:                                # the interrupted step was redone as it would have run
+        torch.testing.assert_close(a["module"][name], b["module"][name], rtol=0, atol=1e-6)
     assert torch.equal(a["window_rng"], b["window_rng"])
 
 
