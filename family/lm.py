@@ -4,11 +4,11 @@ a tqdm bar showing the loss, and the held-out loss measured at the end. (The dra
 into it by `specdec train-draft`'s code: family/heads.py.)"""
 from __future__ import annotations
 
-import math
-
 import torch
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.heads.loop import lr_at  # noqa: F401 - the one schedule of every trainer; this module's name too
 
 
 def tokenize_stream(tokenizer, texts: list[str]) -> torch.Tensor:
@@ -39,15 +39,6 @@ def random_windows(stream: torch.Tensor, batch_size: int, seq_len: int, generato
                          f"raise corpus.train_chars or lower train.seq_len")
     starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=generator)
     return torch.stack([stream[s:s + seq_len + 1] for s in starts.tolist()])
-
-
-def lr_at(step: int, train_cfg) -> float:
-    """Linear warmup to train.lr, then cosine decay to lr * min_lr_ratio."""
-    if step < train_cfg.warmup_steps:
-        return train_cfg.lr * (step + 1) / train_cfg.warmup_steps
-    progress = (step - train_cfg.warmup_steps) / max(1, train_cfg.steps - train_cfg.warmup_steps)
-    floor = train_cfg.lr * train_cfg.min_lr_ratio
-    return floor + (train_cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def window_loss(model, windows: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ class TrainHeadsConfig:
     token_conditioned: bool = True      # head k also sees token t + k, the one before its guess (False: plain Medusa)
     # optimisation
     seq_len: int = 256
-    batch_size: int = 8
+    batch_size: int = 8                 # global batch (split across torchrun ranks)
     steps: int = 300
     lr: float = 1e-3                    # peak; linear warmup, cosine decay to lr * min_lr_ratio
     min_lr_ratio: float = 0.1
@@ -43,6 +43,7 @@ class TrainHeadsConfig:
     checkpoint_interval: int = 50       # steps between checkpoints (also at the end)
     device: str = "cpu"                 # cpu | cuda | auto
     dtype: str = "float32"              # the target's dtype while training (heads train in fp32)
+    backend: Optional[str] = None       # torch.distributed backend under torchrun (None: nccl on CUDA, else gloo)
     progress: bool = True               # tqdm progress bar
 
 

@@ -1,7 +1,9 @@
-"""Training text for the heads: corpus files -> one token stream -> windows of seq_len tokens."""
+"""Training text for the drafters: corpus files -> one token stream -> windows of seq_len tokens."""
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import math
 import os
 from typing import Sequence
@@ -10,6 +12,7 @@ import torch
 
 from specdec.errors import ConfigError
 
+log = logging.getLogger(__name__)
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 
 
@@ -93,3 +96,37 @@ def fixed_windows(stream: torch.Tensor, seq_len: int, count: int) -> torch.Tenso
     count = max(1, min(count, stream.numel() // seq_len))
     starts = torch.linspace(0, stream.numel() - seq_len, count).long()
     return torch.stack([stream[s: s + seq_len] for s in starts.tolist()])
+
+
+# ---------------------------------------------------------------------- a config's corpus
+def corpus_files(cfg) -> tuple[list[str], list[str]]:
+    corpus, heldout = list(cfg.corpus), list(cfg.heldout)
+    if cfg.split_file:
+        try:
+            with open(cfg.split_file) as f:
+                split = json.load(f)
+            corpus, heldout = list(split["train"]), list(split["heldout"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"split_file={cfg.split_file!r} could not be read as JSON with 'train' and "
+                              f"'heldout' file lists: {exc}") from exc
+    files = resolve_files(corpus, cfg.corpus_root)
+    if heldout:
+        return files, resolve_files(heldout, cfg.corpus_root)
+    return split_heldout(files)
+
+
+def training_streams(cfg, tokenizer, announce: bool = True):
+    """(train files, held-out files, train [T_train], held-out [T_heldout]) of the config's corpus:
+    the files and their token streams, documents joined by the tokenizer's EOS. A note on how the
+    held-out part was chosen is logged as a warning when `announce` (rank 0 of several); a stream
+    shorter than one window is a ConfigError."""
+    train_files, heldout_files = corpus_files(cfg)
+    train_stream, heldout_stream, note = token_streams(train_files, heldout_files, tokenizer, tokenizer.eos_token_id,
+                                                       min_tokens=cfg.seq_len + 1)
+    if note and announce:
+        log.warning(note)
+    for name, stream in (("training", train_stream), ("held-out", heldout_stream)):
+        if stream.numel() < cfg.seq_len + 1:
+            raise ConfigError(f"the {name} text has {stream.numel()} tokens, fewer than seq_len={cfg.seq_len}: "
+                              f"give a larger corpus or a smaller seq_len")
+    return train_files, heldout_files, train_stream, heldout_stream

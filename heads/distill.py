@@ -26,35 +26,31 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
 import torch
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 
 from specdec.api import Speculator
 from specdec.atomic import atomic_files_into, atomic_write_json
 from specdec.config import build_config, find_config_file, setting
 from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.models import DTYPES, cache_kwargs, check_same_tokenizer, load_model, load_tokenizer, output_vocab_size
-from specdec.models import resolve_device
 from specdec.sampling import SamplingParams, logits_to_probs
 from specdec.strategies.draft_model import DraftModel
 
-from .checkpoint import checkpoint_target, find_checkpoint, load_checkpoint, save_checkpoint
-from .data import fixed_windows, sample_windows
+from .data import fixed_windows
 from .distill_loss import distill_loss, loss_weights
-from .eagle_train import _Distributed, lr_at, out_of_time
-from .help import keys_help
-from .interrupt import deferred_interrupt, stop_training, training_main
 from .draft_info import FORMAT, INFO_FILE, read_distill_info, warn_if_distilled_for_another_target  # noqa: F401
-from .train import training_streams
+from .help import keys_help
+from .interrupt import training_main
+from .loop import Drafter, Run, Setup, train
 
 CHECKPOINT_FILE = "draft_checkpoint.safetensors"
 LEGACY_CHECKPOINT_FILE = "draft_checkpoint.pt"    # a pickle, written before; refused, never read
 LOG_FILE = "train_draft.json"
+RUN = Run("draft", "train-draft", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_FILE)
 DATA_MODES = ("fixed", "draft", "target", "mixed")
 
 
@@ -301,10 +297,52 @@ def save_distilled(folder: str, draft, tokenizer, info: dict) -> None:
     atomic_write_json(os.path.join(folder, INFO_FILE), info, indent=2)
 
 
-# ---------------------------------------------------------------------- the loop
-def _write_log(folder, cfg, history, losses, extra) -> None:
-    atomic_write_json(os.path.join(folder, LOG_FILE), {"config": OmegaConf.to_container(cfg), "history": history,
-                                                       "losses": losses, **extra}, indent=2)
+# ---------------------------------------------------------------------- the drafter in the loop
+def draft_drafter(setup: Setup) -> Drafter:
+    """A draft model in the training loop (heads/loop.py): the divergence on this step's data, held-out
+    1 - TV, greedy match and chain tau."""
+    cfg, target, tokenizer, ddp = setup.cfg, setup.target, setup.tokenizer, setup.ddp
+    weights = loss_spec(cfg)
+    draft = load_draft(cfg, target, tokenizer, setup.device)
+    heldout = None
+    if ddp.main:
+        heldout = HeldOut(cfg, target, tokenizer, fixed_windows(setup.heldout_stream, cfg.seq_len, cfg.eval_windows))
+    student = ddp.wrap(draft)
+    autocast = torch.autocast(setup.device.type, dtype=torch.bfloat16, enabled=bool(cfg.bf16))
+
+    def loss(windows: torch.Tensor, step: int):
+        source = batch_source(cfg, step, ddp.rank)
+        ids, first = make_batch(cfg, source, windows, step, ddp.rank, target, tokenizer, draft)       # [b, T]
+        ids = ids.to(setup.device)
+        with autocast:
+            with torch.no_grad():
+                target_logits = target(input_ids=ids).logits[:, first:-1]                  # [b, n, V]
+            draft_logits = student(input_ids=ids).logits[:, first:-1]                      # [b, n, Vd]
+        vocab = target_logits.shape[-1]
+        total, parts = distill_loss(weights, target_logits.float().flatten(0, 1),
+                                    draft_logits[..., :vocab].float().flatten(0, 1), ids[:, first + 1:].flatten(),
+                                    temperature=cfg.loss_temperature, top_k=cfg.loss_top_k,
+                                    top_p=cfg.loss_top_p, beta=cfg.jsd_beta)
+        return total, {"parts": parts, "data": source}
+
+    def evaluate(step: int, full: bool) -> dict:
+        return heldout.evaluate(draft, tau=full or (bool(cfg.tau_interval) and step % cfg.tau_interval == 0))
+
+    def postfix(metrics: dict, last: dict | None) -> str:
+        shown = f" | held-out 1-TV {last['acceptance_t1']:.3f}" if last else ""
+        return f"loss {metrics['loss']:.4f}{shown}"
+
+    def finish(steps: int, final: dict, elapsed: float) -> None:
+        recipe = {key: OmegaConf.to_container(cfg)[key] for key in (
+            "loss", "jsd_beta", "loss_temperature", "loss_top_k", "loss_top_p", "data", "mix_lambda",
+            "prompt_tokens", "sample_temperature", "seq_len", "batch_size", "lr", "seed", "draft", "draft_config")}
+        info = {"format": FORMAT, "version": 1, "target": setup.identity,
+                "recipe": {**recipe, "steps": steps, "train_time_s": elapsed, "processes": ddp.world},
+                "heldout": {k: v for k, v in final.items() if k != "step"}}
+        save_distilled(cfg.output_dir, draft, tokenizer, info)
+
+    return Drafter(module=draft, loss=loss, evaluate=evaluate, describe=describe, postfix=postfix, finish=finish,
+                   extra={"draft_parameters": sum(p.numel() for p in draft.parameters())})
 
 
 def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
@@ -316,124 +354,9 @@ def train_draft(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        return _train_draft(cfg, on_step)
+        return train(cfg, RUN, draft_drafter, on_step)
     finally:
         torch.set_num_threads(threads)
-
-
-def _train_draft(cfg, on_step) -> str:
-    weights = loss_spec(cfg)
-    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
-    resuming = find_checkpoint(checkpoint, os.path.join(cfg.output_dir, LEGACY_CHECKPOINT_FILE))   # before the set-up
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    ddp = _Distributed(cfg, device)
-    target = load_model(cfg.target, "target", device, DTYPES[cfg.dtype], key="target")
-    target.requires_grad_(False)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
-    draft = load_draft(cfg, target, tokenizer, device)
-    draft.train()
-
-    train_files, heldout_files, train_stream, heldout_stream = training_streams(cfg, tokenizer, ddp.main)
-    heldout = HeldOut(cfg, target, tokenizer, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows)) \
-        if ddp.main else None
-    student = ddp.wrap(draft)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
-    identity = checkpoint_target(target, cfg.target)              # also distill.json's "target"
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    step, history, losses, elapsed = 0, [], [], 0.0
-    if resuming:
-        saved = load_checkpoint(checkpoint, "draft", draft, optimizer, generator, identity)
-        step, history, losses = int(saved["step"]), list(saved["history"]), list(saved["losses"])
-        elapsed = float(saved.get("elapsed_s", 0.0))
-    extra = {"train_files": len(train_files), "heldout_files": len(heldout_files),
-             "train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout_stream.numel()),
-             "processes": ddp.world, "draft_parameters": sum(p.numel() for p in draft.parameters())}
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(cfg.bf16))
-    bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-draft",
-               disable=not (cfg.progress and ddp.main), dynamic_ncols=True, file=sys.stderr)
-
-    def evaluate(at_step: int, tau: bool = True) -> dict | None:
-        if ddp.main:
-            result = {"step": at_step, "train_time_s": elapsed, **heldout.evaluate(draft, tau)}
-            if not history or history[-1]["step"] != at_step:
-                history.append(result)
-            _write_log(cfg.output_dir, cfg, history, losses, extra)
-            bar.write(f"eval @ {at_step} ({elapsed / 60:.1f} min): {describe(result)}")
-        ddp.barrier()
-        return history[-1] if ddp.main else None
-
-    def save(at_elapsed: float) -> None:
-        if ddp.main:
-            save_checkpoint(checkpoint, "draft", draft, optimizer, generator, identity, step=step,
-                            history=history, losses=losses, elapsed_s=at_elapsed)
-
-    if step == 0:
-        evaluate(0)
-    started = time.perf_counter() - elapsed                 # training time carries over a resume
-    step_began, rng_before = step, generator.get_state()
-    try:
-        while step < cfg.steps and not out_of_time(elapsed, cfg):
-            step_began, rng_before = step, generator.get_state()
-            lr = lr_at(step, elapsed, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            windows = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
-            source = batch_source(cfg, step, ddp.rank)
-            ids, first = make_batch(cfg, source, windows, step, ddp.rank, target, tokenizer, draft)       # [b, T]
-            ids = ids.to(device)
-            with autocast:
-                with torch.no_grad():
-                    target_logits = target(input_ids=ids).logits[:, first:-1]                  # [b, n, V]
-                draft_logits = student(input_ids=ids).logits[:, first:-1]                      # [b, n, Vd]
-            vocab = target_logits.shape[-1]
-            loss, parts = distill_loss(weights, target_logits.float().flatten(0, 1),
-                                       draft_logits[..., :vocab].float().flatten(0, 1), ids[:, first + 1:].flatten(),
-                                       temperature=cfg.loss_temperature, top_k=cfg.loss_top_k,
-                                       top_p=cfg.loss_top_p, beta=cfg.jsd_beta)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            metrics = {"loss": ddp.mean(loss).item(), "parts": parts, "lr": lr, "data": source}
-            with deferred_interrupt():          # the update, its step count and its loss, whole or not at all
-                optimizer.step()
-                step += 1
-                losses.append(metrics["loss"])
-            elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
-            bar.update(1)
-            shown = f" | held-out 1-TV {history[-1]['acceptance_t1']:.3f}" if ddp.main and history else ""
-            bar.set_postfix_str(f"loss {metrics['loss']:.4f}{shown}")
-            last = step == cfg.steps or out_of_time(elapsed, cfg)
-            if step % cfg.checkpoint_interval == 0 or last:
-                save(elapsed)
-            if step % cfg.eval_interval == 0 and not last:
-                began = time.perf_counter()
-                evaluate(step, tau=bool(cfg.tau_interval) and step % cfg.tau_interval == 0)
-                started += time.perf_counter() - began      # training time leaves out the evaluations
-            if on_step is not None:
-                on_step(step, metrics)
-    except KeyboardInterrupt:
-        stop_training(bar, step, step_began, generator, rng_before,
-                      lambda: save(time.perf_counter() - started),   # no collective: the other ranks stop too
-                      cfg.steps, checkpoint)
-    bar.close()
-    final = evaluate(step)
-    if ddp.main:
-        extra["train_time_s"] = elapsed
-        recipe = {key: OmegaConf.to_container(cfg)[key] for key in (
-            "loss", "jsd_beta", "loss_temperature", "loss_top_k", "loss_top_p", "data", "mix_lambda",
-            "prompt_tokens", "sample_temperature", "seq_len", "batch_size", "lr", "seed", "draft", "draft_config")}
-        info = {"format": FORMAT, "version": 1,
-                "target": identity,
-                "recipe": {**recipe, "steps": step, "train_time_s": elapsed, "processes": ddp.world},
-                "heldout": {k: v for k, v in final.items() if k != "step"}}
-        save_distilled(cfg.output_dir, draft, tokenizer, info)
-        _write_log(cfg.output_dir, cfg, history, losses, extra)
-    ddp.barrier()
-    return cfg.output_dir
 
 
 def make_batch(cfg, source: str, windows: torch.Tensor, step: int, rank: int, target, tokenizer, draft):

@@ -1,6 +1,6 @@
 """Train an EAGLE drafter for a frozen target by self-distillation (training-time test).
 
-    specdec train-heads train_eagle target=/path/to/model output_dir=/path/to/drafter
+    specdec train eagle train_eagle target=/path/to/model output_dir=/path/to/drafter
     torchrun --nproc_per_node=2 -m specdec.heads.eagle_train train_eagle target=... (DDP)
 
 Each batch: corpus windows -> one no-grad target forward (features of `feature_layers` [B, T, F]
@@ -15,43 +15,38 @@ its output onto f_{s+1} (smooth L1, feature_loss_weight).
 Held-out evaluation is the acceptance at inference: held-out windows whose tail is replaced by
 the target's own greedy continuation, the drafter chained on its own features from each position
 of that tail; acceptance[d] = the fraction of positions whose first d + 1 drafted tokens all equal
-the target's greedy tokens (chain tau = 1 + sum). Checkpoints are atomic safetensors and JSON
-(heads/checkpoint.py); re-running with the same output_dir resumes. Under torchrun each rank trains on its own share of every global batch
-(DistributedDataParallel averages the gradients), so the loss trajectory is the single process's.
+the target's greedy tokens (chain tau = 1 + sum). The loop itself (checkpoints, resume, Ctrl-C, DDP:
+each rank trains on its share of every global batch, so the loss trajectory is the single
+process's; progress) is heads/loop.py's, shared by every drafter.
 """
 from __future__ import annotations
 
 import copy
-import math
-import os
 import sys
-import time
 from typing import Callable
 
 import torch
 from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
-from tqdm.auto import tqdm
 
-from specdec.atomic import atomic_write_json
 from specdec.config import build_config
 from specdec.errors import ConfigError
-from specdec.models import DTYPES, has_native_bf16, load_model, load_tokenizer, resolve_device
+from specdec.models import has_native_bf16
 
-from .checkpoint import checkpoint_target, find_checkpoint, load_checkpoint, save_checkpoint
 from .config import TrainEagleConfig, is_eagle_config  # noqa: F401 - is_eagle_config: specdec.heads.eagle_train's name too
-from .data import fixed_windows, sample_windows
+from .data import fixed_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_tokens
 from .eagle_io import save_eagle
 from .help import help_text
-from .interrupt import deferred_interrupt, stop_training, training_main
-from .train import _fmt, training_streams
+from .interrupt import training_main
+from .loop import Drafter, Run, Setup, fmt, train
 
 CHECKPOINT_FILE = "eagle_checkpoint.safetensors"
 LEGACY_CHECKPOINT_FILE = "eagle_checkpoint.pt"    # a pickle, written before; refused, never read
 LOG_FILE = "eagle_train.json"
+RUN = Run("eagle", "train-eagle", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_FILE)
 
 
 def validate(cfg) -> None:
@@ -195,23 +190,6 @@ class HeldOutAcceptance:
         return {"acceptance": acceptance, "chain_tau": 1 + sum(acceptance), "step_loss": loss}
 
 
-# ---------------------------------------------------------------------- schedule
-def lr_at(step: int, elapsed_s: float, cfg) -> float:
-    """Linear warmup over warmup_steps, then cosine from lr to lr * min_lr_ratio over the rest of
-    the run: by steps, or by max_minutes when the time budget is further along."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    if cfg.max_minutes:
-        progress = max(progress, elapsed_s / (60 * cfg.max_minutes))
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def out_of_time(elapsed_s: float, cfg) -> bool:
-    return bool(cfg.max_minutes) and elapsed_s >= 60 * cfg.max_minutes
-
-
 # ---------------------------------------------------------------------- set-up
 def feature_layers_for(cfg, target) -> tuple[int, ...]:
     if cfg.feature_layers:
@@ -258,174 +236,54 @@ def start_from_target_head(drafter: Eagle3Drafter, target) -> None:
     drafter.lm_head.weight.requires_grad_(False)
 
 
-def _write_log(folder, cfg, history, losses, extra) -> None:
-    data = {"config": OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg),
-            "history": history, "losses": losses, **extra}
-    atomic_write_json(os.path.join(folder, LOG_FILE), data, indent=2)
+# ---------------------------------------------------------------------- the drafter in the loop
+def eagle_drafter(setup: Setup) -> Drafter:
+    """An EAGLE drafter in the training loop (heads/loop.py): the unrolled loss, held-out acceptance."""
+    cfg, target, ddp = setup.cfg, setup.target, setup.ddp
+    drafter = build_drafter(cfg, target, setup.train_stream)
+    layers = drafter.layout.feature_layers
+    feature_loss = not drafter.layout.fused and cfg.feature_loss_weight > 0
+    heldout = None
+    if ddp.main:
+        heldout = HeldOutAcceptance(target, fixed_windows(setup.heldout_stream, cfg.seq_len, cfg.eval_windows),
+                                    layers, cfg.eval_new_tokens, cfg.eval_depth, cfg.batch_size)
+    unrolled = ddp.wrap(Unrolled(drafter, cfg.ttt_steps, feature_loss))
+    weights = torch.tensor([cfg.step_loss_decay ** j for j in range(cfg.ttt_steps)], device=setup.device)   # [J]
+    bf16 = has_native_bf16(setup.device) if cfg.bf16 is None else bool(cfg.bf16)
+    autocast = torch.autocast(setup.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def loss(windows: torch.Tensor, step: int):
+        with autocast:
+            feats, last, teacher_logits = target_outputs(target, windows, layers)
+            token_loss, feat_loss, top1 = unrolled(feats, last, teacher_logits, windows)             # [J] each
+            total = (weights * (token_loss + cfg.feature_loss_weight * feat_loss)).sum()
+        return total, {"top1": ddp.mean(top1).tolist()}
+
+    def evaluate(step: int, full: bool) -> dict:
+        drafter.eval()
+        with autocast:
+            result = heldout.evaluate(drafter, feature_loss)
+        drafter.train()
+        return result
+
+    def finish(steps: int, final: dict, elapsed: float) -> None:
+        save_eagle(cfg.output_dir, drafter, target, training={
+            "steps": steps, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps,
+            "layout": cfg.layout, "heldout": {k: final[k] for k in ("acceptance", "chain_tau", "step_loss")}})
+
+    return Drafter(module=drafter, loss=loss, evaluate=evaluate, finish=finish, layout=drafter.layout.as_dict(),
+                   describe=lambda r: (f"held-out acceptance per depth {fmt(r['acceptance'])} (chain tau "
+                                       f"{r['chain_tau']:.2f}) | step losses {fmt(r['step_loss'])}"),
+                   postfix=lambda m, last: f"loss {m['loss']:.3f} top1/step {fmt(m['top1'])}",
+                   extra={"layout": drafter.layout.as_dict(), "bf16": bf16})
 
 
-class _Distributed:
-    """torchrun's environment, or a single process."""
-
-    def __init__(self, cfg, device):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        if self.world > 1:
-            import torch.distributed as dist
-            if not dist.is_initialized():
-                backend = cfg.backend or ("nccl" if device.type == "cuda" else "gloo")
-                dist.init_process_group(backend=backend)
-            self.dist = dist
-        if cfg.batch_size % self.world:
-            raise ConfigError(f"batch_size={cfg.batch_size} must be a multiple of the number of processes "
-                              f"({self.world}): each rank trains on an equal share of every batch")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def share(self, batch: torch.Tensor) -> torch.Tensor:
-        """This rank's windows of the global batch."""
-        per = batch.shape[0] // self.world
-        return batch[self.rank * per: (self.rank + 1) * per]
-
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            value = value.detach().clone()
-            self.dist.all_reduce(value)
-            value /= self.world
-        return value
-
-    def max(self, value: float) -> float:
-        """The largest value over the ranks (so that all agree, e.g. on a time budget)."""
-        if self.world > 1:
-            tensor = torch.tensor([value], dtype=torch.float64)
-            self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MAX)
-            value = float(tensor.item())
-        return value
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            self.dist.barrier()
-
-    def wrap(self, module: nn.Module) -> nn.Module:
-        if self.world == 1:
-            return module
-        from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(module)
-
-
-# ---------------------------------------------------------------------- the loop
 def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     """Train (or resume) an EAGLE drafter as `cfg` (TrainEagleConfig) says; returns the output folder."""
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(TrainEagleConfig), OmegaConf.structured(cfg))
     validate(cfg)
-    checkpoint = os.path.join(cfg.output_dir, CHECKPOINT_FILE)
-    resuming = find_checkpoint(checkpoint, os.path.join(cfg.output_dir, LEGACY_CHECKPOINT_FILE))   # before the set-up
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    ddp = _Distributed(cfg, device)
-    target = load_model(cfg.target, "target", device, DTYPES.get(cfg.dtype, torch.float32), key="target")
-    target.requires_grad_(False)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.target, "target", key="tokenizer")
-
-    train_files, heldout_files, train_stream, heldout_stream = training_streams(cfg, tokenizer, ddp.main)
-    drafter = build_drafter(cfg, target, train_stream)
-    layers = drafter.layout.feature_layers
-    feature_loss = not drafter.layout.fused and cfg.feature_loss_weight > 0
-    heldout = None
-    if ddp.main:
-        heldout = HeldOutAcceptance(target, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows), layers,
-                                    cfg.eval_new_tokens, cfg.eval_depth, cfg.batch_size)
-    unrolled = ddp.wrap(Unrolled(drafter, cfg.ttt_steps, feature_loss))
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
-    weights = torch.tensor([cfg.step_loss_decay ** j for j in range(cfg.ttt_steps)], device=device)   # [J]
-    identity = checkpoint_target(target, cfg.target)
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    step, history, losses, elapsed = 0, [], [], 0.0
-    if resuming:
-        saved = load_checkpoint(checkpoint, "eagle", drafter, optimizer, generator, identity, drafter.layout.as_dict())
-        step, history, losses = int(saved["step"]), list(saved["history"]), list(saved["losses"])
-        elapsed = float(saved.get("elapsed_s", 0.0))
-
-    def save(at_elapsed: float) -> None:
-        if ddp.main:                            # no collective here: on Ctrl-C the other ranks are stopping too
-            save_checkpoint(checkpoint, "eagle", drafter, optimizer, generator, identity, drafter.layout.as_dict(),
-                            step=step, history=history, losses=losses, elapsed_s=at_elapsed)
-    extra = {"layout": drafter.layout.as_dict(), "train_files": len(train_files),
-             "heldout_files": len(heldout_files), "train_tokens": int(train_stream.numel()),
-             "heldout_tokens": int(heldout_stream.numel()), "processes": ddp.world}
-    bf16 = has_native_bf16(device) if cfg.bf16 is None else bool(cfg.bf16)
-    extra["bf16"] = bf16
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-    bar = tqdm(total=cfg.steps, initial=min(step, cfg.steps), desc="train-eagle",
-               disable=not (cfg.progress and ddp.main), dynamic_ncols=True, file=sys.stderr)
-
-    def evaluate(at_step: int) -> dict | None:
-        if ddp.main:
-            drafter.eval()
-            with autocast:
-                result = {"step": at_step, **heldout.evaluate(drafter, feature_loss)}
-            drafter.train()
-            if not history or history[-1]["step"] != at_step:
-                history.append(result)
-            _write_log(cfg.output_dir, cfg, history, losses, extra)
-            bar.write(f"eval @ {at_step}: held-out acceptance per depth {_fmt(result['acceptance'])} "
-                      f"(chain tau {result['chain_tau']:.2f}) | step losses {_fmt(result['step_loss'])}")
-        ddp.barrier()
-        return history[-1] if ddp.main else None
-
-    if step == 0:
-        evaluate(0)
-    drafter.train()
-    started = time.perf_counter() - elapsed                 # training time carries over a resume
-    step_began, rng_before = step, generator.get_state()
-    try:
-        while step < cfg.steps and not out_of_time(elapsed, cfg):
-            step_began, rng_before = step, generator.get_state()
-            lr = lr_at(step, elapsed, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
-            with autocast:
-                feats, last, teacher_logits = target_outputs(target, batch, layers)
-                token_loss, feat_loss, top1 = unrolled(feats, last, teacher_logits, batch)             # [J] each
-                loss = (weights * (token_loss + cfg.feature_loss_weight * feat_loss)).sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            metrics = {"loss": ddp.mean(loss).item(), "top1": ddp.mean(top1).tolist(), "lr": lr}
-            with deferred_interrupt():          # the update, its step count and its loss, whole or not at all
-                optimizer.step()
-                step += 1
-                losses.append(metrics["loss"])
-            elapsed = ddp.max(time.perf_counter() - started) if cfg.max_minutes else time.perf_counter() - started
-            bar.update(1)
-            bar.set_postfix_str(f"loss {metrics['loss']:.3f} top1/step {_fmt(metrics['top1'])}")
-            last = step == cfg.steps or out_of_time(elapsed, cfg)
-            if step % cfg.checkpoint_interval == 0 or last:
-                save(elapsed)
-            if step % cfg.eval_interval == 0 and not last:
-                evaluate(step)
-            if on_step is not None:
-                on_step(step, metrics)
-    except KeyboardInterrupt:
-        stop_training(bar, step, step_began, generator, rng_before, lambda: save(time.perf_counter() - started),
-                      cfg.steps, checkpoint)
-    bar.close()
-    final = evaluate(step)
-    if ddp.main:
-        extra["train_time_s"] = elapsed
-        save_eagle(cfg.output_dir, drafter, target, training={
-            "steps": step, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps,
-            "layout": cfg.layout, "heldout": {k: final[k] for k in ("acceptance", "chain_tau", "step_loss")}})
-        _write_log(cfg.output_dir, cfg, history, losses, extra)
-    ddp.barrier()
-    return cfg.output_dir
+    return train(cfg, RUN, eagle_drafter, on_step)
 
 
 def main(argv: list[str] | None = None) -> int:

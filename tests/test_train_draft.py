@@ -20,7 +20,7 @@ import specdec
 from conftest import char_tokenizer, tiny_model
 from specdec.cli import main as cli_main
 from specdec.errors import ConfigError, IncompatibleModelsError
-from specdec.heads import distill
+from specdec.heads import distill, loop
 from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.distill import CHECKPOINT_FILE, INFO_FILE, LOG_FILE, load_train_draft_config, train_draft
 from specdec.heads.distill_loss import (LOG_FLOOR, distill_loss, divergence, loss_weights, target_log_probs)
@@ -156,7 +156,7 @@ def test_gradients_reach_the_draft_only(tiny, tmp_path, monkeypatch):
         loaded["draft"] = real_load_draft(*args, **kwargs)
         loaded["draft_start"] = {k: v.clone() for k, v in loaded["draft"].state_dict().items()}
         return loaded["draft"]
-    monkeypatch.setattr(distill, "load_model", load_model)
+    monkeypatch.setattr(loop, "load_model", load_model)           # the target: loaded by the one loop
     monkeypatch.setattr(distill, "load_draft", load_draft)
     target_before = load_file(os.path.join(tiny["target"], "model.safetensors"))
     train_draft(_cfg(tiny, tmp_path / "out", steps=2, eval_prompts=0))

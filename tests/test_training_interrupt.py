@@ -53,8 +53,7 @@ KINDS = {  # trainer module, its arguments, checkpoint file
 def count_windows(monkeypatch, module: str, interrupt_at: int | None = None) -> list[int]:
     """Count the training batches drawn; on call `interrupt_at`, draw it (the window RNG moves on)
     and then raise KeyboardInterrupt, as a Ctrl-C in the middle of that step's forward would."""
-    import importlib
-    trainer = importlib.import_module(module)
+    from specdec.heads import loop as trainer          # every trainer draws its windows in the one loop
     draw, calls = trainer.sample_windows, []
 
     def sample_windows(*args, **kwargs):
@@ -105,7 +104,7 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(kind, tin
 def test_ctrl_c_while_loading_exits_130_without_a_traceback(tiny_target, tmp_path, monkeypatch, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("specdec.heads.train.load_model", interrupted)
+    monkeypatch.setattr("specdec.heads.loop.load_model", interrupted)
     code = cli_main(["train-heads", *medusa_args(*tiny_target), f"output_dir={tmp_path / 'out'}"])
     err = capsys.readouterr().err
     assert code == 130 and "nothing new was saved" in err and "Traceback" not in err
