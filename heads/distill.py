@@ -388,10 +388,10 @@ def help_text(name: str | None) -> str:
             f"{keys_help(TrainDraftConfig, name)}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cli: str = "specdec train-draft") -> int:
     """specdec train-draft [CONFIG_NAME_OR_YAML] [key=value ...]"""
     return training_main(argv, show_help=lambda name: print(help_text(name)), load_config=load_train_draft_config,
-                         train=train_draft, cli="specdec train-draft", module="specdec.heads.distill",
+                         train=train_draft, cli=cli, module="specdec.heads.distill",
                          saved="distilled draft saved in {folder} (use it as draft.path={folder})")
 
 if __name__ == "__main__":

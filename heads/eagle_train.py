@@ -286,10 +286,10 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     return train(cfg, RUN, eagle_drafter, on_step)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cli: str = "specdec train-heads") -> int:
     """specdec train-heads train_eagle [key=value ...]  (or a YAML with `drafter: eagle`)"""
     return training_main(argv, show_help=lambda name: print(help_text(name, eagle=True)),
-                         load_config=load_train_eagle_config, train=train_eagle, cli="specdec train-heads",
+                         load_config=load_train_eagle_config, train=train_eagle, cli=cli,
                          module="specdec.heads.eagle_train", saved="EAGLE drafter saved in {folder}")
 
 if __name__ == "__main__":

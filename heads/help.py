@@ -9,11 +9,12 @@ import json
 from omegaconf import OmegaConf
 
 from specdec.config import build_config, find_config_file, shipped_config_names
+from specdec.config_reference import field_comments
 
 from .config import TrainEagleConfig, TrainHeadsConfig, is_eagle_config
 
 HELP_FLAGS = ("-h", "--help")
-USAGE = ("usage: specdec train-heads [CONFIG] [key=value ...]\n"
+USAGE = ("usage: specdec train-heads [CONFIG] [key=value ...]  (an alias of `specdec train medusa|eagle`)\n"
          "CONFIG: a shipped training config or a YAML path (a YAML with `drafter: eagle` trains an EAGLE drafter);\n"
          "values are YAML: corpus=[json, email] split_file=null; re-running with the same output_dir resumes")
 
@@ -41,11 +42,16 @@ def _shown(value) -> str:
 
 
 def keys_help(schema, name: str | None) -> str:
-    """One line per key of `schema`: `key = value`, the value the config `name` gives it (the
-    schema's default when the config does not set it, or when there is no config)."""
+    """One line per key of `schema`: `key = value  # what it is`, the value the config `name` gives it
+    (the schema's default when the config does not set it, or when there is no config) and the
+    comment written beside the field in the source."""
     cfg = build_config(schema, name)            # defaults <- the YAML; checked later, when training
+    notes = field_comments(schema)
     width = max(len(f.name) for f in dataclasses.fields(schema))
-    return "\n".join(f"  {f.name:<{width}} = {_shown(cfg[f.name])}" for f in dataclasses.fields(schema))
+    lines = [(f.name, _shown(cfg[f.name])) for f in dataclasses.fields(schema)]
+    value_width = min(24, max(len(value) for _, value in lines))
+    return "\n".join(f"  {key:<{width}} = {value:<{value_width}}  # {notes[key]}".rstrip() if notes.get(key)
+                     else f"  {key:<{width}} = {value}" for key, value in lines)
 
 
 def help_text(name: str | None, eagle: bool = False) -> str:

@@ -168,11 +168,11 @@ def train_heads(cfg: TrainHeadsConfig, on_step: Callable[[int, dict], None] | No
     return train(cfg, RUN, medusa_drafter, on_step)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, cli: str = "specdec train-heads") -> int:
     """specdec train-heads [CONFIG_NAME_OR_YAML] [key=value ...]"""
     return training_main(argv, show_help=lambda name: print(help_text(name)),
                          load_config=lambda name, argv: load_train_config(name, parse_overrides(argv)),
-                         train=train_heads, cli="specdec train-heads", module="specdec.heads.train",
+                         train=train_heads, cli=cli, module="specdec.heads.train",
                          saved="heads saved in {folder}")
 
 if __name__ == "__main__":

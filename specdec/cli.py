@@ -1,4 +1,4 @@
-"""One entry point: specdec generate | train-heads | train-draft | bench | check | profile | --version (also `python -m specdec ...`).
+"""One entry point: specdec generate | train (train-heads, train-draft) | bench | check | profile | --version (also `python -m specdec ...`).
 key=value overrides are parsed as YAML values by config.parse_overrides in every subcommand."""
 from __future__ import annotations
 
@@ -129,18 +129,22 @@ def main(argv: list[str] | None = None) -> int:
                      "max_new_tokens, seed, stop): all run as one batch, one JSON line out per prompt")
     gen.add_argument("--batch-size", type=int, default=None, help="rows at once with --prompts-file (default 16)")
     gen.add_argument("--output", help="with --prompts-file: write the JSON lines here instead of standard output")
-    sub.add_parser("train-heads", help="train Medusa-style heads (or, with train_eagle, an EAGLE drafter) for a target model", add_help=False)
-    sub.add_parser("train-draft", help="distil a draft model into its target (forward / reverse KL, JSD, TVD; "
-                   "fixed or on-policy data)", add_help=False)
+    sub.add_parser("train", help="train a drafter for a target model: medusa heads, an eagle drafter or a "
+                   "distilled draft model (`specdec train --help` lists each one's keys)", add_help=False)
+    sub.add_parser("train-heads", help="alias: specdec train medusa (or eagle, for a config with drafter: eagle)",
+                   add_help=False)
+    sub.add_parser("train-draft", help="alias: specdec train draft", add_help=False)
     sub.add_parser("bench", help="benchmark strategies against Hugging Face generate()", add_help=False)
     sub.add_parser("check", help="check losslessness and speed-up on your model", add_help=False)
     sub.add_parser("profile", help="measure the verify cost of n tree nodes on this machine (what `auto` plans with)",
                    add_help=False)
     sub.add_parser("export", help="write a trained drafter in a layout vLLM / other tools read", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train-heads", "train-draft", "bench", "check", "profile", "export"):
+    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export"):
         try:
-            if argv[0] == "train-heads":
+            if argv[0] == "train":
+                from .heads.command import train_main as sub_main   # medusa | eagle | draft
+            elif argv[0] == "train-heads":
                 from .heads.command import main as sub_main      # Medusa heads, or EAGLE for `drafter: eagle`
             elif argv[0] == "train-draft":
                 from .heads.distill import main as sub_main

@@ -17,7 +17,7 @@ _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:\s*[^=]+?(?:=\s*(.*?))?\s*(?:#\s?(.*))?$
 _CONTINUATION = re.compile(r"^\s+#\s{5,}(.*)$")     # a comment continued under the field's own
 
 
-def _comments(cls) -> dict[str, str]:
+def field_comments(cls) -> dict[str, str]:
     """{field: the comment beside it (and its continuation lines)} read from the class source."""
     try:
         lines = inspect.getsource(cls).splitlines()
@@ -65,7 +65,7 @@ def _limits(f: dataclasses.Field) -> str:
 
 
 def _rows(cls, prefix: str) -> list[str]:
-    notes, hints = _comments(cls), typing.get_type_hints(cls)      # string annotations resolved once
+    notes, hints = field_comments(cls), typing.get_type_hints(cls)      # string annotations resolved once
     rows = []
     for f in dataclasses.fields(cls):
         kind = hints.get(f.name, f.type)

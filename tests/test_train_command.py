@@ -1,0 +1,90 @@
+"""`specdec train medusa|eagle|draft`: one command for every trainer, the same training as its aliases
+(`specdec train-heads`, `specdec train-draft`), and --help listing each trainer's keys."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from conftest import char_tokenizer, tiny_model
+from specdec.cli import main as cli_main
+from specdec.heads.checkpoint import read_checkpoint
+from specdec.heads.config import TrainEagleConfig, TrainHeadsConfig
+from specdec.heads.distill import TrainDraftConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_train_command")
+    tiny_model("llama", seed=0, sharpen=3.0).save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} - {i}\n" for j in range(30)))
+    eagle_yaml = root / "eagle.yaml"            # a YAML with `drafter: eagle`: what `train-heads` dispatches on
+    eagle_yaml.write_text("drafter: eagle\n")
+    return {"target": str(root / "target"), "corpus": str(corpus), "eagle_yaml": str(eagle_yaml)}
+
+
+def common(tiny) -> list[str]:
+    corpus = tiny["corpus"]
+    return [f"target={tiny['target']}", f"corpus=[{os.path.join(corpus, 'm0.py')},{os.path.join(corpus, 'm1.py')}]",
+            f"heldout=[{os.path.join(corpus, 'm2.py')}]", "seq_len=24", "batch_size=2", "steps=2", "warmup_steps=1",
+            "eval_interval=100", "eval_windows=2", "checkpoint_interval=100", "progress=false"]
+
+
+KINDS = {  # kind: (its keys beyond the common ones, the alias command line, checkpoint file, output file)
+    "medusa": (["num_heads=2"], ["train-heads"], "checkpoint.safetensors", "heads.json"),
+    "eagle": (["layout=eagle1", "eval_new_tokens=8", "eval_depth=2", "ttt_steps=2"], ["train-heads", "EAGLE_YAML"],
+              "eagle_checkpoint.safetensors", "eagle.json"),
+    "draft": (["draft=null", "draft_config={hidden_size: 16, num_layers: 1, num_heads: 2}", "eval_prompts=1",
+               "eval_prompt_tokens=8", "eval_new_tokens=8"], ["train-draft"], "draft_checkpoint.safetensors",
+              "distill.json"),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_train_kind_trains_what_its_alias_trains(kind, tiny, tmp_path, capsys):
+    keys, alias, checkpoint_file, output_file = KINDS[kind]
+    alias = [tiny["eagle_yaml"] if arg == "EAGLE_YAML" else arg for arg in alias]
+    new, old = str(tmp_path / "new"), str(tmp_path / "alias")
+    assert cli_main(["train", kind, *common(tiny), *keys, f"output_dir={new}"]) == 0
+    assert cli_main([*alias, *common(tiny), *keys, f"output_dir={old}"]) == 0
+    for folder in (new, old):
+        assert os.path.isfile(os.path.join(folder, output_file))
+    a, b = read_checkpoint(os.path.join(new, checkpoint_file)), read_checkpoint(os.path.join(old, checkpoint_file))
+    assert a["kind"] == b["kind"] == {"medusa": "medusa", "eagle": "eagle", "draft": "draft"}[kind]
+    assert a["step"] == b["step"] == 2 and len(a["losses"]) == 2
+    assert a["module"].keys() == b["module"].keys()
+    for name in a["module"]:                    # the same trainer, the same seeded run: the same weights
+        assert torch.equal(a["module"][name], b["module"][name]), name
+
+
+@pytest.mark.parametrize("kind, schema", [("medusa", TrainHeadsConfig), ("eagle", TrainEagleConfig),
+                                          ("draft", TrainDraftConfig)])
+def test_help_of_each_trainer_lists_its_keys_with_their_comments(kind, schema, capsys):
+    assert cli_main(["train", kind, "--help"]) == 0
+    out = capsys.readouterr().out
+    keys = [line.split("=")[0].strip() for line in out.splitlines() if line.startswith("  ") and " = " in line]
+    assert keys == [f.name for f in dataclasses.fields(schema)]
+    assert any(line.strip().startswith("target ") and "# Hugging Face checkpoint folder" in line
+               for line in out.splitlines())
+
+
+def test_help_without_a_trainer_lists_every_trainer(capsys):
+    assert cli_main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for kind in KINDS:
+        assert f"specdec train {kind} [CONFIG]" in out
+    for key in ("num_heads", "ttt_steps", "mix_lambda"):          # one key of each trainer's own
+        assert f"  {key} " in out
+
+
+def test_a_wrong_trainer_or_config_is_an_error_that_says_what_to_run(capsys):
+    assert cli_main(["train", "medusae", "steps=2"]) == 2
+    assert "medusa, eagle, draft" in capsys.readouterr().err
+    assert cli_main(["train", "medusa", "train_eagle", "steps=2"]) == 2
+    assert "specdec train eagle train_eagle" in capsys.readouterr().err
