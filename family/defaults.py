@@ -4,9 +4,11 @@ specdec.load("draft_model") with no paths builds (once, a few minutes on a CPU) 
 reuses a small family trained on the Python standard library's source (specdec.family):
 its target, its draft and its Medusa heads fill whichever of target.path, draft.path and
 heads.path are unset. $SPECDEC_FAMILY_CONFIG may name another family YAML (sizes, budget);
-$SPECDEC_HOME moves the cache (default ~/.cache/specdec)."""
+$SPECDEC_HOME moves the cache (default ~/.cache/specdec). A training config with no target
+(`specdec train ...`) trains for the default family the same way (training_defaults)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -42,3 +44,33 @@ def apply_default_paths(cfg) -> None:
         cfg.heads.path = family.heads
     if cfg.eagle.path is None and family.eagle is not None:
         cfg.eagle.path = family.eagle
+
+
+SPLIT_FILE = "split.json"      # the family's own train / held-out files, beside its tokenizer
+
+
+def training_defaults(cfg) -> dict:
+    """What a training config (Medusa, EAGLE or draft) with no target trains on: {key: value} for
+    the keys to fill. The default family's target (built first, with a warning, when it is missing);
+    its draft, for a draft trainer's unset draft (as specdec.load fills draft.path); and, when the
+    config names no corpus of its own (no split_file, corpus or heldout), the family's own train /
+    held-out split (so the drafter is evaluated on text its target never saw). {} when a target is
+    given."""
+    if cfg.target:
+        return {}
+    family_cfg = load_family_config(default_family_config_name())
+    if not family_is_built(family_cfg):
+        log.warning("specdec: no target given, so the drafter is trained for specdec's small embedded default "
+                    "model family, which is not built yet: building it now (once, about 6 minutes on a 2-core "
+                    "CPU). Give target=/path/to/checkpoint to train one for your own model instead.")
+    family = ensure_family(family_cfg)
+    filled = {"target": family.target}
+    if "draft" in cfg and cfg.draft is None:
+        filled["draft"] = family.draft
+    if not cfg.split_file and not list(cfg.corpus) and not list(cfg.heldout):
+        split = os.path.join(family.tokenizer, SPLIT_FILE)
+        filled["split_file"] = split
+        if not cfg.corpus_root:
+            with open(split) as f:
+                filled["corpus_root"] = json.load(f)["root"]
+    return filled

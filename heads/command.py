@@ -5,10 +5,11 @@ The older commands stay as aliases: `specdec train-heads [CONFIG]` (Medusa heads
 drafter for a config with `drafter: eagle`) and `specdec train-draft [CONFIG]` (a draft model)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
-from specdec.config import find_config_file
+from specdec.config import build_config, find_config_file, parse_overrides
 from specdec.errors import ConfigError
 
 from . import distill, eagle_train, train
@@ -71,7 +72,16 @@ def train_main(argv: list[str]) -> int:
     if name is not None and kind != "eagle" and is_eagle_config(name):
         raise ConfigError(f"{name!r} is an EAGLE training config (drafter: eagle): run it with "
                           f"`specdec train eagle {name}`")
-    return TRAINERS[kind].main(rest, cli=f"specdec train {kind}")
+    return TRAINERS[kind].main(with_default_family(TRAINERS[kind].schema, rest), cli=f"specdec train {kind}")
+
+
+def with_default_family(schema, argv: list[str]) -> list[str]:
+    """argv ([CONFIG] key=value ...) with the default family's paths added as overrides when the config
+    gives no target (specdec/family/defaults.py training_defaults: built first when missing)."""
+    from specdec.family.defaults import training_defaults
+    name = argv[0] if argv and "=" not in argv[0] else None
+    cfg = build_config(schema, name, parse_overrides(argv[1:] if name else argv))   # checked when training
+    return argv + [f"{key}={json.dumps(value)}" for key, value in training_defaults(cfg).items()]
 
 
 def main(argv: list[str]) -> int:
@@ -81,5 +91,12 @@ def main(argv: list[str]) -> int:
     if any(arg in HELP_FLAGS for arg in argv):
         print(help_text(name))
         return 0
-    trainer = eagle_train if name is not None and is_eagle_config(name) else train
-    return trainer.main(argv)
+    kind = "eagle" if name is not None and is_eagle_config(name) else "medusa"
+    return TRAINERS[kind].main(with_default_family(TRAINERS[kind].schema, argv))
+
+
+def draft_main(argv: list[str]) -> int:
+    """The alias `specdec train-draft [CONFIG] [key=value ...]`."""
+    if any(arg in HELP_FLAGS for arg in argv):
+        return distill.main(argv)
+    return distill.main(with_default_family(distill.TrainDraftConfig, argv))

@@ -43,14 +43,13 @@ class TrainHeadsConfig:
     checkpoint_interval: int = 50       # steps between checkpoints (also at the end)
     device: str = "cpu"                 # cpu | cuda | auto
     dtype: str = "float32"              # the target's dtype while training (heads train in fp32)
-    backend: Optional[str] = None       # torch.distributed backend under torchrun (None: nccl on CUDA, else gloo)
     progress: bool = True               # tqdm progress bar
 
 
 def validate(cfg: TrainHeadsConfig) -> None:
     if not cfg.target:
-        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint "
-                          "(e.g. `specdec train-heads train_heads target=...`)")
+        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint (e.g. `specdec train "
+                          "medusa train_heads target=...`); the command, given none, trains for the default family")
     for name in ("num_heads", "num_layers", "seq_len", "batch_size", "steps", "eval_windows",
                  "eval_interval", "checkpoint_interval"):
         if getattr(cfg, name) < 1:

@@ -122,8 +122,9 @@ class TrainDraftConfig:
 
 def validate(cfg) -> None:
     if not cfg.target:
-        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint "
-                          "(e.g. `specdec train-draft train_draft target=... draft=... output_dir=...`)")
+        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint (e.g. `specdec train "
+                          "draft train_draft target=... draft=... output_dir=...`); the command, given none, trains "
+                          "for the default family")
     weights = loss_weights(OmegaConf.to_container(cfg.loss) if OmegaConf.is_config(cfg.loss) else cfg.loss)
     if "jsd" in weights and not cfg.jsd_beta < 1:
         raise ConfigError(f"jsd_beta must be below 1 (at 0 or 1 the JSD is 0 everywhere), got {cfg.jsd_beta}")

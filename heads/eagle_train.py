@@ -51,8 +51,9 @@ RUN = Run("eagle", "train-eagle", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_F
 
 def validate(cfg) -> None:
     if not cfg.target:
-        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint "
-                          "(e.g. `specdec train-heads train_eagle target=... output_dir=...`)")
+        raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint (e.g. `specdec train "
+                          "eagle train_eagle target=... output_dir=...`); the command, given none, trains for the "
+                          "default family")
     if cfg.layout not in ("eagle1", "eagle3"):
         raise ConfigError(f"layout must be eagle1 or eagle3, got {cfg.layout!r}")
     for name in ("ttt_steps", "seq_len", "batch_size", "steps", "eval_windows", "eval_interval",

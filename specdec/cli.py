@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             elif argv[0] == "train-heads":
                 from .heads.command import main as sub_main      # Medusa heads, or EAGLE for `drafter: eagle`
             elif argv[0] == "train-draft":
-                from .heads.distill import main as sub_main
+                from .heads.command import draft_main as sub_main
             elif argv[0] == "check":
                 from .check import main as sub_main
             elif argv[0] == "profile":

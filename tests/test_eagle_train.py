@@ -164,7 +164,7 @@ def test_config_errors_and_dispatch():
         load_train_eagle_config(None, ["steps=3"])
     with pytest.raises(ConfigError, match="layout"):
         load_train_eagle_config(None, ["target=x", "layout=eagle9"])
-    cfg = load_train_eagle_config("train_eagle", ["steps=7"])
+    cfg = load_train_eagle_config("train_eagle", ["steps=7", "target=x"])   # shipped with target: null
     assert cfg.steps == 7 and cfg.output_dir == "../eagle-pycode"
     assert is_eagle_config("train_eagle") and not is_eagle_config("train_heads")
 

@@ -1,8 +1,10 @@
 """`specdec train medusa|eagle|draft`: one command for every trainer, the same training as its aliases
-(`specdec train-heads`, `specdec train-draft`), and --help listing each trainer's keys."""
+(`specdec train-heads`, `specdec train-draft`), --help listing each trainer's keys, and a shipped
+config with no target training for the embedded default family."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -88,3 +90,57 @@ def test_a_wrong_trainer_or_config_is_an_error_that_says_what_to_run(capsys):
     assert "medusa, eagle, draft" in capsys.readouterr().err
     assert cli_main(["train", "medusa", "train_eagle", "steps=2"]) == 2
     assert "specdec train eagle train_eagle" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- no target: the default family
+SMALL = ["seq_len=32", "batch_size=2", "steps=2", "warmup_steps=1", "eval_interval=100", "eval_windows=2",
+         "checkpoint_interval=100", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    """A minimal default family (test_default_family's), built once, as $SPECDEC_HOME / $SPECDEC_FAMILY_CONFIG name it."""
+    from specdec.family import ensure_family, load_family_config
+    from test_default_family import write_minimal_yaml
+    root = tmp_path_factory.mktemp("family_for_training")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_HOME", str(root / "cache"))
+        mp.setenv("SPECDEC_FAMILY_CONFIG", write_minimal_yaml(root / "family.yaml"))
+        paths = ensure_family(load_family_config(os.environ["SPECDEC_FAMILY_CONFIG"]))
+        yield paths, dict(os.environ)
+
+
+@pytest.mark.parametrize("command", [["train-heads", "train_heads"], ["train", "medusa", "train_heads"]])
+def test_a_shipped_config_without_a_target_trains_for_the_default_family(command, family, tmp_path, monkeypatch):
+    paths, env = family
+    for name in ("SPECDEC_HOME", "SPECDEC_FAMILY_CONFIG"):
+        monkeypatch.setenv(name, env[name])
+    out = str(tmp_path / "heads")
+    assert cli_main([*command, *SMALL, "num_heads=2", f"output_dir={out}"]) == 0
+    saved = read_checkpoint(os.path.join(out, "checkpoint.safetensors"))
+    assert saved["target"]["path"] == os.path.abspath(paths.target) and saved["step"] == 2
+    log = json.load(open(os.path.join(out, "train.json")))
+    split = json.load(open(os.path.join(paths.tokenizer, "split.json")))
+    assert log["config"]["split_file"] == os.path.join(paths.tokenizer, "split.json")
+    assert log["config"]["corpus_root"] == split["root"]
+    assert (log["train_files"], log["heldout_files"]) == (len(split["train"]), len(split["heldout"]))
+    assert os.path.isfile(os.path.join(out, "heads.json"))
+
+
+def test_a_draft_config_without_a_target_distils_the_default_familys_draft(family, tmp_path, monkeypatch):
+    paths, env = family
+    for name in ("SPECDEC_HOME", "SPECDEC_FAMILY_CONFIG"):
+        monkeypatch.setenv(name, env[name])
+    out = str(tmp_path / "draft")
+    assert cli_main(["train", "draft", "train_draft", *SMALL, "max_minutes=null", "prompt_tokens=8",
+                     "eval_prompts=1", "eval_prompt_tokens=8", "eval_new_tokens=8", f"output_dir={out}"]) == 0
+    info = json.load(open(os.path.join(out, "distill.json")))
+    assert info["target"]["path"] == os.path.abspath(paths.target) and info["recipe"]["draft"] == paths.draft
+
+
+def test_a_given_target_is_kept(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "no-family-here"))
+    out = str(tmp_path / "heads")
+    assert cli_main(["train", "medusa", *common(tiny), "num_heads=2", f"output_dir={out}"]) == 0
+    assert read_checkpoint(os.path.join(out, "checkpoint.safetensors"))["target"]["path"] == tiny["target"]
+    assert not os.path.exists(tmp_path / "no-family-here")            # nothing was built
