@@ -245,9 +245,15 @@ def train(cfg, run: Run, build: Callable[[Setup], Drafter], on_step: Callable[[i
         stop_training(bar, step, step_began, generator, rng_before, lambda: save(time.perf_counter() - started),
                       cfg.steps, checkpoint)
     bar.close()
+    cut_short = step < cfg.steps and out_of_time(elapsed, cfg)
+    if cut_short and ddp.main:
+        bar.write(f"stopped by max_minutes={cfg.max_minutes} after {step} of {cfg.steps} steps: another machine "
+                  f"would train another number of steps (max_minutes=null trains them all, the same everywhere)")
     final = evaluate(step, full=True)
     if ddp.main:
         extra["train_time_s"] = elapsed
+        extra["steps_done"] = step
+        extra["stopped_by_max_minutes"] = cut_short
         drafter.finish(step, final, elapsed)
         write_log(log_file, cfg, history, losses, extra)
     ddp.barrier()

@@ -166,6 +166,8 @@ def test_config_errors_and_dispatch():
         load_train_eagle_config(None, ["target=x", "layout=eagle9"])
     cfg = load_train_eagle_config("train_eagle", ["steps=7", "target=x"])   # shipped with target: null
     assert cfg.steps == 7 and cfg.output_dir == "../eagle-pycode"
+    shipped = load_train_eagle_config("train_eagle", ["target=x"])
+    assert shipped.max_minutes is None and shipped.steps == 3000 and shipped.seed == 0   # the same weights everywhere
     assert is_eagle_config("train_eagle") and not is_eagle_config("train_heads")
 
 
@@ -177,3 +179,20 @@ def test_time_budget_ends_the_run_with_a_saved_drafter(tiny_target, tmp_path):
     assert os.path.isfile(os.path.join(folder, "eagle.json"))
     with pytest.raises(ConfigError, match="max_minutes"):
         _cfg(target, corpus, str(tmp_path / "x"), max_minutes=0)
+
+
+def test_a_time_budget_that_cuts_training_short_says_so(tiny_target, tmp_path, capsys):
+    """max_minutes is an opt-in guard: when it stops a run before its steps, the run says so and its log
+    records it; a run that does all its steps records that it was not cut."""
+    import json
+    target, corpus = tiny_target
+    cut = str(tmp_path / "cut")
+    train_eagle(_cfg(target, corpus, cut, steps=30, max_minutes=1e-9))
+    log = json.load(open(os.path.join(cut, "eagle_train.json")))
+    assert log["stopped_by_max_minutes"] is True and log["steps_done"] < 30
+    shown = capsys.readouterr()
+    assert "stopped by max_minutes" in shown.out + shown.err
+    whole = str(tmp_path / "whole")
+    train_eagle(_cfg(target, corpus, whole, steps=3))
+    log = json.load(open(os.path.join(whole, "eagle_train.json")))
+    assert log["stopped_by_max_minutes"] is False and log["steps_done"] == 3

@@ -318,7 +318,8 @@ def test_config_errors_help_and_the_shipped_config(tiny, capsys):
     cfg = load_train_draft_config(None, ["target=x", "loss={rkl: 0.9, ce: 0.1}"])
     assert distill.loss_spec(cfg) == {"rkl": 0.9, "ce": 0.1}
     shipped = load_train_draft_config("train_draft", ["target=x"])      # shipped with target: null
-    assert shipped.max_minutes == 25 and shipped.draft is None and shipped.split_file is None
+    assert shipped.max_minutes is None and shipped.steps == 360                # sized in steps: the same draft everywhere
+    assert shipped.draft is None and shipped.split_file is None
     assert cli_main(["train-draft", "train_draft", "--help"]) == 0
     text = capsys.readouterr().out
     assert "loss" in text and "mix_lambda" in text and "train_draft.yaml" in text
