@@ -86,6 +86,8 @@ class TrainEagleConfig:
     draft_vocab_size: Optional[int] = None   # eagle3: the drafter's vocabulary, the corpus's most frequent
     #   target tokens (None = the whole target vocabulary)
     norm_before_residual: bool = False  # eagle3: the layer's residual is hidden_norm(g) (speculators' flag)
+    norm_before_fc: bool = False        # eagle3 (EAGLE 3.1): one RMSNorm over the fused features before fc
+    norm_output: bool = False           # eagle3 (EAGLE 3.1): feed norm(x) back between draft steps instead of x
     intermediate_size: Optional[int] = None   # the drafter's SwiGLU width (None = the target's); narrower
     #   drafts faster where one target layer is a large share of the model (small targets, CPUs)
     # objective

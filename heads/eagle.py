@@ -66,10 +66,16 @@ class EagleLayout:
 
 def eagle3_layers(num_layers: int) -> tuple[int, int, int]:
     """A low, a middle and a high layer of a target with `num_layers` decoder layers, as indices
-    into `hidden_states` (i = the output of layer i; EAGLE-3 reads layers 2, L/2 and L - 3)."""
+    into `hidden_states` (i = the output of layer i; EAGLE-3 reads layers 2, L/2 and L - 3). Where
+    those repeat (under 7 layers) and the target has 4 or more, three distinct layers spread over
+    1..L-1 instead: speculators (and vLLM) refuse repeated target layers. Under 4 layers there are
+    no three distinct inner layers, and they repeat (the trainer then asks for feature_layers)."""
     low = min(2, num_layers)
     high = max(num_layers - 3, 1)
-    return (low, max(num_layers // 2, 1), max(high, low))
+    layers = (low, max(num_layers // 2, 1), max(high, low))
+    if len(set(layers)) < 3 and num_layers >= 4:
+        layers = (1, num_layers // 2, num_layers - 1)
+    return layers
 
 
 def layout_for_target(target, feature_layers=(-1,), intermediate_size: int | None = None) -> EagleLayout:

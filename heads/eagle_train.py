@@ -65,6 +65,9 @@ def validate(cfg) -> None:
     if cfg.eval_new_tokens + 1 >= cfg.seq_len or cfg.eval_new_tokens <= cfg.eval_depth:
         raise ConfigError(f"need eval_depth ({cfg.eval_depth}) < eval_new_tokens ({cfg.eval_new_tokens}) < "
                           f"seq_len - 1 ({cfg.seq_len - 1})")
+    if cfg.layout != "eagle3" and (cfg.norm_before_fc or cfg.norm_output or cfg.norm_before_residual):
+        raise ConfigError("norm_before_fc, norm_output and norm_before_residual shape the EAGLE-3 drafter: "
+                          "set layout=eagle3, or leave them false")
     if cfg.draft_vocab_size is not None and (cfg.layout != "eagle3" or cfg.draft_vocab_size < 1):
         raise ConfigError(f"draft_vocab_size={cfg.draft_vocab_size}: a reduced draft vocabulary is EAGLE-3's "
                           f"(layout=eagle3, draft_vocab_size >= 1; null = the whole vocabulary)")
@@ -206,9 +209,15 @@ def build_drafter(cfg, target, stream: torch.Tensor | None = None) -> EagleDraft
     layers = feature_layers_for(cfg, target)
     if cfg.layout == "eagle1" and len(layers) != 1:
         raise ConfigError(f"layout eagle1 reads one layer, got feature_layers={list(layers)}: use layout=eagle3")
+    if cfg.layout == "eagle3" and len(set(layers)) != len(layers):
+        count = int(target.config.num_hidden_layers)
+        raise ConfigError(f"an EAGLE-3 drafter fuses distinct target layers, and speculators / vLLM refuse repeats; "
+                          f"feature_layers={list(layers)} repeats one (the target has {count} decoder layers): give "
+                          f"feature_layers=[...] with distinct hidden_states indices in 0..{count}, or use layout=eagle1")
     if cfg.layout == "eagle3":
         layout = eagle3_layout_for_target(target, layers, cfg.draft_vocab_size, cfg.intermediate_size,
-                                          norm_before_residual=bool(cfg.norm_before_residual))
+                                          norm_before_residual=bool(cfg.norm_before_residual),
+                                          norm_before_fc=bool(cfg.norm_before_fc), norm_output=bool(cfg.norm_output))
         drafter = Eagle3Drafter(layout).to(target.device)
         if layout.reduced_vocab:
             if stream is None:

@@ -3,6 +3,8 @@ config (specdec/loading.py)."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -168,6 +170,22 @@ class _Call:
     released: bool = False
 
 
+log = logging.getLogger(__name__)
+COMPILE_ON_CPU = "SPECDEC_COMPILE_ON_CPU"     # "1": compile on a CPU all the same (tests of the compiled path)
+
+
+def compile_pays(device: torch.device) -> bool:
+    """Whether `compile: true` is kept on `device`. On a CPU the compiled verify forward (static cache,
+    inductor's C++ kernels, no CUDA graphs to save launches) runs several times slower than the eager
+    one (benchmarks/results/compile/README.md), so there it is dropped with one line saying why, unless
+    SPECDEC_COMPILE_ON_CPU=1 asks for it."""
+    if device.type != "cpu" or os.environ.get(COMPILE_ON_CPU) == "1":
+        return True
+    log.warning("compile: true is not used on a CPU, where the compiled verify forward runs slower than the "
+                "eager one; the target runs eagerly (%s=1 compiles it anyway)", COMPILE_ON_CPU)
+    return False
+
+
 class Speculator:
     """Speculative generation with `strategy` on `target`. Output law = the target's own.
 
@@ -192,6 +210,7 @@ class Speculator:
         self.profile = bool(config.profile) if config is not None else False   # exact time split on a GPU
         if compile is None:     # `compile: true` in the config: the verify forward compiled, static shapes
             compile = bool(config.compile) if config is not None else False
+        compile = compile and compile_pays(self.target.device)
         prefill_chunk = int(config.prefill_chunk) if config is not None else PREFILL_CHUNK
         self.verifier = Verifier(self.target, compile=compile, prefill_chunk=prefill_chunk)
         self.context = context_length(self.target, tokenizer)

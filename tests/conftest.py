@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import pytest
 import torch
@@ -10,6 +11,9 @@ import transformers as T
 
 # Tiny models run faster on one thread than on two contending ones (and CI shares its 2 cores).
 torch.set_num_threads(1)
+# The tests of `compile: true` check its compiled path on this CPU, where a Speculator drops it by
+# default (test_compile.py checks that fallback with this unset).
+os.environ.setdefault("SPECDEC_COMPILE_ON_CPU", "1")
 
 VOCAB = 96
 ARCHITECTURES = ["llama", "gpt2", "gpt_neox", "qwen2", "mistral"]

@@ -124,3 +124,31 @@ def test_module_hooks_run_outside_the_compiled_graph():
     assert out.token_ids == list(reference("llama", (5, 17), 8))
     assert len(calls) == 1 + out.stats.target_forwards          # the prefill, then one per step
     assert sd.verifier.static.compiled_rows == {1}
+
+
+def test_a_cpu_drops_compile_with_one_line(monkeypatch, caplog):
+    """On a CPU the compiled forward runs slower than the eager one: a Speculator asked for it runs
+    eagerly, says why in one warning, and generates the same tokens."""
+    monkeypatch.delenv("SPECDEC_COMPILE_ON_CPU", raising=False)
+    with caplog.at_level("WARNING", logger="specdec"):
+        sd = Speculator(target_of("llama"), None, Autoregressive(), compile=True)
+    assert sd.verifier.static is None
+    notes = [r.getMessage() for r in caplog.records if "compile: true is not used on a CPU" in r.getMessage()]
+    assert len(notes) == 1 and "SPECDEC_COMPILE_ON_CPU=1" in notes[0]
+    out = sd.generate([5, 17], max_new_tokens=NEW, ignore_eos=True)
+    assert out.token_ids == list(reference("llama", (5, 17), NEW))
+
+
+def test_compiled_forward_compiles_once_per_bucket():
+    """Recompiles are counted (torch._dynamo's counters) and bounded: two calls compile one graph per
+    bucket they use (the prompt's prefix, then one row per step) and never recompile."""
+    needs_compile()
+    from torch._dynamo.utils import counters
+    recompiles = sum(counters["recompiles"].values())
+    sd = Speculator(target_of("llama"), None, Autoregressive(), compile=True)
+    frames_before = counters["stats"]["unique_graphs"]
+    for _ in range(2):
+        assert sd.generate([5, 17, 33], max_new_tokens=NEW, ignore_eos=True).token_ids == \
+            list(reference("llama", (5, 17, 33), NEW))
+    assert 1 <= counters["stats"]["unique_graphs"] - frames_before <= len(sd.verifier.static.compiled_rows) <= 2
+    assert sum(counters["recompiles"].values()) == recompiles

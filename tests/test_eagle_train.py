@@ -99,7 +99,8 @@ def test_unrolled_loss_targets_are_shifted_to_token_s_plus_2():
 @pytest.mark.parametrize("layout", ["eagle1", pytest.param("eagle3", marks=pytest.mark.slow)])
 def test_training_raises_heldout_acceptance(tiny_target, tmp_path, layout):
     target, corpus = tiny_target
-    folder = train_eagle(_cfg(target, corpus, str(tmp_path / layout), layout=layout, steps=80, lr=1e-2))
+    layers = {"feature_layers": [0, 1, 2]} if layout == "eagle3" else {}     # a 2-layer target: distinct ones
+    folder = train_eagle(_cfg(target, corpus, str(tmp_path / layout), layout=layout, steps=80, lr=1e-2, **layers))
     log = json.load(open(os.path.join(folder, LOG_FILE)))
     first, last = log["history"][0], log["history"][-1]
     assert (first["step"], last["step"]) == (0, 80) and len(log["losses"]) == 80
@@ -141,7 +142,8 @@ def test_two_gloo_processes_follow_the_single_process_losses(tiny_target, tmp_pa
     args = [f"target={target}", f"corpus=[{','.join(os.path.join(corpus, f'm{i}.py') for i in range(5))}]",
             f"heldout=[{os.path.join(corpus, 'm5.py')}]", "seq_len=48", "batch_size=4", "steps=4", "lr=3e-3",
             "warmup_steps=2", "eval_interval=100", "eval_windows=2", "eval_new_tokens=24", "eval_depth=2",
-            "ttt_steps=2", "checkpoint_interval=100", "progress=false", "layout=eagle3", "backend=gloo"]
+            "ttt_steps=2", "checkpoint_interval=100", "progress=false", "layout=eagle3", "feature_layers=[0,1,2]",
+            "backend=gloo"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
     runs = {}
     for procs in (1, 2):
@@ -196,3 +198,29 @@ def test_a_time_budget_that_cuts_training_short_says_so(tiny_target, tmp_path, c
     train_eagle(_cfg(target, corpus, whole, steps=3))
     log = json.load(open(os.path.join(whole, "eagle_train.json")))
     assert log["stopped_by_max_minutes"] is False and log["steps_done"] == 3
+
+
+def test_eagle3_layers_are_distinct_where_the_target_has_them(tiny_target, tmp_path):
+    """speculators refuses repeated target layers: from 4 decoder layers up the default fused layers
+    are distinct (EAGLE-3's 2, L/2, L - 3 where those are), and a training run that would repeat one
+    is refused with a message saying what to give."""
+    from specdec.heads.eagle import eagle3_layers
+    assert eagle3_layers(32) == (2, 16, 29) and eagle3_layers(8) == (2, 4, 5)
+    for count in range(4, 40):
+        layers = eagle3_layers(count)
+        assert len(set(layers)) == 3 and all(1 <= i <= count for i in layers), (count, layers)
+    target, corpus = tiny_target                                           # 2 decoder layers
+    with pytest.raises(ConfigError, match="repeats one"):
+        train_eagle(_cfg(target, corpus, str(tmp_path / "e3"), layout="eagle3", steps=2))
+
+
+def test_eagle31_normalisation_is_a_training_setting(tiny_target, tmp_path):
+    """EAGLE 3.1's norm before fc and normalised feedback are set by the trainer's config, reach the
+    saved drafter and load back; on an EAGLE-1 layout they are refused."""
+    target, corpus = tiny_target
+    folder = train_eagle(_cfg(target, corpus, str(tmp_path / "e31"), layout="eagle3", feature_layers=[0, 1, 2],
+                              steps=2, norm_before_fc=True, norm_output=True))
+    drafter = load_eagle(folder, tiny_model("llama", seed=0, sharpen=SHARPEN))
+    assert drafter.layout.norm_before_fc and drafter.layout.norm_output
+    with pytest.raises(ConfigError, match="layout=eagle3"):
+        _cfg(target, corpus, str(tmp_path / "e1"), layout="eagle1", norm_output=True)
