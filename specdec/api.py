@@ -176,13 +176,14 @@ COMPILE_ON_CPU = "SPECDEC_COMPILE_ON_CPU"     # "1": compile on a CPU all the sa
 
 def compile_pays(device: torch.device) -> bool:
     """Whether `compile: true` is kept on `device`. On a CPU the compiled verify forward (static cache,
-    inductor's C++ kernels, no CUDA graphs to save launches) runs several times slower than the eager
-    one (benchmarks/results/compile/README.md), so there it is dropped with one line saying why, unless
-    SPECDEC_COMPILE_ON_CPU=1 asks for it."""
+    inductor's C++ kernels, no CUDA graphs to save launches) is no faster than the eager one, and each
+    tree size a call meets first costs seconds of compiling (benchmarks/results/compile/README.md),
+    so there it is dropped with one line saying why, unless SPECDEC_COMPILE_ON_CPU=1 asks for it."""
     if device.type != "cpu" or os.environ.get(COMPILE_ON_CPU) == "1":
         return True
-    log.warning("compile: true is not used on a CPU, where the compiled verify forward runs slower than the "
-                "eager one; the target runs eagerly (%s=1 compiles it anyway)", COMPILE_ON_CPU)
+    log.warning("compile: true is not used on a CPU: the compiled verify forward is no faster than the eager "
+                "one there, and compiling each new tree size takes seconds; the target runs eagerly "
+                "(%s=1 compiles it anyway)", COMPILE_ON_CPU)
     return False
 
 
