@@ -55,7 +55,7 @@ def test_training_on_one_file_evaluates_on_its_held_out_end(tmp_path, caplog):
                                    "eval_windows": 2, "progress": False})
     folder = train_heads(cfg)
     notes = [r for r in caplog.records if "held-out text is its training text" in r.getMessage()]
-    assert len(notes) == 1 and notes[0].name == "specdec.heads.train" and notes[0].levelname == "WARNING"
+    assert len(notes) == 1 and notes[0].name == "specdec.heads.data" and notes[0].levelname == "WARNING"
     log = json.load(open(os.path.join(folder, "train.json")))
     total = len(open(corpus).read()) + 1                                    # chars + the EOS separator
     assert log["train_tokens"] + log["heldout_tokens"] == total and log["heldout_tokens"] < total // 2
