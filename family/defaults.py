@@ -27,16 +27,21 @@ def default_family() -> FamilyPaths:
     return ensure_family(load_family_config(default_family_config_name()))
 
 
+def built_family(warning: str):
+    """The default family, built first (with `warning`, a warning of the "specdec" logger) when it is missing."""
+    family_cfg = load_family_config(default_family_config_name())
+    if not family_is_built(family_cfg):
+        log.warning(warning)
+    return ensure_family(family_cfg)
+
+
 def apply_default_paths(cfg) -> None:
     """Fill cfg.target.path (and cfg.draft.path / cfg.heads.path / cfg.eagle.path when unset) with the default family,
     saying so (a warning of the "specdec" logger: on stderr unless logging says otherwise) when it has
     to be built first."""
-    family_cfg = load_family_config(default_family_config_name())
-    if not family_is_built(family_cfg):
-        log.warning("specdec: no target.path given, so specdec uses its small embedded default model family, "
-                    "which is not built yet: building it now (once, about 6 minutes on a 2-core CPU). "
-                    "Give target.path=/path/to/checkpoint to use your own model instead.")
-    family = ensure_family(family_cfg)
+    family = built_family("specdec: no target.path given, so specdec uses its small embedded default model family, "
+                          "which is not built yet: building it now (once, about 6 minutes on a 2-core CPU). "
+                          "Give target.path=/path/to/checkpoint to use your own model instead.")
     cfg.target.path = family.target
     if cfg.draft.path is None:
         cfg.draft.path = family.draft
@@ -58,12 +63,9 @@ def training_defaults(cfg) -> dict:
     given."""
     if cfg.target:
         return {}
-    family_cfg = load_family_config(default_family_config_name())
-    if not family_is_built(family_cfg):
-        log.warning("specdec: no target given, so the drafter is trained for specdec's small embedded default "
-                    "model family, which is not built yet: building it now (once, about 6 minutes on a 2-core "
-                    "CPU). Give target=/path/to/checkpoint to train one for your own model instead.")
-    family = ensure_family(family_cfg)
+    family = built_family("specdec: no target given, so the drafter is trained for specdec's small embedded default "
+                          "model family, which is not built yet: building it now (once, about 6 minutes on a 2-core "
+                          "CPU). Give target=/path/to/checkpoint to train one for your own model instead.")
     filled = {"target": family.target}
     if "draft" in cfg and cfg.draft is None:
         filled["draft"] = family.draft

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from conftest import char_tokenizer, tiny_model
+from zoo import tiny_training_target
 from specdec.cli import main as cli_main
 from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.config import TrainEagleConfig, TrainHeadsConfig
@@ -20,15 +20,10 @@ from specdec.heads.distill import TrainDraftConfig
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_train_command")
-    tiny_model("llama", seed=0, sharpen=3.0).save_pretrained(root / "target")
-    char_tokenizer().save_pretrained(root / "target")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(3):
-        (corpus / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} - {i}\n" for j in range(30)))
+    target, corpus = tiny_training_target(root)
     eagle_yaml = root / "eagle.yaml"            # a YAML with `drafter: eagle`: what `train-heads` dispatches on
     eagle_yaml.write_text("drafter: eagle\n")
-    return {"target": str(root / "target"), "corpus": str(corpus), "eagle_yaml": str(eagle_yaml)}
+    return {"target": target, "corpus": corpus, "eagle_yaml": str(eagle_yaml)}
 
 
 def common(tiny) -> list[str]:

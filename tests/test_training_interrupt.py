@@ -10,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from conftest import char_tokenizer, tiny_model
+from zoo import tiny_training_target
 from specdec.cli import main as cli_main
 from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.interrupt import deferred_interrupt, resume_command
@@ -19,13 +19,7 @@ from specdec.heads.interrupt import deferred_interrupt, resume_command
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_interrupt")
-    tiny_model("llama", seed=0, sharpen=3.0).save_pretrained(root / "target")
-    char_tokenizer().save_pretrained(root / "target")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(3):
-        (corpus / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} - {i}\n" for j in range(30)))
-    return str(root / "target"), str(corpus)
+    return tiny_training_target(root)
 
 
 def medusa_args(target, corpus):

@@ -50,3 +50,16 @@ def strategies(target):
         "auto": lambda: Auto(PromptLookup(), DraftModel(draft, num_tokens=4), costs=CostProfile((0, 64), (1.0, 1.5), 0),
                              adapt_costs=False, draft_cost_s=0.0),
     }
+
+
+def tiny_training_target(root):
+    """A tiny saved target (llama, char tokenizer) and a corpus of 3 small .py files under `root`, for
+    the trainers' tests: (target folder, corpus folder)."""
+    from conftest import char_tokenizer, tiny_model
+    tiny_model("llama", seed=0, sharpen=3.0).save_pretrained(root / "target")
+    char_tokenizer().save_pretrained(root / "target")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} - {i}\n" for j in range(30)))
+    return str(root / "target"), str(corpus)
