@@ -19,7 +19,7 @@ from .cache import commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
 from .tables import ShapeTables
-from .tree import CandidateTree, to_device, tree_masks, tree_position_ids, with_pending_root, host_to_device
+from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root, host_to_device
 
 
 @dataclass
@@ -75,7 +75,7 @@ def pending_ids(pending_token: int | torch.Tensor, device: torch.device) -> torc
     used as it is; an int (a call's first step, or a token the host decided) is copied over."""
     if isinstance(pending_token, torch.Tensor):
         return pending_token.reshape(1).to(device)
-    return to_device(torch.tensor([pending_token], dtype=torch.long), device)
+    return host_to_device([pending_token], device)
 
 
 class Verifier:

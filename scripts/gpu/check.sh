@@ -48,7 +48,7 @@ RUN="$PY -P"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 
 if [ "$DRY" = 1 ]; then
-  DEVICE=cpu; DTYPE=bfloat16; LIMIT_SCALE=1
+  DEVICE=cpu; DTYPE=bfloat16
   SIZE=(prompts.num=1 prompts.tokens=48 max_new_tokens=8 warmup_tokens=4)
   TRAIN=(steps=3 max_minutes=null seq_len=64 batch_size=2 eval_windows=2 eval_new_tokens=16 eval_interval=3
          'corpus=[json]' split_file=null)
