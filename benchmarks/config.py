@@ -18,7 +18,9 @@ NEEDS = ("draft", "heads", "eagle")
 
 @dataclass
 class ModelsConfig:
-    target: Optional[str] = None        # HF checkpoint folder; None = the embedded default family
+    dir: Optional[str] = None           # a family folder: DIR/target, and DIR/draft, DIR/heads, DIR/eagle,
+    #                                     DIR/tokenizer, DIR/split.json where present (what make demo --models takes)
+    target: Optional[str] = None        # HF checkpoint folder; None = models.dir's, else the embedded default family
     draft: Optional[str] = None         # draft checkpoint (draft_model rows, HF assistant rows)
     heads: Optional[str] = None         # Medusa heads folder (medusa rows are skipped without it)
     eagle: Optional[str] = None         # EAGLE drafter folder (eagle rows are skipped without it)

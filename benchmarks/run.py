@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import shlex
 import sys
@@ -42,17 +43,37 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _resolve_models(models) -> None:
-    """No target given: use the embedded default family (its builder says what to do when absent)."""
-    if models.target is None:
-        from specdec.family.defaults import apply_default_paths
+FAMILY_PARTS = ("target", "draft", "heads", "eagle", "tokenizer")
+
+
+def _resolve_models(models, prompts) -> None:
+    """models.dir fills every part it holds that is not given; no target at all: the embedded default
+    family (its builder says what to do when absent). A family's split.json becomes prompts.split when
+    none is given, so the prompts come from files its models never saw."""
+    split = None
+    if models.dir is not None:
+        if not os.path.isdir(os.path.join(models.dir, "target")):
+            raise ConfigError(f"models.dir={models.dir!r} has no target/ folder: give a family folder "
+                              f"(DIR/target, DIR/draft, ...) or models.target=PATH")
+        for role in FAMILY_PARTS:
+            part = os.path.join(models.dir, role)
+            if getattr(models, role) is None and os.path.isdir(part):
+                setattr(models, role, part)
+        split = os.path.join(models.dir, "split.json")
+    elif models.target is None:
+        from specdec.family.defaults import SPLIT_FILE, apply_default_paths
         cfg = load_spec_config("autoregressive")
         apply_default_paths(cfg)
         models.target = cfg.target.path
         models.draft = models.draft or cfg.draft.path
         models.heads = models.heads or cfg.heads.path
         models.eagle = models.eagle or cfg.eagle.path
-    for role in ("target", "draft", "heads", "eagle", "tokenizer"):
+        split = os.path.join(os.path.dirname(cfg.target.path), "tokenizer", SPLIT_FILE)
+    if prompts.split is None and prompts.source_dir is None and split is not None and os.path.isfile(split):
+        prompts.split = split
+        with open(split) as f:
+            prompts.source_dir = json.load(f).get("root")     # None: this Python's standard library
+    for role in FAMILY_PARTS:
         path = getattr(models, role)
         if path is not None and not os.path.exists(path):
             raise ConfigError(f"models.{role}={path!r} does not exist: give the folder of the {role} "
@@ -86,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.threads:
         import torch
         torch.set_num_threads(cfg.threads)
-    _resolve_models(cfg.models)
+    _resolve_models(cfg.models, cfg.prompts)
     device = resolve_device(cfg.models.device)
     dtype = resolve_dtype(cfg.models.dtype, device)
     target = load_model(cfg.models.target, "target", device, dtype, key="models.target")

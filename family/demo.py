@@ -4,7 +4,7 @@ Builds the embedded default model family first when it is missing (a few minutes
 uses the models you point it at:
 
     python -m specdec.family.demo                                   # the default family (cached)
-    python -m specdec.family.demo --models ../shared/models/pycode  # DIR/target, DIR/draft (DIR/heads, DIR/eagle)
+    python -m specdec.family.demo --models MODELS/pycode  # DIR/target, DIR/draft (DIR/heads, DIR/eagle)
     python -m specdec.family.demo --target T --draft D --heads H --eagle E   # any Hugging Face checkpoints
     SPECDEC_DEMO_MODELS=DIR SPECDEC_DEMO_HEADS=H SPECDEC_DEMO_EAGLE=E make demo   # the same, from the environment
 

@@ -264,3 +264,39 @@ def test_pyproject_requires_neither_matplotlib_nor_einops():
         project = tomllib.load(f)["project"]
     assert not [r for r in project["dependencies"] if r.startswith(("matplotlib", "einops"))]
     assert [r for r in project["optional-dependencies"]["bench"] if r.startswith("matplotlib")]
+
+
+def test_models_dir_fills_every_part_it_holds_and_its_split(tiny_family, tmp_path):
+    """models.dir=DIR takes DIR/target and DIR/draft, and DIR/split.json as the prompts' held-out files;
+    a part given by its own key wins over DIR's."""
+    from specdec.benchmarks.run import _resolve_models
+    family = tmp_path / "family"
+    family.mkdir()
+    for part in ("target", "draft"):
+        os.symlink(tiny_family / part, family / part)
+    (family / "split.json").write_text(json.dumps({"heldout": ["gzip.py"]}))
+    cfg = load_bench_config("full", [f"models.dir={family}", f"models.draft={tiny_family / 'target'}"])
+    _resolve_models(cfg.models, cfg.prompts)
+    assert cfg.models.target == str(family / "target")
+    assert cfg.models.draft == str(tiny_family / "target")
+    assert cfg.models.heads is None and cfg.models.eagle is None
+    assert cfg.prompts.split == str(family / "split.json")
+    bad = load_bench_config("full", [f"models.dir={tmp_path / 'nowhere'}"])
+    with pytest.raises(ConfigError, match="no target/ folder"):
+        _resolve_models(bad.models, bad.prompts)
+
+
+def test_no_shipped_config_names_a_folder_outside_the_package():
+    """Shipped presets run anywhere: model folders come from models.dir / models.target overrides or
+    the embedded default family, never from a path of the machine they were written on."""
+    import glob
+    import re
+    import specdec.configs
+    root = os.path.dirname(specdec.configs.__file__)
+    offenders = []
+    for path in glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True):
+        for number, line in enumerate(open(path), 1):
+            value = line.split("#", 1)[0]
+            if re.search(r"\.\./shared|:\s*/[A-Za-z]|(target|draft|heads|eagle|split):\s*\.\./", value):
+                offenders.append(f"{os.path.relpath(path, root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
