@@ -45,11 +45,17 @@ def summarize(records: list[dict], rows, baseline_label: str | None, reference_l
             entry["acceptance_rate"] = accepted / proposed if proposed else None
             entry["time_split"] = {part: sum(s[f"{part}_time_s"] for s in stats) / total
                                    for part in ("prefill", "draft", "verify", "other")}
+            # what one verify step costs, part by part: set against the autoregressive row's verify
+            # (a one-token forward) it says what the machinery costs beside the target's own work
+            entry["step_ms"] = {part: 1000 * sum(s[f"{part}_time_s"] for s in stats) / forwards if forwards else None
+                                for part in ("draft", "verify", "other")}
+            entry["nodes_per_step"] = proposed / forwards if forwards else None
         else:       # HF rows: every target forward yields tokens (the first one holds the prompt)
             forwards = tally["target_calls"]
             entry["target_forwards"] = forwards
             entry["acceptance_rate"] = None
             entry["time_split"] = None
+            entry["step_ms"] = entry["nodes_per_step"] = None
         entry["tokens_per_forward"] = new_tokens / forwards if forwards else None
         checked = [r for r in recs if r["identical"] is not None]
         entry["identity"] = ({"identical": sum(r["identical"] for r in checked), "compared": len(checked),
@@ -74,6 +80,10 @@ def _pct(split: dict | None, *parts: str) -> str:
     return "—" if not split else " / ".join(f"{100 * split[p]:.0f}" for p in parts)
 
 
+def _ms(step: dict | None) -> str:
+    return "—" if not step or step["verify"] is None else " / ".join(f"{step[p]:.1f}" for p in ("draft", "verify", "other"))
+
+
 def markdown_tables(summary: list[dict], reference_label: str, baseline_label: str | None) -> str:
     lines = []
     keys = list(dict.fromkeys((e["temperature"], e["prompt_set"]) for e in summary))
@@ -83,7 +93,8 @@ def markdown_tables(summary: list[dict], reference_label: str, baseline_label: s
                                               if (e["temperature"], e["prompt_set"]) == (temperature, prompt_set))
         lines += [f"#### `{prompt_set}` prompts, " + ("greedy" if greedy else f"temperature {temperature:g}"), ""]
         head = ["row", "tok/s", f"× {baseline_label or 'AR'}", "× HF plain", "tok/fwd", "accept",
-                "prefill / draft / verify / other %", "outside fwd %"] + (["same as HF greedy"] if greedy else [])
+                "prefill / draft / verify / other %", "ms per step: draft / verify / other", "nodes per step",
+                "outside fwd %"] + (["same as HF greedy"] if greedy else [])
         head += ["same as coupled AR"] if sampled_identity else []
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for e in summary:
@@ -93,7 +104,7 @@ def markdown_tables(summary: list[dict], reference_label: str, baseline_label: s
             cells = [name, f"{e['tokens_per_s']:.1f}", _f(e["speedup_vs_autoregressive"], ".2f"),
                      _f(e["speedup_vs_hf_plain"], ".2f"), _f(e["tokens_per_forward"], ".2f"),
                      _f(e["acceptance_rate"], ".2f"), _pct(e["time_split"], "prefill", "draft", "verify", "other"),
-                     f"{100 * e['forward_split']['outside']:.0f}"]
+                     _ms(e.get("step_ms")), _f(e.get("nodes_per_step"), ".1f"), f"{100 * e['forward_split']['outside']:.0f}"]
             if greedy or sampled_identity:
                 ident = e["identity"]
                 if greedy and e["row"] == reference_label:
@@ -159,7 +170,9 @@ Columns: **tok/s** new tokens / wall time, summed over the prompts; **× AR** an
 ratio of tok/s to our `autoregressive` row and to Hugging Face plain `generate()` in the same run;
 **tok/fwd** new tokens per target forward (τ); **accept** accepted drafted tokens / drafted tree
 nodes; **prefill / draft / verify / other %** our loop's own split of its time (other = acceptance,
-cache commit, stop checks, Python); **outside fwd %** the share of wall time outside the target and
+cache commit, stop checks, Python); **ms per step** the same parts in milliseconds per verify step (the
+autoregressive row's verify is one plain one-token forward: the yardstick of a step's machinery);
+**nodes per step** drafted tree nodes per verify forward; **outside fwd %** the share of wall time outside the target and
 draft model forwards, timed by forward hooks the same way for every row; **same** outputs identical
 to HF plain greedy, token for token (sampled, coupled sampler: to the coupled autoregressive row's)."""
 

@@ -95,13 +95,26 @@ def layout_for_target(target, feature_layers=(-1,), intermediate_size: int | Non
     return EagleLayout(hidden, int(vocab), heads, int(inner), tuple(feature_layers), float(theta))
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (rotate-half form): x [B, heads, n, d], positions [B, n]."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))   # [d/2]
+_INV_FREQ: dict[tuple, torch.Tensor] = {}
+
+
+def rotary(positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding's (cos, sin) [B, 1, n, d] for positions [B, n]: computed once per forward
+    for both q and k, with the frequencies kept per (d, theta, device) - recomputing them per call cost
+    more than the rotation on a drafter's few rows."""
+    key = (d, float(theta), positions.device)
+    inv_freq = _INV_FREQ.get(key)
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))   # [d/2]
+        _INV_FREQ[key] = inv_freq
     angles = positions.to(torch.float32)[..., None] * inv_freq                                   # [B, n, d/2]
-    cos = torch.cat([angles, angles], dim=-1).cos()[:, None].to(x.dtype)                         # [B, 1, n, d]
-    sin = torch.cat([angles, angles], dim=-1).sin()[:, None].to(x.dtype)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]                                        # [B, 1, n, d]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half form: x [B, heads, n, d] with cos / sin [B, 1, n, d]."""
+    d = x.shape[-1]
     first, second = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
@@ -231,8 +244,10 @@ class DrafterBlock(nn.Module):
         batch's rows, B >= 1) writes and reads where its `prepare` said (start unused).
         Returns (x [B, n, H], k [B, heads, n, d], v [B, heads, n, d]) - the new rows' keys and values."""
         h = self.attn_norm(x)
-        q = rotate(self._split(self.q_proj(h)), positions, self.theta)
-        k = rotate(self._split(self.k_proj(h)), positions, self.theta)
+        q = self._split(self.q_proj(h))
+        cos, sin = rotary(positions, q.shape[-1], self.theta, q.dtype)                     # [B, 1, n, d]
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(self._split(self.k_proj(h)), cos, sin)
         v = self._split(self.v_proj(h))
         attn = attend(q, k, v, past_k, past_v, visible, cache, start)                     # [B, heads, n, d]
         x = x + self.o_proj(attn.transpose(1, 2).flatten(2))

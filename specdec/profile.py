@@ -3,7 +3,57 @@ machine for the config's target, store it where `auto` reads it, and time the dr
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
+
+import torch
+
+
+def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[tuple[int, float, float]]:
+    """[(n, verify s, plain s)]: our verify forward of an n-node tree against a plain Hugging Face
+    forward of n + 1 tokens (a chain, its own causal mask, a DynamicCache) on caches of context_len
+    tokens, timed in the same rounds (medians), so what the tree machinery adds shows apart from the
+    target's own work on n + 1 tokens."""
+    from transformers import DynamicCache
+    from .costmodel import _single_forward, binary_tree
+    from .models import cache_kwargs
+    from .tree import CandidateTree
+    vocab = target.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
+    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
+    verify, rollback = _single_forward(target, prompt, trees)
+    device = target.device
+    cache = DynamicCache()
+    with torch.inference_mode():
+        target(torch.tensor([prompt[:-1]], device=device), **cache_kwargs(target, cache), use_cache=True)
+    chains = {n: torch.tensor([[prompt[-1]] + trees[n].tokens.tolist()], device=device) for n in sizes}
+
+    def plain(n: int) -> None:
+        with torch.inference_mode():
+            target(chains[n], **cache_kwargs(target, cache), use_cache=True)
+        cache.crop(context_len - 1 - cache.get_seq_length())     # negative: the tokens to drop
+
+    def timed(fn, n: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn(n)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    for n in sizes:                                           # warm-up
+        verify(n), rollback(), plain(n)
+    verify_s: dict[int, list[float]] = {n: [] for n in sizes}
+    plain_s: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            verify_s[n].append(timed(verify, n))
+            rollback()
+            plain_s[n].append(timed(plain, n))
+    return [(n, statistics.median(verify_s[n]), statistics.median(plain_s[n])) for n in sizes]
 
 
 def main(argv: list[str]) -> int:
@@ -36,9 +86,20 @@ def main(argv: list[str]) -> int:
         print(f"specdec profile: could not store the profile in {path} ({store_error.strerror or store_error}): "
               f"`auto` will measure it again at every load; set SPECDEC_HOME to a writable folder and run "
               f"this again", file=sys.stderr)
+    if not compiled:
+        print("verify against a plain Hugging Face forward of n + 1 tokens (same context, same rounds):")
+        print("nodes  verify ms  plain ms  verify / plain")
+        for n, verify_s, plain_s in verify_against_plain(sd.target, profile.sizes, profile.context_len,
+                                                         auto.profile_repeats):
+            print(f"{n:5d}  {verify_s * 1000:9.2f}  {plain_s * 1000:8.2f}  {verify_s / plain_s:14.2f}")
     sd.strategy.use_costs(profile)
     out = sd.generate(args.prompt, max_new_tokens=args.max_new_tokens)
     stats = out.stats
+    steps = max(stats.target_forwards, 1)
+    print(f"per verify step ({steps} steps, {stats.proposed_nodes / steps:.1f} nodes each): "
+          f"draft {stats.draft_time_s / steps * 1000:.2f} ms, verify {stats.verify_time_s / steps * 1000:.2f} ms, "
+          f"other {stats.other_time_s / steps * 1000:.2f} ms (a plain one-token verify: "
+          f"{profile.seconds[0] * 1000:.2f} ms)")
     per_call = sd.strategy.draft_cost_s
     if per_call is None:
         per_call = stats.draft_time_s / max(stats.target_forwards, 1)

@@ -80,6 +80,15 @@ def test_quick_preset_numbers_are_consistent(quick_run):
             assert entry["speedup_vs_autoregressive"] == pytest.approx(1.0)
         if entry["time_split"]:
             assert sum(entry["time_split"].values()) == pytest.approx(1.0, abs=0.02)
+            # the per-step milliseconds are the same parts: times the steps, they give the loop's times back
+            stats = [r["stats"] for r in results["records"] if r["row"] == entry["row"]
+                     and r["temperature"] == entry["temperature"] and r["prompt_set"] == entry["prompt_set"]]
+            for part in ("draft", "verify", "other"):
+                assert entry["step_ms"][part] * entry["target_forwards"] / 1000 == pytest.approx(
+                    sum(s[f"{part}_time_s"] for s in stats))
+            assert entry["nodes_per_step"] * entry["target_forwards"] == pytest.approx(sum(s["proposed_nodes"] for s in stats))
+        else:
+            assert entry["step_ms"] is None and entry["kind"] == "hf"
 
 
 def test_quick_preset_greedy_outputs_match_hf(quick_run):
