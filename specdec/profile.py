@@ -18,7 +18,7 @@ def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[
     from transformers import DynamicCache
     from .costmodel import _single_forward, binary_tree
     from .models import cache_kwargs
-    from .tree import CandidateTree
+    from .tree import CandidateTree, host_to_device
     vocab = target.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
@@ -27,8 +27,8 @@ def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[
     device = target.device
     cache = DynamicCache()
     with torch.inference_mode():
-        target(torch.tensor([prompt[:-1]], device=device), **cache_kwargs(target, cache), use_cache=True)
-    chains = {n: torch.tensor([[prompt[-1]] + trees[n].tokens.tolist()], device=device) for n in sizes}
+        target(host_to_device([prompt[:-1]], device), **cache_kwargs(target, cache), use_cache=True)
+    chains = {n: host_to_device([[prompt[-1]] + trees[n].tokens.tolist()], device) for n in sizes}
 
     def plain(n: int) -> None:
         with torch.inference_mode():

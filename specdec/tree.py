@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import torch
 
 from .tables import ShapeTables, small_shape_cache
@@ -154,13 +155,19 @@ def root_to_leaf_paths(parents: Sequence[int]) -> list[list[int]]:
     return paths
 
 
-def _ancestor_matrix(parents: tuple[int, ...]) -> torch.Tensor:
+def _ancestor_rows(parents: tuple[int, ...]) -> np.ndarray:
+    """[N, N] bool on the host, row by row in numpy: a shape's tables are made on the host every step a
+    drafter's tree takes a new shape, where a torch op per row costs a dispatch each."""
     n = len(parents)
-    sees = torch.eye(n, dtype=torch.bool)                   # [N, N]: row i sees column j
+    sees = np.eye(n, dtype=bool)                            # [N, N]: row i sees column j
     for i, p in enumerate(parents):
         if p >= 0:
             sees[i] |= sees[p]
     return sees
+
+
+def _ancestor_matrix(parents: tuple[int, ...]) -> torch.Tensor:
+    return torch.from_numpy(_ancestor_rows(parents))
 
 
 def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
@@ -191,15 +198,15 @@ def _host_shape_table(parents: tuple[int, ...]) -> torch.Tensor:
     n = len(parents)
     depths = _depths(parents)
     width = max(depths, default=-1) + 1
-    table = torch.zeros(n, n + 1 + width, dtype=torch.long)
-    table[:, :n] = _ancestor_matrix(parents)
-    table[:, n] = torch.tensor(depths, dtype=torch.long)
+    table = np.zeros((n, n + 1 + width), dtype=np.int64)
+    table[:, :n] = _ancestor_rows(parents)
+    table[:, n] = depths
     for node in range(n):
         path = [node]
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])
-        table[node, n + 1: n + 1 + len(path)] = torch.tensor(path[::-1], dtype=torch.long)
-    return table
+        table[node, n + 1: n + 1 + len(path)] = path[::-1]
+    return torch.from_numpy(table)
 
 
 def host_to_device(values, device: torch.device | str | None, dtype: torch.dtype = torch.long) -> torch.Tensor:

@@ -50,7 +50,11 @@ def best_first_steps(depth_limit: int, max_nodes: int, device, expand: int | Non
     scores: list[float] = []
     depths: list[int] = []
     parent_of: list[int] = []            # candidate index of the parent, -1 = the pending token
-    token_of: list[torch.Tensor] = []    # 0-d token tensors, on the device
+    # a candidate's token is at flat_at[i] of its depth's tokens [n * k] (level_tokens), read only for
+    # the nodes expanded or chosen: an indexing op per candidate would cost a dispatch each, and an
+    # index tensor a copy from the host
+    flat_at: list[int] = []
+    level_tokens: list[torch.Tensor] = []
 
     def best() -> list[int]:             # the max_nodes best candidates so far, best first
         return sorted(range(len(scores)), key=lambda i: (-scores[i], depths[i], i))[:max_nodes]
@@ -61,8 +65,10 @@ def best_first_steps(depth_limit: int, max_nodes: int, device, expand: int | Non
             frontier = sorted([i for i in best() if depths[i] == depth - 1][:expand])
             if not frontier or sum(math.exp(scores[i]) for i in frontier) < stop_below:
                 break
-            frontier_tokens = torch.stack([token_of[i] for i in frontier])                 # [n]
+            frontier_tokens = torch.stack([level_tokens[-1][flat_at[i]] for i in frontier])     # [n]
         logprobs, tokens = yield depth, frontier, frontier_tokens, parent_of               # [n][k], [n, k]
+        k = tokens.shape[-1]
+        level_tokens.append(tokens.reshape(-1))                                            # [n * k]
         for row, (parent, row_logprobs) in enumerate(zip(frontier, logprobs)):
             base = scores[parent] if parent >= 0 else 0.0
             for rank, logprob in enumerate(row_logprobs):
@@ -71,10 +77,11 @@ def best_first_steps(depth_limit: int, max_nodes: int, device, expand: int | Non
                 scores.append(base + logprob)
                 depths.append(depth)
                 parent_of.append(parent)
-                token_of.append(tokens[row, rank])
+                flat_at.append(row * k + rank)
     chosen = sorted(best(), key=lambda i: (depths[i], i))                      # parents first
     if not chosen:
         return CandidateTree.empty(device)
     new_index = {old: new for new, old in enumerate(chosen)}
     parents = tuple(-1 if parent_of[i] < 0 else new_index[parent_of[i]] for i in chosen)
-    return CandidateTree(torch.stack([token_of[i] for i in chosen]).to(device), parents)
+    tokens = torch.stack([level_tokens[depths[i]][flat_at[i]] for i in chosen])           # [N]
+    return CandidateTree(tokens.to(device), parents)
