@@ -1,0 +1,75 @@
+"""specdec serve STRATEGY key=value... [--host H] [--port P] [--api-key KEY] [--max-batch N] [--max-queue M]:
+the configuration is `specdec generate`'s; the server answers /health with 503 while the models load,
+then serves until SIGINT or SIGTERM (requests in flight get a grace period to finish)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import (DEFAULT_HOST, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PORT, SHUTDOWN_GRACE_S, require_extra)
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec serve", description="an OpenAI-compatible server (/v1/completions, "
+                                "/v1/chat/completions, /v1/models, /health, /metrics) over one loaded Speculator, "
+                                "with continuous batching")
+    p.add_argument("config", help="a shipped config name (autoregressive, draft_model, auto, ...) or a YAML path, as "
+                   "for specdec generate")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, values parsed as YAML, e.g. target.path=... "
+                   "generation.max_new_tokens=256 (a request's fields win over the generation: defaults)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}: this machine "
+                   f"only; 0.0.0.0 for every interface, with --api-key)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}, else no key); "
+                   f"/health and /metrics stay open")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                   help=f"rows (request choices) decoded at once (default {DEFAULT_MAX_BATCH})")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help=f"rows that may wait for a slot; past it a request is answered 503 at once "
+                   f"(default {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--model-name", default=None, help="the model id /v1/models lists and requests name (default: "
+                   "target.path, or 'specdec' for the embedded default family)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default info)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    require_extra()
+    import uvicorn
+    from ..config import load_spec_config, parse_overrides
+    from ..loading import load
+    from .app import create_app
+    overrides = parse_overrides(args.overrides)
+    # a request's seed means the same text whatever the strategy and the batch: the coupled sampler,
+    # unless the command line says otherwise
+    overrides.setdefault("generation.sampler", "coupled")
+    config = load_spec_config(args.config, overrides)          # a bad key fails here, before any loading
+    for name, value, low in (("--max-batch", args.max_batch, 1), ("--max-queue", args.max_queue, 0),
+                             ("--port", args.port, 0)):
+        if value < low:
+            print(f"specdec serve: error: {name} must be >= {low}, got {value}", file=sys.stderr)
+            return 2
+    name = args.model_name or (str(config.target.path) if config.target.path else "specdec")
+    failed: list[str] = []
+
+    def on_load_error(message: str) -> None:
+        failed.append(message)
+        server.should_exit = True
+
+    app = create_app(load=lambda: load(args.config, **overrides), model_name=name, api_key=args.api_key,
+                     max_batch=args.max_batch, max_queue=args.max_queue, on_load_error=on_load_error)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    print(f"specdec serve: {config.strategy} as {name!r} on http://{args.host}:{args.port}/v1 (loading the models; "
+          f"GET /health answers 200 once they are loaded)", file=sys.stderr, flush=True)
+    server.run()          # SIGINT / SIGTERM: stop accepting, let requests in flight finish, stop the engine
+    if failed:
+        print(f"specdec serve: error: loading failed: {failed[0]}", file=sys.stderr)
+        return 2
+    return 0
