@@ -10,6 +10,7 @@ import threading
 import openai
 import pytest
 
+from conftest import hf_greedy
 from serve_helpers import scrape, target, tokenizer
 from specdec import Speculator
 from specdec.serve import Server
@@ -51,6 +52,14 @@ def finish(reason: str) -> str:
 
 
 @pytest.fixture(scope="module")
+def hf_reference(model):
+    """Hugging Face generate(do_sample=False)'s texts: what every strategy's greedy answer must be."""
+    tok = tokenizer()
+    return [tok.decode(hf_greedy(model, tok(p)["input_ids"], n), skip_special_tokens=True)
+            for p, n in zip(PROMPTS, LENGTHS)]
+
+
+@pytest.fixture(scope="module")
 def coupled_reference(model):
     """autoregressive's coupled samples (seed SEED) offline: what every strategy must serve."""
     sd = Speculator(model, tokenizer(), strategies(model)["autoregressive"]())
@@ -59,9 +68,10 @@ def coupled_reference(model):
 
 
 @pytest.mark.parametrize("name", list(strategies(target())))
-def test_every_strategy_serves_its_offline_text(model, coupled_reference, name):
+def test_every_strategy_serves_its_offline_text(model, hf_reference, coupled_reference, name):
     sd = Speculator(model, tokenizer(), strategies(model)[name]())
     greedy = [sd.generate(p, max_new_tokens=n, temperature=0) for p, n in zip(PROMPTS, LENGTHS)]
+    assert [g.text for g in greedy] == hf_reference
     with Server(sd) as server:
         c = client(server)
         for prompt, n, offline in zip(PROMPTS, LENGTHS, greedy):
@@ -71,7 +81,7 @@ def test_every_strategy_serves_its_offline_text(model, coupled_reference, name):
             (greedy[0].text, finish(greedy[0].finish_reason))
         # the coupled sampler: a seed means one text, whatever the strategy, and again on a second run
         for run in range(2):
-            for prompt, n, offline in zip(PROMPTS, LENGTHS, coupled_reference):
+            for prompt, n, offline in list(zip(PROMPTS, LENGTHS, coupled_reference))[run::2]:
                 text, reason = completion(c, server, prompt, n, stream=run == 1, temperature=0.8, top_p=0.95,
                                           seed=SEED, sampler="coupled")
                 assert (text, reason) == (offline.text, finish(offline.finish_reason)), (name, run, prompt)

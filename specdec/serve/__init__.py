@@ -52,9 +52,10 @@ def model_name_of(speculator) -> str:
 class Server:
     """A server over `speculator` in a background thread of this process, on `host`:`port` (port 0: a
     free one; see .url). Use it as a context manager, or start() / stop(). Options: model_name,
-    api_key, max_batch, max_queue, max_body_bytes (create_app's)."""
+    api_key, max_batch, max_queue, max_body_bytes, load (create_app's)."""
 
-    def __init__(self, speculator, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning", **options):
+    def __init__(self, speculator=None, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
+                 **options):
         require_extra()
         import uvicorn
         from .app import create_app as build
@@ -62,7 +63,7 @@ class Server:
         options.setdefault("max_batch", DEFAULT_MAX_BATCH)
         options.setdefault("max_queue", DEFAULT_MAX_QUEUE)
         self.model = options["model_name"]
-        self.app = build(speculator, **options)
+        self.app = build(speculator, **options)     # or load=: a function whose Speculator is served once built
         self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))

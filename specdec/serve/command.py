@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from . import (DEFAULT_HOST, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PORT, SHUTDOWN_GRACE_S, require_extra)
 
@@ -33,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
                    f"(default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--model-name", default=None, help="the model id /v1/models lists and requests name (default: "
                    "target.path, or 'specdec' for the embedded default family)")
+    p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_GRACE_S,
+                   help=f"on SIGINT/SIGTERM, seconds the requests in flight get to finish before they are cut "
+                   f"(default {SHUTDOWN_GRACE_S:g}; a second Ctrl-C cuts them at once)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default info)")
     return p
@@ -65,11 +70,36 @@ def main(argv: list[str]) -> int:
     app = create_app(load=lambda: load(args.config, **overrides), model_name=name, api_key=args.api_key,
                      max_batch=args.max_batch, max_queue=args.max_queue, on_load_error=on_load_error)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+                                           timeout_graceful_shutdown=args.shutdown_timeout))
     print(f"specdec serve: {config.strategy} as {name!r} on http://{args.host}:{args.port}/v1 (loading the models; "
           f"GET /health answers 200 once they are loaded)", file=sys.stderr, flush=True)
-    server.run()          # SIGINT / SIGTERM: stop accepting, let requests in flight finish, stop the engine
+    run_until_signalled(server)
     if failed:
         print(f"specdec serve: error: loading failed: {failed[0]}", file=sys.stderr)
         return 2
+    if not server.started:
+        print(f"specdec serve: error: the server could not start on {args.host}:{args.port} (see the log above)",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def run_until_signalled(server) -> None:
+    """Run the uvicorn server in a thread while this (main) thread takes SIGINT and SIGTERM: the first
+    stops accepting and lets the requests in flight finish (the engine stops after them), a second
+    SIGINT cuts them. Not uvicorn's own handlers: after a graceful stop they raise the signal again,
+    and the process would end as killed by it instead of with its exit status."""
+    def on_signal(sig, frame):
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=server.run, name="specdec-serve")
+    try:
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

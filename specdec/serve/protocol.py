@@ -93,14 +93,15 @@ def _refuse_unknown(body: dict, known: set[str]) -> None:
     for name, neutral in NEUTRAL.items():
         if name in body and name in known:
             value = body[name]
-            ok = any(value is n or (type(value) is type(n) and value == n) for n in neutral) or value in ({}, [])
+            ok = any(value is n or (type(value) is type(n) and value == n) for n in neutral) or value in ({}, []) \
+                or (name == "response_format" and value == {"type": "text"})
             if not ok:
                 raise APIError(400, f"{name}={value!r} is not supported by specdec serve (leave it out"
                                     f"{', or give ' + repr(neutral[1]) if len(neutral) > 1 else ''})", name,
                                "unsupported_field")
 
 
-def _common(body: dict, kind: str, default_max_tokens_name: str = "max_tokens") -> dict:
+def _common(body: dict, kind: str) -> dict:
     args: dict = {}
     if body.get("max_tokens") is not None:
         args["max_new_tokens"] = check_max_new_tokens(body["max_tokens"], "max_tokens", bad("max_tokens"))
