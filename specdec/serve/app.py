@@ -362,8 +362,9 @@ class _Run:
             if self.first_at is None:
                 self.first_at = now
                 metrics.ttft.observe(now - self.arrived)
-            else:
-                metrics.itl.observe((now - self.last_at) / len(run))
+            else:                         # a step's tokens came together: each waited its share of the gap
+                for _ in run:
+                    metrics.itl.observe((now - self.last_at) / len(run))
             self.last_at = now
         piece = c.add(run, reason)
         if reason is not None:
