@@ -62,6 +62,21 @@ def test_a_closed_stream_frees_its_row_and_the_queued_request_starts():
         assert metrics["specdec:generation_tokens_total"] < 400, "the closed stream stopped generating"
 
 
+def test_a_client_that_leaves_a_whole_answer_frees_its_row():
+    """Not streamed: the handler notices the closed connection while it waits, and cancels the row."""
+    import json
+    sd = Speculator(target(), tokenizer(), Slow())
+    with Server(sd, max_batch=1) as server:
+        conn = socket.create_connection(("127.0.0.1", server.port))
+        body = json.dumps({"prompt": "def", "max_tokens": 400, "temperature": 0, "ignore_eos": True}).encode()
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert wait_for(lambda: server.engine.running == 1)
+        conn.close()
+        assert wait_for(lambda: server.engine.running == 0, timeout=10)
+        assert scrape(server.url)['specdec:request_success_total{finished_reason="cancelled"}'] == 1
+
+
 def test_a_request_past_the_queue_is_refused_at_once():
     sd = Speculator(target(), tokenizer(), Slow())
     with Server(sd, max_batch=1, max_queue=1) as server:

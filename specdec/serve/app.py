@@ -29,6 +29,7 @@ from .protocol import APIError, parse
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 2 ** 20            # a request body past this is answered 413
+DISCONNECT_CHECK_S = 0.2                # how often a whole (not streamed) answer looks for a closed connection
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -381,11 +382,15 @@ class _Run:
         return FINISH_REASONS.get(c.reason, c.reason)
 
     async def whole(self, request: Request) -> JSONResponse:
+        checked = time.monotonic()
         try:
             while self.pending:
                 try:
-                    await asyncio.wait_for(self.next(), timeout=0.5)
+                    await asyncio.wait_for(self.next(), timeout=DISCONNECT_CHECK_S)
                 except asyncio.TimeoutError:
+                    pass
+                if time.monotonic() - checked >= DISCONNECT_CHECK_S:
+                    checked = time.monotonic()
                     if await request.is_disconnected():        # the client went away: free its rows
                         self.cancel()
                         return JSONResponse({}, status_code=499)

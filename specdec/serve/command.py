@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                    help=f"rows (request choices) decoded at once (default {DEFAULT_MAX_BATCH})")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                   help=f"rows that may wait for a slot; past it a request is answered 503 at once "
+                   help=f"rows that may wait for a slot once the batch is full; past it a request is answered 503 at once "
                    f"(default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--model-name", default=None, help="the model id /v1/models lists and requests name (default: "
                    "target.path, or 'specdec' for the embedded default family)")

@@ -57,8 +57,8 @@ class SpecCounters:
 
 class Engine:
     """Continuous batching over one Speculator: submit() rows from any thread, cancel() them, stop().
-    At most `max_batch` rows run at once; at most `max_queue` rows wait (submit raises QueueFull past
-    it). Every step runs under the Speculator's step lock, so library calls on the same Speculator
+    At most `max_batch` rows run at once; at most `max_queue` rows wait beyond the batch's free slots
+    (submit raises QueueFull past it). Every step runs under the Speculator's step lock, so library calls on the same Speculator
     (generate, stream) still interleave safely with the server's batch."""
 
     def __init__(self, speculator, max_batch: int = 16, max_queue: int = 256, counters: SpecCounters | None = None):
@@ -103,9 +103,11 @@ class Engine:
             if not self.alive:
                 raise EngineStopped("the server is shutting down" if self._stopping else
                                     f"the engine stopped: {self.error!r}")
-            if len(self.waiting) + len(jobs) > self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} rows are waiting and this request adds {len(jobs)}: the queue "
-                                f"holds {self.max_queue} (--max-queue); retry later")
+            free = max(0, self.max_batch - self.running)        # rows that start at the next step
+            if len(self.waiting) + len(jobs) > self.max_queue + free:
+                raise QueueFull(f"{len(self.waiting)} rows are waiting and this request adds {len(jobs)}, with "
+                                f"{free} free slots in the batch and room for {self.max_queue} more to wait "
+                                f"(--max-queue): retry later")
             for job, deliver in zip(jobs, delivers):
                 job.start = self._starting(job.index, job.start)
                 self.rows[job.index] = Row(job, deliver)
