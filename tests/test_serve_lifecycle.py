@@ -122,6 +122,27 @@ def test_health_says_when_loading_failed():
         assert status == 503 and body["status"] == "error" and "no such model folder" in body["message"]
 
 
+def test_auto_measures_its_batch_costs_before_serving(tmp_path, monkeypatch):
+    """prepare_batches (what `specdec serve` calls at load): auto measures the verify costs of every
+    batch bucket up to --max-batch then, so that no batch stalls on a measurement while serving."""
+    from specdec import costmodel
+    from specdec.strategies.auto import Auto
+    from specdec.strategies.prompt_lookup import PromptLookup
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    model = target()
+    strategy = Auto(PromptLookup(), None, profile=True, profile_context=8, max_nodes=4, profile_repeats=1)
+    sd = Speculator(model, tokenizer(), strategy)
+    measured = []
+    real = costmodel.measure_verify_costs
+    monkeypatch.setattr(costmodel, "measure_verify_costs", lambda *args, **kwargs: measured.append(kwargs.get("batch", args[4] if len(args) > 4 else 1))
+                        or real(*args, **kwargs))
+    sd.strategy.prepare_batches(5)
+    assert sorted(measured) == [2, 4, 8] and sorted(strategy.batch_costs) == [2, 4, 8]
+    sd.generate(["def f(x):", "class A:", "import os"], max_new_tokens=6)
+    assert sorted(measured) == [2, 4, 8], "nothing is measured while generating"
+    Autoregressive().prepare_batches(16)           # the default: nothing to prepare
+
+
 def test_metrics_only_grow_and_add_up():
     model = target()
     sd = Speculator(model, tokenizer(), strategies(model)["draft tree"]())

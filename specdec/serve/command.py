@@ -67,7 +67,14 @@ def main(argv: list[str]) -> int:
         failed.append(message)
         server.should_exit = True
 
-    app = create_app(load=lambda: load(args.config, **overrides), model_name=name, api_key=args.api_key,
+    def load_for_serving():
+        speculator = load(args.config, **overrides)
+        # what a strategy measures at its first batch of each size (auto's verify costs) happens before
+        # /health says 200, not while a request waits
+        speculator.strategy.prepare_batches(args.max_batch)
+        return speculator
+
+    app = create_app(load=load_for_serving, model_name=name, api_key=args.api_key,
                      max_batch=args.max_batch, max_queue=args.max_queue, on_load_error=on_load_error)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=args.shutdown_timeout))
