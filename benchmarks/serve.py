@@ -268,7 +268,8 @@ def main(argv: list[str]) -> int:
     rows = serve_rows(args, overrides, prompts, target, levels)
     from .machine import machine_info
     import torch
-    result = {"command": "specdec bench serve " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    result = {"command": "specdec bench serve " + " ".join(argv),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": machine_info(torch.device("cpu"), torch.float32), "prompts": args.prompts,
               "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
               "offline_tokens_per_s": offline, "rows": rows}

@@ -134,8 +134,8 @@ def test_auto_measures_its_batch_costs_before_serving(tmp_path, monkeypatch):
     sd = Speculator(model, tokenizer(), strategy)
     measured = []
     real = costmodel.measure_verify_costs
-    monkeypatch.setattr(costmodel, "measure_verify_costs", lambda *args, **kwargs: measured.append(kwargs.get("batch", args[4] if len(args) > 4 else 1))
-                        or real(*args, **kwargs))
+    monkeypatch.setattr(costmodel, "measure_verify_costs", lambda *args, **kwargs: measured.append(
+        kwargs.get("batch", args[4] if len(args) > 4 else 1)) or real(*args, **kwargs))
     sd.strategy.prepare_batches(5)
     assert sorted(measured) == [2, 4, 8] and sorted(strategy.batch_costs) == [2, 4, 8]
     sd.generate(["def f(x):", "class A:", "import os"], max_new_tokens=6)
@@ -248,8 +248,9 @@ def start_server(saved_target: str, *flags: str):
     """`specdec serve` in a process of its own on a free port, once /health answers 200: (process, url)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "autoregressive", f"target.path={saved_target}",
-                                "device=cpu", "--port", str(port), "--log-level", "warning", *flags],
+    process = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "autoregressive",
+                                f"target.path={saved_target}", "device=cpu", "--port", str(port),
+                                "--log-level", "warning", *flags],
                                cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
 
@@ -318,7 +319,8 @@ def test_the_library_imports_without_the_server_extra():
     """`import specdec` (and its CLI) never imports FastAPI, uvicorn, prometheus_client or openai; `specdec
     serve` without them names the extra to install."""
     code = ("import sys, specdec, specdec.cli, specdec.api, specdec.batch\n"
-            "bad = [m for m in ('fastapi', 'uvicorn', 'prometheus_client', 'openai', 'starlette') if m in sys.modules]\n"
+            "extras = ('fastapi', 'uvicorn', 'prometheus_client', 'openai', 'starlette')\n"
+            "bad = [m for m in extras if m in sys.modules]\n"
             "assert not bad, bad\n"
             "class Block:\n"
             "    def find_spec(self, name, *a):\n"

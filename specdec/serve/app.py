@@ -305,12 +305,13 @@ async def _generate(state: ServerState, request: Request, kind: str):
     engine, sd = state.engine, state.speculator
     jobs, prompt_tokens = [], 0
     for k, (prompt, args) in enumerate(req.rows()):
+        first_choice = k % req.n == 0        # the other choices of a prompt reuse its ids (one template render)
         try:
-            job = sd.batch_job(engine.new_index(), _prompt_of(state, kind, prompt) if k % req.n == 0 else jobs[-1].prompt_ids,
-                               **args)
+            job = sd.batch_job(engine.new_index(), _prompt_of(state, kind, prompt) if first_choice
+                               else jobs[-1].prompt_ids, **args)
         except InputError as exc:
             raise _input_error(exc) from None
-        if k % req.n == 0:
+        if first_choice:
             prompt_tokens += len(job.prompt_ids)
         jobs.append(job)
     loop = asyncio.get_running_loop()

@@ -31,8 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                    help=f"rows (request choices) decoded at once (default {DEFAULT_MAX_BATCH})")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                   help=f"rows that may wait for a slot once the batch is full; past it a request is answered 503 at once "
-                   f"(default {DEFAULT_MAX_QUEUE})")
+                   help=f"rows that may wait for a slot once the batch is full; past it a request is answered 503 "
+                   f"at once (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--model-name", default=None, help="the model id /v1/models lists and requests name (default: "
                    "target.path, or 'specdec' for the embedded default family)")
     p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_GRACE_S,

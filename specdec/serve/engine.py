@@ -58,8 +58,8 @@ class SpecCounters:
 class Engine:
     """Continuous batching over one Speculator: submit() rows from any thread, cancel() them, stop().
     At most `max_batch` rows run at once; at most `max_queue` rows wait beyond the batch's free slots
-    (submit raises QueueFull past it). Every step runs under the Speculator's step lock, so library calls on the same Speculator
-    (generate, stream) still interleave safely with the server's batch."""
+    (submit raises QueueFull past it). Every step runs under the Speculator's step lock, so library
+    calls on the same Speculator (generate, stream) still interleave safely with the server's batch."""
 
     def __init__(self, speculator, max_batch: int = 16, max_queue: int = 256, counters: SpecCounters | None = None):
         if max_batch < 1 or max_queue < 0:
