@@ -120,6 +120,8 @@ def test_health_says_when_loading_failed():
         assert wait_for(lambda: request(server.url, "GET", "/health")[1] != {"status": "loading"})
         status, body = request(server.url, "GET", "/health")
         assert status == 503 and body["status"] == "error" and "no such model folder" in body["message"]
+        status, body = post_json(server.url, "/v1/completions", {"prompt": "def", "max_tokens": 3})
+        assert status == 503 and body["error"]["code"] == "load_failed"
 
 
 def test_auto_measures_its_batch_costs_before_serving(tmp_path, monkeypatch):

@@ -295,6 +295,8 @@ def _spec_summary(state: ServerState, choices: list[_Choice]) -> dict:
 async def _generate(state: ServerState, request: Request, kind: str):
     arrived = time.perf_counter()
     _authorize(state, request)
+    if state.load_error is not None:
+        raise APIError(503, f"the model could not be loaded: {state.load_error}", None, "load_failed")
     if state.engine is None:
         raise APIError(503, "the model is still loading: retry when GET /health answers 200", None, "loading",
                        headers={"Retry-After": "5"})
