@@ -37,7 +37,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0],
                                      epilog="e.g. specdec bench quick models.target=/m/target "
                                             "models.draft=/m/draft output_dir=out")
-    parser.add_argument("preset", help="a preset in configs/bench (quick, full) or a YAML path")
+    parser.add_argument("preset", help="a preset in configs/bench (quick, full) or a YAML path; `specdec bench serve "
+                        "--help`: the server under concurrent clients")
     parser.add_argument("overrides", nargs="*", help="key=value (values parsed as YAML), e.g. prompts.num=2 max_new_tokens=64 "
                                                      "only=[autoregressive,draft]")
     return parser.parse_args(argv)
@@ -96,6 +97,9 @@ def _plain_reference(peer_rows, target, notes) -> HFRow:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":            # the server under concurrent clients (benchmarks/serve.py)
+        from .serve import main as serve_main
+        return serve_main(argv[1:])
     args = _parse(argv)
     cfg = load_bench_config(args.preset, parse_overrides(args.overrides))
     pyplot()                         # before any model runs: matplotlib (specdec[bench]) is there for the plots

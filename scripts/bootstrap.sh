@@ -19,6 +19,6 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "bootstrap: installing torch==2.13.0"
   $PIP install -q "torch==2.13.0"
 fi
-echo "bootstrap: installing specdec and its dependencies (with the test and benchmark extras)"
-$PIP install -q -e ".[dev,bench]"
+echo "bootstrap: installing specdec and its dependencies (with the test, benchmark and server extras)"
+$PIP install -q -e ".[dev,bench,serve]"
 touch "$VENV/.specdec-installed"

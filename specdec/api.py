@@ -405,6 +405,19 @@ class Speculator:
                             on_output(index, outputs[index])
         return batch_output(outputs, clock() - start, forwards)
 
+    def batch_job(self, index: int, prompt, stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+                  cache_scope: str | None = None, **given) -> Job:
+        """One row for a batch that runs elsewhere (specdec.batch.decode_batch fed from a live queue, as
+        specdec.serve's engine does): `prompt` and the generation arguments checked as generate() checks
+        them (an InputError names the bad one), arguments not given taking the config's values. Its
+        rows run on per-call copies of the strategy, the Speculator's verifier lends the model."""
+        given = {name: given.pop(name, _UNSET) for name in GenerationDefaults.__dataclass_fields__} | given
+        unknown = set(given) - set(GenerationDefaults.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"batch_job() got unexpected argument(s) {sorted(unknown)}")
+        request = self._prepare(prompt, stop_token_ids, ignore_eos, cache_scope, given)
+        return Job(index, request.prompt_ids, self._row_start(request), request.room(self.strategy), request.stats)
+
     def _row_start(self, request: "_Request"):
         """How a batch row starts: a Decoding on a per-call copy of the strategy."""
         from .strategies import per_call

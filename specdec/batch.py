@@ -273,6 +273,8 @@ class Job:
     start: Callable[[torch.Tensor | None, Stats], Decoding]   # prompt features, stats -> its Decoding
     room: int                       # cache entries it may need: prompt + new tokens + the largest forward
     stats: Stats = field(default_factory=Stats)
+    cancelled: bool = False         # set from any thread: the row leaves the batch after the step it is in
+    #                                 (reported with finish reason "cancelled"); a waiting job never starts
 
 
 @dataclass
@@ -281,23 +283,34 @@ class _Slot:
     decoding: Decoding
 
 
-def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: int,
+def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job] | deque, batch_size: int,
                  clock: Callable[[], float]) -> Iterator[list[tuple[int, list[int], str | None]]]:
     """Yield, once per batched target forward, (job index, new tokens, finish reason or None) of
     every row; at most `batch_size` rows run at once, a finished row's slot taken by the next
-    waiting job."""
+    waiting job. `jobs` given as a deque is the live queue itself: jobs appended to it (from any
+    thread) while the batch runs join it between steps (a server's continuous batching); the
+    generator ends when the queue and the batch are both empty. A job whose `cancelled` is set
+    leaves the batch after the step it is in (finish reason "cancelled"), or never starts."""
     layers = feature_layers(strategy)
     batch = BatchVerifier(verifier.model, verifier.layout, verifier.tables)
-    waiting = deque(jobs)
+    waiting = jobs if isinstance(jobs, deque) else deque(jobs)
     active: list[_Slot] = []
     draft_batches: dict = {}          # batch key -> the rows' batched drafter state (propose_rows)
     setup_s = 0.0                     # seconds spent starting prompts so far (DecodeState.batch_setup_s)
 
-    def start(rows: list[int]) -> None:
-        """The next waiting jobs in slots `rows`: their prompts prefilled together (one forward per
+    def take(count: int) -> list[Job]:
+        """Up to `count` next waiting jobs, the cancelled ones dropped."""
+        group = []
+        while waiting and len(group) < count:
+            job = waiting.popleft()
+            if not job.cancelled:
+                group.append(job)
+        return group
+
+    def start(rows: list[int], group: list[Job]) -> None:
+        """The jobs `group` in slots `rows`: their prompts prefilled together (one forward per
         chunk for all of them, in a batch of their own), then copied into the running batch."""
         nonlocal setup_s
-        group = [waiting.popleft() for _ in rows]
         started = clock()
         fresh = BatchVerifier(verifier.model, verifier.layout, verifier.tables)    # chains: no table made
         # prefill_chunk bounds the tokens of one prefill forward for the whole group, as for one prompt
@@ -326,7 +339,11 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
 
     while waiting or active:
         if waiting and len(active) < batch_size:
-            start(list(range(len(active), min(batch_size, len(active) + len(waiting)))))
+            group = take(batch_size - len(active))
+            if group:
+                start(list(range(len(active), len(active) + len(group))), group)
+        if not active:                  # every waiting job was cancelled
+            continue
         for slot in active:
             slot.decoding.state.batch_size = len(active)
             slot.decoding.state.batch_setup_s = setup_s
@@ -342,15 +359,18 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job], batch_size: 
             run, reason = slot.decoding.settle(tree, logits[row, :rows], None if hidden is None else hidden[row, :rows],
                                                verify_s, lambda kept, on_device, row=row: batch.commit(row, kept, on_device),
                                                verdicts[row], batch.row_shapes[row])
+            if reason is None and slot.job.cancelled:
+                reason = "cancelled"
             step.append((slot.job.index, run, reason))
             if reason is not None:
                 finished.append(row)
         yield step
         for row in finished:
             release_drafter(active[row].decoding.strategy, draft_batches)
-        refill, done = finished[:len(waiting)], finished[len(waiting):]   # the next prompts take freed slots
+        group = take(len(finished))
+        refill, done = finished[:len(group)], finished[len(group):]   # the next prompts take freed slots
         if refill:
-            start(refill)
+            start(refill, group)
         if done:
             active = [active[row] for row in batch.drop_rows(done)]
 

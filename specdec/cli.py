@@ -1,4 +1,4 @@
-"""One entry point: specdec generate | train (train-heads, train-draft) | bench | check | profile | --version (also `python -m specdec ...`).
+"""One entry point: specdec generate | serve | train (train-heads, train-draft) | bench | check | profile | --version (also `python -m specdec ...`).
 key=value overrides are parsed as YAML values by config.parse_overrides in every subcommand."""
 from __future__ import annotations
 
@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("profile", help="measure the verify cost of n tree nodes on this machine (what `auto` plans with)",
                    add_help=False)
     sub.add_parser("export", help="write a trained drafter in a layout vLLM / other tools read", add_help=False)
+    sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics) "
+                   "with continuous batching (needs pip install 'specdec[serve]')", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export"):
+    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export", "serve"):
         try:
             if argv[0] == "train":
                 from .heads.command import train_main as sub_main   # medusa | eagle | draft
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .profile import main as sub_main
             elif argv[0] == "export":
                 from .interop.command import main as sub_main
+            elif argv[0] == "serve":
+                from .serve.command import main as sub_main
             else:
                 from .benchmarks.run import main as sub_main
             return sub_main(argv[1:])

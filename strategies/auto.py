@@ -232,6 +232,11 @@ class Auto(BaseStrategy):
                 smaller *= 2
         return self.batch_costs[bucket]
 
+    def prepare_batches(self, max_rows: int) -> None:
+        """The verify costs of every batch bucket up to max_rows, now (costs_at measures them at the first
+        batch of each size otherwise, stalling that batch)."""
+        self.costs_at(max_rows)
+
     def for_call(self) -> "Auto":
         """Auto for a call that overlaps another: lookup and drafter with per-call state of their
         own; the calibration, the cost profile and the per-context plans stay shared (what auto

@@ -129,6 +129,11 @@ class BaseStrategy:
         be prefix-closed (every node's parent kept). Default: the trees as proposed."""
         return list(trees)
 
+    def prepare_batches(self, max_rows: int) -> None:
+        """Called before a server runs batches of up to `max_rows` rows (specdec serve, at load): what a
+        strategy measures the first time a batch size runs is measured now, so that no request waits
+        for it (auto: its verify costs at each batch size). Default: nothing."""
+
     # ------------------------------------------------------------------ benchmarks
     def forget(self) -> None:
         """Drop what the strategy keeps across calls (suffix's cached outputs), so a benchmark

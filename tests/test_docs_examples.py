@@ -9,7 +9,11 @@ target): `/path/to/target`, `/path/to/draft`, `/path/to/heads`, `/path/to/eagle`
 `/path/to/out` by a fresh folder. Python blocks of one page run in order in one namespace (a later
 block may use an earlier one's `sd`); `specdec` is imported. A bash block's lines (backslash
 continuations joined, `# comments` dropped) must each be a `specdec ...` or `python -m specdec ...`
-command, run in-process through `specdec.cli.main`, and must exit 0.
+command, run in-process through `specdec.cli.main`, and must exit 0. Two exceptions make a server
+page runnable: `specdec serve ...` starts that server in a process of its own (port 8000 on the page
+becomes a free port, in every block after it too), which the page's later blocks talk to, and which
+must stop with status 0 on SIGTERM at the end of the page; and a `curl ...` line runs as a process
+against it, must exit 0 and must print no error.
 """
 from __future__ import annotations
 
@@ -18,8 +22,14 @@ import importlib
 import io
 import os
 import re
+import json
 import shlex
+import signal
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
@@ -62,7 +72,11 @@ def models(tmp_path_factory):
     target = tiny_model("llama", seed=1, sharpen=4.0)
     for name, model in (("target", target), ("draft", tiny_model("llama", seed=2, layers=1))):
         model.save_pretrained(root / name)
-        char_tokenizer().save_pretrained(root / name)
+        tokenizer = char_tokenizer()
+        if name == "target":          # the server page's chat example
+            from serve_helpers import CHAT_TEMPLATE
+            tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.save_pretrained(root / name)
     from specdec.heads import EagleDrafter, HeadsLayout, MedusaHeads, save_eagle, save_heads
     from specdec.heads.eagle import layout_for_target
     from specdec.heads.io import output_vocab
@@ -99,27 +113,84 @@ def test_skip_markers_give_a_reason(page):
         assert block["skip"] is None or block["skip"], f"{page}:{block['line']}: a skip marker needs a reason"
 
 
+SERVER_PORT = "8000"          # the port a server page's examples use
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def start_server(words: list[str], port: str, where: str, env: dict) -> subprocess.Popen:
+    """`specdec serve ...` from a page, in a process of its own, once its /health answers 200."""
+    process = subprocess.Popen([sys.executable, "-m", "specdec", *words[1:], "--log-level", "warning"], cwd=REPO,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError(f"{where}: the server did not come up: {process.communicate()[1][-800:]}")
+
+
+def run_curl(words: list[str], command: str, where: str) -> None:
+    result = subprocess.run(words, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{where}: `{command}` exited {result.returncode}: {result.stderr[-800:]}"
+    events = [line[6:] for line in result.stdout.splitlines() if line.startswith("data: ")] or [result.stdout]
+    for event in events:
+        if event.strip() != "[DONE]":
+            answer = json.loads(event)
+            assert "error" not in answer, f"{where}: `{command}` answered {answer}"
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)])
 def test_page_examples_run(page, models, tmp_path, monkeypatch):
     from specdec.cli import main as cli_main
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     namespace = {"specdec": importlib.import_module("specdec")}
-    for n, block in enumerate(runnable(page)):
-        code = substitute(block["code"], models, tmp_path / "out")
-        where = f"{page}:{block['line']}"
-        if block["lang"] == "python":
-            with redirect_stdout(io.StringIO()):
-                exec(compile(code, where, "exec"), namespace)       # noqa: S102 - the docs' own examples
-            continue
-        for command in shell_commands(code):
-            words = shlex.split(command)
-            if words[:3] == ["python", "-m", "specdec"]:
-                words = ["specdec"] + words[3:]
-            assert words[0] == "specdec", (f"{where}: `{command}` is not a specdec command: run it here or mark "
-                                           f"the block <!-- skip: reason -->")
-            with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
-                code_ = cli_main(words[1:])
-            assert code_ == 0, f"{where}: `{command}` exited {code_}: {err.getvalue()[-800:]}"
+    port = free_port()
+    servers: list[subprocess.Popen] = []
+    try:
+        for n, block in enumerate(runnable(page)):
+            code = substitute(block["code"], models, tmp_path / "out")
+            if servers:
+                code = code.replace(f"127.0.0.1:{SERVER_PORT}", f"127.0.0.1:{port}")
+            where = f"{page}:{block['line']}"
+            if block["lang"] == "python":
+                with redirect_stdout(io.StringIO()):
+                    exec(compile(code, where, "exec"), namespace)       # noqa: S102 - the docs' own examples
+                continue
+            for command in shell_commands(code):
+                words = shlex.split(command)
+                if words[:3] == ["python", "-m", "specdec"]:
+                    words = ["specdec"] + words[3:]
+                if words[0] == "curl" and servers:
+                    run_curl(words, command, where)
+                    continue
+                assert words[0] == "specdec", (f"{where}: `{command}` is not a specdec command: run it here or mark "
+                                               f"the block <!-- skip: reason -->")
+                if words[1] == "serve":
+                    words = [port if i and words[i - 1] == "--port" else w for i, w in enumerate(words)]
+                    servers.append(start_server(words, port, where, dict(os.environ)))
+                    continue
+                with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+                    code_ = cli_main(words[1:])
+                assert code_ == 0, f"{where}: `{command}` exited {code_}: {err.getvalue()[-800:]}"
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(60)
+            finally:
+                if server.poll() is None:
+                    server.kill()
+    for server in servers:
+        assert server.returncode == 0, f"{page}: the server exited {server.returncode}: {server.communicate()[1][-800:]}"
 
 
 # ---------------------------------------------------------------------- names that must still exist
@@ -155,7 +226,7 @@ def _help_texts() -> str:
     from specdec.cli import main as cli_main
     from specdec.family.demo import main as demo_main
     runs = [(cli_main, command + ["--help"]) for command in
-            ([], ["generate"], ["check"], ["profile"], ["bench"], ["export"], ["train-heads"])]
+            ([], ["generate"], ["serve"], ["check"], ["profile"], ["bench"], ["export"], ["train-heads"])]
     runs.append((demo_main, ["--help"]))
     texts = []
     for run, argv in runs:

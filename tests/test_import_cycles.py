@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 # the installed packages (pyproject's packages; strategies/, heads/, ... map onto specdec.*)
-PACKAGES = ("specdec", "specdec.interop", "specdec.strategies", "specdec.heads", "specdec.family",
+PACKAGES = ("specdec", "specdec.interop", "specdec.serve", "specdec.strategies", "specdec.heads", "specdec.family",
             "specdec.configs", "specdec.configs.bench", "specdec.benchmarks")
 
 
