@@ -13,6 +13,7 @@ REGISTRY = {
     "suffix": "specdec.strategies.suffix",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
+    "early_exit": "specdec.strategies.early_exit",
     "auto": "specdec.strategies.auto",
 }
 

@@ -24,6 +24,7 @@ from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.base import BaseStrategy, BatchDrafter, DraftRows, LookupPart
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
+from specdec.strategies.early_exit import EarlyExit
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
@@ -147,6 +148,8 @@ CASES = {
     "eagle": ("eagle", lambda target, log: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=3)),
     "eagle3": ("eagle", lambda target, log: Eagle(random_drafter(target, (0, 1, 2), draft_vocab=list(range(0, 96, 3))),
                                                   max_nodes=6, top_k=2, depth=3)),
+    "early_exit_chain": ("early_exit", lambda target, log: EarlyExit(1, num_tokens=3)),
+    "early_exit_tree": ("early_exit", lambda target, log: EarlyExit(1, branching=[2, 1])),
     "auto_draft": ("auto", lambda target, log: Auto(
         Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
         Watched(DraftModel(noisy_copy(target), num_tokens=3), STRATEGY, log, "auto.drafter"),
@@ -211,7 +214,7 @@ def test_the_engine_calls_only_declared_hooks(case, target, references):
     assert alone == references[0] and batch == references
     if case == "bare":
         assert strategy.finished[:1] == [N]           # its own hook, reached through the defaults' view
-    if case in ("draft_chain", "draft_tree", "eagle", "eagle3", "auto_draft", "auto_eagle_suffix"):
+    if case in ("draft_chain", "draft_tree", "early_exit_chain", "early_exit_tree", "eagle", "eagle3", "auto_draft", "auto_eagle_suffix"):
         drafted_together = {name.rsplit(".", 1)[1] for name in log.seen if "batch_drafter()" in name}
         assert {"batch_key", "new_batch", "propose_many", "release"} <= drafted_together
     if case.startswith("auto_"):
