@@ -14,6 +14,7 @@ REGISTRY = {
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "early_exit": "specdec.strategies.early_exit",
+    "mtp": "specdec.strategies.mtp",
     "auto": "specdec.strategies.auto",
 }
 
