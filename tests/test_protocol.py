@@ -137,6 +137,16 @@ class Bare:
         self.finished.append(len(state.token_ids) - state.prompt_len)
 
 
+def random_mtp(target) -> "Mtp":
+    """The mtp strategy over one random MTP module built for `target` (its config told it has one)."""
+    from transformers.modeling_layers import MtpModel
+    from specdec.heads.mtp import MtpDrafter
+    from specdec.strategies.mtp import Mtp
+    target.config.num_mtp_layers = 1
+    torch.manual_seed(0)
+    return Mtp(MtpDrafter(MtpModel(target, 1).eval(), id(target)), top_k=2, max_nodes=4)
+
+
 # registry name, case, builder(target, log) -> the strategy (its parts watched where it has parts)
 CASES = {
     "autoregressive": ("autoregressive", lambda target, log: Autoregressive()),
@@ -150,6 +160,7 @@ CASES = {
                                                   max_nodes=6, top_k=2, depth=3)),
     "early_exit_chain": ("early_exit", lambda target, log: EarlyExit(1, num_tokens=3)),
     "early_exit_tree": ("early_exit", lambda target, log: EarlyExit(1, branching=[2, 1])),
+    "mtp": ("mtp", lambda target, log: random_mtp(target)),
     "auto_draft": ("auto", lambda target, log: Auto(
         Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
         Watched(DraftModel(noisy_copy(target), num_tokens=3), STRATEGY, log, "auto.drafter"),
