@@ -227,3 +227,15 @@ def test_negative_control_the_rejection_sampler_gives_other_texts():
     texts = {tuple(Speculator(target, None, EarlyExit(1, num_tokens=4)).generate(
         PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True).token_ids) for seed in (0, 1, 2)}
     assert texts != {tuple(coupled(target, Autoregressive(), seed)) for seed in (0, 1, 2)}
+
+
+# ---------------------------------------------------------------------- in auto's menu
+def test_auto_runs_early_exit_as_its_drafter():
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    target = target_of("llama")
+    cfg = load_spec_config("auto", ["auto.drafter=early_exit", "early_exit.exit_layer=2", "auto.profile=false"])
+    strategy = build_strategy(cfg, target, None, target.device, target.dtype)
+    assert isinstance(strategy.drafter, EarlyExit) and strategy.drafter.exit_layer == 2
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)

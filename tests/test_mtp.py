@@ -172,3 +172,12 @@ def test_negative_control_always_accept(law_saved):
     with mock.patch("specdec.loop.accept_sampling", always_accept):
         tokens = token_law(generation_law(sd, LAW_PROMPT, 3, TOP2))
     assert total_variation(tokens, sequence_law(model_dist(law_saved, LAW_PROMPT, TOP2), 3)) > 0.05
+
+
+def test_auto_runs_mtp_as_its_drafter(saved):
+    import specdec
+    sd = specdec.load("auto", **{"target.path": saved[0], "device": "cpu", "dtype": "float32", "auto.drafter": "mtp",
+                                 "auto.profile": False})
+    assert isinstance(sd.strategy.drafter, Mtp)
+    assert sd.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids == \
+        hf_greedy(saved[1], PROMPT, 12, eos_token_id=None)
