@@ -12,7 +12,7 @@ from specdec.config import build_config
 from specdec.errors import ConfigError
 
 PROMPT_SETS = ("code", "grounded", "noise", "samples", "jsonl")
-PEER_KINDS = ("plain", "assistant", "prompt_lookup")
+PEER_KINDS = ("plain", "assistant", "prompt_lookup", "early_exit")
 NEEDS = ("draft", "heads", "eagle")
 
 
@@ -42,11 +42,12 @@ class StrategyEntry:
 @dataclass
 class PeerEntry:
     label: str = MISSING
-    kind: str = MISSING                 # plain | assistant | prompt_lookup
+    kind: str = MISSING                 # plain | assistant | prompt_lookup | early_exit
     num_assistant_tokens: Optional[int] = None            # assistant: None = HF's default schedule
     num_assistant_tokens_schedule: Optional[str] = None   # constant | heuristic | heuristic_transient
     assistant_confidence_threshold: Optional[float] = None
     prompt_lookup_num_tokens: Optional[int] = None
+    assistant_early_exit: Optional[int] = None   # early_exit: the exit layer (the target drafts with its first layers)
     max_matching_ngram_size: Optional[int] = None
 
 
@@ -108,6 +109,8 @@ def validate(cfg: BenchConfig) -> None:
         raise ConfigError("prompts.sets has 'jsonl' but prompts.jsonl is not set: give prompts.jsonl=/path/to/prompts.jsonl")
     for entry in cfg.peers:
         _one_of(entry.kind, PEER_KINDS, f"peers[{entry.label}].kind")
+        if entry.kind == "early_exit" and not entry.assistant_early_exit:
+            raise ConfigError(f"peer {entry.label!r} (early_exit) needs assistant_early_exit (the exit layer), e.g. 4")
         if entry.kind == "prompt_lookup" and not entry.prompt_lookup_num_tokens:
             raise ConfigError(f"peer {entry.label!r} (prompt_lookup) needs prompt_lookup_num_tokens, e.g. 10")
     for entry in cfg.strategies:

@@ -1,5 +1,6 @@
-"""Hugging Face's own generate() as benchmark rows: plain, with assistant_model= (a draft model)
-and with prompt_lookup_num_tokens=, on the same target object as our rows.
+"""Hugging Face's own generate() as benchmark rows: plain, with assistant_model= (a draft model),
+with assistant_early_exit= (the target's first layers) and with prompt_lookup_num_tokens=, on the same
+target object as our rows.
 
 Every row generates exactly max_new_tokens: EOS is switched off with eos_token_id=-1 (an id no
 token has), the exact equivalent of our ignore_eos=True. min_new_tokens=max_new_tokens is not
@@ -37,6 +38,8 @@ class HFRow:
                   top_k=0 if temperature > 0 else None, top_p=1.0, use_cache=True)
         if gc.pad_token_id is None:
             gc.pad_token_id = 0
+        if self.entry.kind == "early_exit":
+            gc.assistant_early_exit = self.entry.assistant_early_exit
         if self.entry.kind == "prompt_lookup":
             gc.prompt_lookup_num_tokens = self.entry.prompt_lookup_num_tokens
             if self.entry.max_matching_ngram_size:
@@ -49,21 +52,23 @@ class HFRow:
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
         kwargs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                       generation_config=self._generation_config(max_new_tokens, temperature))
+        # HF reads the schedule from the assistant's own generation config (early exit: the target's)
+        assistant = {"assistant": self.draft, "early_exit": self.target}.get(self.entry.kind)
         saved = None
-        if self.entry.kind == "assistant":
-            # HF reads the schedule from the assistant's own generation config: set it for this call only
-            saved = copy.deepcopy(self.draft.generation_config)
+        if assistant is not None:         # set it for this call only
+            saved = copy.deepcopy(assistant.generation_config)
             for key in ASSISTANT_KEYS:
                 value = getattr(self.entry, key)
                 if value is not None:
-                    setattr(self.draft.generation_config, key, value)
+                    setattr(assistant.generation_config, key, value)
+        if self.entry.kind == "assistant":
             kwargs["assistant_model"] = self.draft
         torch.manual_seed(seed)
         try:
             out = self.target.generate(**kwargs)
         finally:
             if saved is not None:
-                self.draft.generation_config = saved
+                assistant.generation_config = saved
         return Generation(out[0, len(prompt_ids):].tolist())
 
     def forget(self) -> None:

@@ -13,6 +13,8 @@ REGISTRY = {
     "suffix": "specdec.strategies.suffix",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
+    "early_exit": "specdec.strategies.early_exit",
+    "mtp": "specdec.strategies.mtp",
     "auto": "specdec.strategies.auto",
 }
 

@@ -45,8 +45,9 @@ class AutoConfig:
     heads.path or draft.path, in that order of preference), one merged tree per step, sized by the
     planner from the verify costs measured on this machine (specdec/costmodel.py)."""
     max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
-    drafter: Optional[str] = setting(None, choices=(None, "none", "draft_model", "medusa", "eagle"))   # null = the
-    #                                     first of eagle / medusa / draft_model with a path; "none" = lookup only
+    drafter: Optional[str] = setting(None, choices=(None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp"))  # null =
+    #                                     the first of eagle / medusa / draft_model with a path; "none" = lookup only;
+    #                                     early_exit / mtp: the target's own layers or MTP modules
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:

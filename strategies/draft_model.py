@@ -81,7 +81,7 @@ class DraftModel(BaseStrategy):
             raise ConfigError(f"draft.branching must be a list of children per depth, each >= 1, got {branching}")
         if not 1 <= min_tokens <= max_tokens:
             raise ConfigError(f"need 1 <= draft.min_tokens <= draft.max_tokens, got {min_tokens}, {max_tokens}")
-        self.draft = draft.eval()
+        self.draft = None
         self.num_tokens = int(num_tokens)
         self.branching = None if branching is None else [int(b) for b in branching]
         self.max_nodes = int(max_nodes)
@@ -91,9 +91,15 @@ class DraftModel(BaseStrategy):
         self.min_confidence = float(min_confidence)
         self.batch_rows = bool(batch_rows)
         self.draft_tokenizer = draft_tokenizer
-        self.vocab = output_vocab_size(draft)
         self.layout = None                    # the draft's attention layout, known at bind
         self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
+        if draft is not None:                 # None: set by use_draft before bind (early_exit's view of the target)
+            self.use_draft(draft)
+
+    def use_draft(self, draft) -> None:
+        """Draft with `draft` (a causal LM over the target's tokenizer)."""
+        self.draft = draft.eval()
+        self.vocab = output_vocab_size(draft)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:

@@ -17,6 +17,7 @@ from specdec.strategies.auto import Auto
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
+from specdec.strategies.early_exit import EarlyExit
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
@@ -47,12 +48,14 @@ def strategy(name: str, target):
                                 top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
         "suffix": lambda: Suffix(),
+        "early_exit_chain": lambda: EarlyExit(1, num_tokens=3),
+        "early_exit_tree": lambda: EarlyExit(1, branching=[2, 2, 1]),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
               "medusa", "eagle",
-              "eagle3", "auto", "suffix"]
+              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:

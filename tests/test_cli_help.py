@@ -84,7 +84,8 @@ def test_a_wrong_model_path_in_the_bench_names_models_target(tmp_path, capsys):
 @pytest.mark.parametrize("key, nearest", [
     ("draft.num_node", "(did you mean 'draft.max_nodes' or 'draft.num_tokens'?)"),   # same section, two near names
     ("draft.num_token", "(did you mean 'draft.num_tokens'?)"),                       # a misspelling: named alone
-    ("num_tokens", "(did you mean 'draft.num_tokens' or 'prompt_lookup.num_tokens'?)"),   # a key without its section
+    ("num_tokens", "(did you mean 'draft.num_tokens' or 'prompt_lookup.num_tokens' or 'early_exit.num_tokens'?)"),
+    # a key without its section: every section that has it
     ("temperature", "(did you mean 'generation.temperature'?)"),
     ("draft.temperature", "(did you mean 'generation.temperature'?)"),               # a key in the wrong section
     ("drft", "(did you mean 'draft'?)"),

@@ -24,6 +24,7 @@ from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.base import BaseStrategy, BatchDrafter, DraftRows, LookupPart
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
+from specdec.strategies.early_exit import EarlyExit
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
@@ -136,6 +137,16 @@ class Bare:
         self.finished.append(len(state.token_ids) - state.prompt_len)
 
 
+def random_mtp(target) -> "Mtp":
+    """The mtp strategy over one random MTP module built for `target` (its config told it has one)."""
+    from transformers.modeling_layers import MtpModel
+    from specdec.heads.mtp import MtpDrafter
+    from specdec.strategies.mtp import Mtp
+    target.config.num_mtp_layers = 1
+    torch.manual_seed(0)
+    return Mtp(MtpDrafter(MtpModel(target, 1).eval(), id(target)), top_k=2, max_nodes=4)
+
+
 # registry name, case, builder(target, log) -> the strategy (its parts watched where it has parts)
 CASES = {
     "autoregressive": ("autoregressive", lambda target, log: Autoregressive()),
@@ -147,6 +158,9 @@ CASES = {
     "eagle": ("eagle", lambda target, log: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=3)),
     "eagle3": ("eagle", lambda target, log: Eagle(random_drafter(target, (0, 1, 2), draft_vocab=list(range(0, 96, 3))),
                                                   max_nodes=6, top_k=2, depth=3)),
+    "early_exit_chain": ("early_exit", lambda target, log: EarlyExit(1, num_tokens=3)),
+    "early_exit_tree": ("early_exit", lambda target, log: EarlyExit(1, branching=[2, 1])),
+    "mtp": ("mtp", lambda target, log: random_mtp(target)),
     "auto_draft": ("auto", lambda target, log: Auto(
         Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
         Watched(DraftModel(noisy_copy(target), num_tokens=3), STRATEGY, log, "auto.drafter"),
@@ -211,7 +225,7 @@ def test_the_engine_calls_only_declared_hooks(case, target, references):
     assert alone == references[0] and batch == references
     if case == "bare":
         assert strategy.finished[:1] == [N]           # its own hook, reached through the defaults' view
-    if case in ("draft_chain", "draft_tree", "eagle", "eagle3", "auto_draft", "auto_eagle_suffix"):
+    if case in ("draft_chain", "draft_tree", "early_exit_chain", "early_exit_tree", "eagle", "eagle3", "auto_draft", "auto_eagle_suffix"):
         drafted_together = {name.rsplit(".", 1)[1] for name in log.seen if "batch_drafter()" in name}
         assert {"batch_key", "new_batch", "propose_many", "release"} <= drafted_together
     if case.startswith("auto_"):

@@ -1,0 +1,168 @@
+"""early_exit: the target drafts with its own first E layers, its final norm and its lm_head (LayerSkip,
+Elhoushi et al. 2024; Hugging Face's `generate(assistant_early_exit=E)`).
+
+The drafter is a *view* of the target (exit_view): a shallow copy of the model object whose decoder runs
+the first E of the target's own layer modules, then the target's final norm and lm_head. No weight is
+copied; the target itself is never changed (Hugging Face's generator instead sets the shared config's
+num_hidden_layers for the duration of each draft, which a second thread using the model would see).
+The view drafts exactly as a separate draft model would: `EarlyExit` is a `DraftModel` whose draft
+is the view, so chains, trees, batches, the coupled sampler, adaptive length and the target's logits
+processing all come from strategies/draft_model.py. The view keeps a KV cache of its own (its first E
+layers' entries for the committed text), as Hugging Face's assistant does.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from specdec.config import setting
+from specdec.errors import ConfigError, IncompatibleModelsError
+
+from .draft_model import DraftConfig, DraftModel
+
+
+@dataclass
+class EarlyExitConfig:
+    """The `early_exit:` section. The drafting settings mean what the `draft:` section's do."""
+    exit_layer: int = setting(1, min=1)     # E: draft with the target's first E decoder layers (1 .. L - 1)
+    num_tokens: int = setting(4, min=1)     # chain length (start value when adaptive)
+    branching: Optional[List[int]] = setting(None, item_min=1)   # tree: children per node at each depth
+    max_nodes: int = setting(64, min=1)     # tree node budget
+    adaptive: bool = False                  # adapt the chain length to the acceptance history
+    min_tokens: int = setting(1, min=1)
+    max_tokens: int = setting(12, min=1)
+    draft_cost: Optional[float] = setting(None, min=0.0)   # draft forward / target forward for adaptive
+    #                                         length; None = E / L (the share of the layers it runs)
+    min_confidence: float = setting(0.0, min=0.0, max=1.0)  # chains stop where the draft's own token prob < this
+    batch_rows: bool = True                 # generate(list): all rows' drafts in one forward per position
+
+
+CONFIG_SECTIONS = {"early_exit": EarlyExitConfig}
+
+
+def num_layers(model) -> int:
+    """L: the decoder layers of `model` (its text config's num_hidden_layers)."""
+    return int(model.config.get_text_config(decoder=True).num_hidden_layers)
+
+
+def decoder_layers(model) -> str:
+    """The dotted path from `model` to the nn.ModuleList of its decoder's layers: the one ModuleList of
+    exactly L modules in the model (`model.layers` of Llama, Qwen2, Mistral, GPT-NeoX; `transformer.h`
+    of GPT-2; `model.decoder.layers` of OPT). Anything else is refused: an architecture whose layers
+    cannot be run apart."""
+    count = num_layers(model)
+    found = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module) == count]
+    if len(found) != 1:
+        raise IncompatibleModelsError(
+            f"early_exit: the target ({type(model).__name__}, model_type {model.config.model_type!r}) has "
+            f"{'no' if not found else len(found)} lists of exactly its {count} decoder layers "
+            f"({', '.join(found) or 'none found'}), not one, so its first layers cannot be run apart from the rest; "
+            f"use another strategy (draft_model, eagle)")
+    return found[0]
+
+
+def _shallow_module(module: nn.Module) -> nn.Module:
+    """A copy of `module` that shares its submodules, parameters and buffers but whose own registries
+    (submodules, hooks) are new dicts: a change to the copy never reaches the original."""
+    twin = copy.copy(module)
+    for key, value in vars(module).items():
+        if key.startswith("_") and isinstance(value, dict):
+            setattr(twin, key, type(value)(value))
+    return twin
+
+
+def _exit_config(config, exit_layer: int):
+    """A copy of the target's config for a decoder of its first `exit_layer` layers."""
+    config = copy.deepcopy(config)
+    text = config.get_text_config(decoder=True)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None:
+        text.layer_types = list(layer_types)[:exit_layer]
+    text.num_hidden_layers = exit_layer
+    return config
+
+
+def exit_view(target, exit_layer: int) -> nn.Module:
+    """The target's first `exit_layer` decoder layers, then its final norm and lm_head, as a causal LM
+    of its own (a Hugging Face model object): the same modules, so the same weights, nothing copied.
+    Refused (ConfigError) outside 1 .. L - 1, and (IncompatibleModelsError) where the decoder's layers
+    cannot be run apart: then a probe forward of the view must run exactly its first `exit_layer` layers."""
+    count = num_layers(target)
+    if not 1 <= exit_layer <= count - 1:
+        raise ConfigError(f"early_exit.exit_layer must be in 1 .. {count - 1} (the target has {count} decoder "
+                          f"layers; E = {count} would draft with the whole target), got {exit_layer}")
+    path = decoder_layers(target).split(".")
+    layers = list(target.get_submodule(".".join(path)))
+    config = _exit_config(target.config, exit_layer)
+    configs = {id(target.config): config,
+               id(target.config.get_text_config(decoder=True)): config.get_text_config(decoder=True)}
+    view = _shallow_module(target)
+    on_path = [view]                       # the view and every module on the way to the layers: copies
+    for name in path[:-1]:
+        on_path.append(_shallow_module(on_path[-1]._modules[name]))
+        on_path[-2]._modules[name] = on_path[-1]
+    on_path[-1]._modules[path[-1]] = nn.ModuleList(layers[:exit_layer])
+    for module in on_path:                 # they read E layers; the layers themselves keep the target's config
+        if id(getattr(module, "config", None)) in configs:
+            module.config = configs[id(module.config)]
+    _check_runs_its_layers(view, layers, exit_layer)
+    return view.eval()
+
+
+@torch.inference_mode()
+def _check_runs_its_layers(view, layers: list[nn.Module], exit_layer: int) -> None:
+    """One forward of the view over a token: the first `exit_layer` layers run once each, the others
+    never (a decoder that indexes its layers by a count of its own is refused here)."""
+    ran: list[int] = []
+    handles = [layer.register_forward_pre_hook(lambda module, args, i=i: ran.append(i))
+               for i, layer in enumerate(layers)]
+    what = f"early_exit: the target ({type(view).__name__}) cannot run its first {exit_layer} layers apart"
+    try:
+        ids = torch.zeros(1, 1, dtype=torch.long, device=next(view.parameters()).device)
+        view(input_ids=ids, use_cache=False)
+    except Exception as exc:  # noqa: BLE001 - re-raised as what the architecture lacks
+        raise IncompatibleModelsError(f"{what} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                                      f"use another strategy") from exc
+    finally:
+        for handle in handles:
+            handle.remove()
+    if ran != list(range(exit_layer)):
+        raise IncompatibleModelsError(f"{what}: a forward of the view ran layers {ran}, not 0 .. {exit_layer - 1}; "
+                                      f"use another strategy")
+
+
+class EarlyExit(DraftModel):
+    """A DraftModel whose draft is exit_view(target, exit_layer), made at bind."""
+    name = "early_exit"
+
+    def __init__(self, exit_layer: int = EarlyExitConfig.exit_layer, *, num_tokens: int = EarlyExitConfig.num_tokens,
+                 branching: List[int] | None = EarlyExitConfig.branching, max_nodes: int = EarlyExitConfig.max_nodes,
+                 adaptive: bool = EarlyExitConfig.adaptive, min_tokens: int = EarlyExitConfig.min_tokens,
+                 max_tokens: int = EarlyExitConfig.max_tokens, draft_cost: float | None = EarlyExitConfig.draft_cost,
+                 min_confidence: float = EarlyExitConfig.min_confidence,
+                 batch_rows: bool = EarlyExitConfig.batch_rows):
+        if int(exit_layer) < 1:
+            raise ConfigError(f"early_exit.exit_layer must be >= 1 (the decoder layers the draft runs), got {exit_layer}")
+        super().__init__(None, num_tokens=num_tokens, branching=branching, max_nodes=max_nodes, adaptive=adaptive,
+                         min_tokens=min_tokens, max_tokens=max_tokens,
+                         draft_cost=DraftConfig.draft_cost if draft_cost is None else draft_cost,
+                         min_confidence=min_confidence, batch_rows=batch_rows)
+        self.exit_layer = int(exit_layer)
+        self.given_draft_cost = draft_cost
+
+    def bind(self, target, tokenizer) -> None:
+        self.use_draft(exit_view(target, self.exit_layer))
+        if self.given_draft_cost is None:
+            self.draft_cost = self.exit_layer / num_layers(target)
+        super().bind(target, tokenizer)
+
+
+def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
+    e = cfg.early_exit
+    return EarlyExit(e.exit_layer, num_tokens=e.num_tokens, branching=list(e.branching) if e.branching else None,
+                     max_nodes=e.max_nodes, adaptive=e.adaptive, min_tokens=e.min_tokens, max_tokens=e.max_tokens,
+                     draft_cost=e.draft_cost, min_confidence=e.min_confidence, batch_rows=e.batch_rows)

@@ -1,0 +1,65 @@
+"""mtp: the target's own multi-token-prediction modules draft (DeepSeek-V3/R1, GLM-4.5; Hugging Face's
+`generate(use_mtp=True)`, vLLM's `deepseek_mtp`, SGLang's NEXTN).
+
+The modules are read from the target's checkpoint (specdec.heads.mtp.load_mtp) and driven as an EAGLE
+drafter is (strategies/eagle.py): the module keeps a KV cache of the committed rows (row t: the target's
+last hidden state at t and token t + 1), the tree hangs off the last committed row, and deeper levels
+feed the module its own output, module 0 at every depth (vLLM's way for a checkpoint of one module: the
+checkpoints that ship them ship one). Chains and trees, greedy, the coupled sampler and lossless
+sampled trees all come from the eagle strategy; rows of a batch draft one after another.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.config import setting
+from specdec.errors import IncompatibleModelsError
+
+from .eagle import Eagle
+
+
+@dataclass
+class MtpConfig:
+    """The `mtp:` section. Defaults: a chain of 3 (top_k 1), as vLLM serves one MTP module."""
+    depth: int = setting(3, min=1)          # drafted levels at most
+    top_k: int = setting(1, min=1)          # children considered per node (1: a chain)
+    max_nodes: int = setting(3, min=1)      # tree node budget
+    sampled_depth: int = setting(3, min=1)  # sampling (rejection): levels
+    sampled_top_k: int = setting(1, min=1)  # sampling (rejection): nodes per level
+
+
+CONFIG_SECTIONS = {"mtp": MtpConfig}
+
+
+class Mtp(Eagle):
+    name = "mtp"
+
+    def __init__(self, drafter, depth: int = MtpConfig.depth, top_k: int = MtpConfig.top_k,
+                 max_nodes: int = MtpConfig.max_nodes, sampled_depth: int = MtpConfig.sampled_depth,
+                 sampled_top_k: int = MtpConfig.sampled_top_k):
+        super().__init__(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, stop_below=0.0,
+                         sampled_top_k=sampled_top_k, sampled_depth=sampled_depth, score_temperature=1.0,
+                         batch_rows=False)
+
+    def bind(self, target, tokenizer) -> None:
+        if self.drafter.target_id != id(target):
+            raise IncompatibleModelsError("mtp: these MTP modules were read for another target object: read them "
+                                          "for this one (Mtp.for_target(target))")
+        self.device = target.device
+
+    @classmethod
+    def for_target(cls, target, folder: str | None = None, **settings) -> "Mtp":
+        """The strategy over the MTP modules of `target`'s checkpoint (`folder`: default, where it was loaded from)."""
+        from specdec.heads.mtp import MtpDrafter, load_mtp
+        return cls(MtpDrafter(load_mtp(target, folder), id(target)), **settings)
+
+    def drafting_modules(self) -> list[torch.nn.Module]:
+        return [self.drafter]
+
+
+def from_config(cfg, target, tokenizer, device, dtype) -> Mtp:
+    m = cfg.mtp
+    return Mtp.for_target(target, cfg.target.path, depth=m.depth, top_k=m.top_k, max_nodes=m.max_nodes,
+                          sampled_depth=m.sampled_depth, sampled_top_k=m.sampled_top_k)

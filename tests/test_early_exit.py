@@ -1,0 +1,241 @@
+"""early_exit: the target drafts with its own first E layers, its final norm and its lm_head.
+
+* the view: it shares the target's modules (no weight copied), runs exactly layers 0 .. E - 1 and
+  leaves the target untouched (its config, its hooks, its forward);
+* greedy identity to Hugging Face generate(do_sample=False), chains and trees, on every identity
+  architecture (tests/conftest.py), one sequence and a ragged batch; a target whose upper layers add
+  nothing accepts every drafted token;
+* the exact output law (rejection sampler) and the coupled sampler's same-seed-same-text, with
+  negative controls;
+* refusals: E outside 1 .. L - 1, an architecture whose layers cannot be run apart.
+Parity with Hugging Face's own `generate(assistant_early_exit=E)` is tests/test_early_exit_hf.py.
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from functools import lru_cache
+from unittest import mock
+
+import pytest
+import torch
+
+from conftest import char_tokenizer, hf_greedy, tiny_model
+from law import always_accept, generation_law, laws_close, model_dist, sequence_law, token_law, total_variation
+from specdec import Speculator
+from specdec.errors import ConfigError, IncompatibleModelsError
+from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.strategies.autoregressive import Autoregressive
+from specdec.strategies.early_exit import EarlyExit, _check_runs_its_layers, exit_view
+
+N = 24
+PROMPT = [5, 17, 33, 9, 41, 60, 70]
+SHAPES = {"chain": dict(num_tokens=4), "tree": dict(branching=[2, 2, 1])}
+
+
+@lru_cache(maxsize=None)
+def target_of(arch: str, layers: int = 3):
+    return tiny_model(arch, seed=0, layers=layers, sharpen=3.0)
+
+
+def upper_layers_silenced(model, exit_layer: int):
+    """A copy of a llama whose layers from `exit_layer` on add nothing to the residual stream (their
+    output projections zero): its exit at `exit_layer` is the whole model."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in model.model.layers[exit_layer:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
+# ---------------------------------------------------------------------- the view
+def test_the_view_shares_the_targets_modules_and_leaves_it_alone():
+    target = target_of("llama", 4)
+    before = {name: p.data_ptr() for name, p in target.named_parameters()}
+    view = exit_view(target, 2)
+    assert target.config.num_hidden_layers == 4 and len(target.model.layers) == 4
+    assert view.config.num_hidden_layers == 2 and len(view.model.layers) == 2
+    assert all(a is b for a, b in zip(view.model.layers, target.model.layers[:2]))
+    assert view.model.norm is target.model.norm and view.lm_head is target.lm_head
+    assert view.model.embed_tokens is target.model.embed_tokens
+    assert {name: p.data_ptr() for name, p in target.named_parameters()} == before
+    shared = {p.data_ptr() for p in view.parameters()}
+    assert shared <= set(before.values())           # nothing copied
+    # a hook on the view never fires on the target
+    calls = []
+    handle = view.register_forward_hook(lambda *args: calls.append(1))
+    with torch.no_grad():
+        target(torch.tensor([PROMPT]))
+    handle.remove()
+    assert calls == []
+
+
+def test_the_view_is_the_targets_first_layers_then_its_norm_and_head():
+    target = target_of("llama", 4)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        hidden = target(ids, output_hidden_states=True).hidden_states[2]            # after layer 2 (index 1)
+        expected = target.lm_head(target.model.norm(hidden))
+        got = exit_view(target, 2)(ids).logits
+    torch.testing.assert_close(got, expected)
+
+
+# ---------------------------------------------------------------------- greedy identity
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("exit_layer", [1, 2])
+def test_greedy_identity(arch, shape, exit_layer):
+    target = target_of(arch)
+    out = Speculator(target, None, EarlyExit(exit_layer, **SHAPES[shape])).generate(PROMPT, max_new_tokens=N,
+                                                                                     ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
+    assert out.stats.proposed_nodes > 0
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_upper_layers_that_add_nothing_accept_every_drafted_token(shape):
+    target = upper_layers_silenced(target_of("llama"), 1)
+    out = Speculator(target, None, EarlyExit(1, **SHAPES[shape])).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
+    assert sum(out.stats.accepted_lengths) == N - out.stats.target_forwards      # every step took its whole path
+
+
+def test_partly_accepted_on_a_random_target():
+    target = target_of("llama")
+    out = Speculator(target, None, EarlyExit(2, num_tokens=4)).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert 0 < sum(out.stats.accepted_lengths) < out.stats.proposed_nodes
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_ragged_batch(arch, shape):
+    target = target_of(arch)
+    tokenizer = char_tokenizer()
+    prompts = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)", "ab"]
+    lengths = [20, 7, 30, 12]
+    sd = Speculator(target, tokenizer, EarlyExit(1, **SHAPES[shape]))
+    outs = sd.generate(prompts, max_new_tokens=lengths, ignore_eos=True, batch_size=3)
+    for prompt, out, n in zip(prompts, outs, lengths):
+        assert out.token_ids == hf_greedy(target, tokenizer(prompt)["input_ids"], n, eos_token_id=None)
+
+
+def test_reusable_across_calls_and_draft_cost_from_the_layers():
+    target = target_of("llama", 4)
+    strategy = EarlyExit(1, adaptive=True)
+    sd = Speculator(target, None, strategy)
+    assert strategy.draft_cost == pytest.approx(1 / 4)
+    for prompt in (PROMPT, PROMPT[::-1], PROMPT):
+        assert sd.generate(prompt, max_new_tokens=12, ignore_eos=True).token_ids == \
+            hf_greedy(target, prompt, 12, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("exit_layer", [0, -1])
+def test_an_exit_layer_below_one_is_refused(exit_layer):
+    with pytest.raises(ConfigError, match="exit_layer must be >= 1"):
+        EarlyExit(exit_layer)
+
+
+@pytest.mark.parametrize("exit_layer", [3, 7])
+def test_an_exit_layer_at_or_past_the_last_layer_is_refused(exit_layer):
+    with pytest.raises(ConfigError, match=r"exit_layer must be in 1 \.\. 2 \(the target has 3 decoder layers"):
+        Speculator(target_of("llama"), None, EarlyExit(exit_layer))
+
+
+def test_the_config_refuses_an_exit_layer_below_one():
+    from specdec.config import load_spec_config
+    with pytest.raises(ConfigError, match="exit_layer"):
+        load_spec_config("early_exit", ["early_exit.exit_layer=0"])
+
+
+def test_a_model_with_no_single_list_of_its_layers_is_refused():
+    target = copy.deepcopy(target_of("llama"))
+    target.model.mirror = torch.nn.ModuleList(list(target.model.layers))     # two lists of its 3 layers
+    with pytest.raises(IncompatibleModelsError, match="cannot be run apart"):
+        Speculator(target, None, EarlyExit(1))
+
+
+def test_a_forward_that_runs_every_layer_is_refused():
+    """The probe: a 'view' whose forward runs all the target's layers (a decoder that reads its layers
+    by a count of its own would) is refused, naming the layers it ran."""
+    target = target_of("llama")
+    with pytest.raises(IncompatibleModelsError, match=r"ran layers \[0, 1, 2\], not 0 \.\. 0"):
+        _check_runs_its_layers(target, list(target.model.layers), 1)
+
+
+# ---------------------------------------------------------------------- the law
+V = 5
+LAW_TARGET = tiny_model("llama", seed=0, vocab=V, hidden=16, layers=2, sharpen=20.0)
+LAW_PROMPT = [3, 4, 1, 0]
+TOP2 = SamplingParams(1.0, top_k=2)
+
+
+def target_law(params, length: int = 3) -> dict:
+    return sequence_law(model_dist(LAW_TARGET, LAW_PROMPT, params), length)
+
+
+@pytest.mark.parametrize("shape, params", [(dict(num_tokens=2), TOP2), (dict(num_tokens=2), SamplingParams(0.8, top_p=0.6)),
+                                            (dict(branching=[2]), TOP2), (dict(branching=[1, 2]), TOP2)])
+def test_output_law_is_the_targets(shape, params):
+    law = generation_law(Speculator(LAW_TARGET, None, EarlyExit(1, **shape)), LAW_PROMPT, 3, params)
+    tokens, expected = token_law(law), target_law(params)
+    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
+    assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.05      # drafts were kept
+    assert sum(p for (_, accepted), p in law.items() if accepted[0] == 0) > 0.01     # and rejected
+
+
+def test_negative_control_always_accept():
+    sd = Speculator(LAW_TARGET, None, EarlyExit(1, num_tokens=2))
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(sd, LAW_PROMPT, 3, TOP2))
+    assert total_variation(tokens, target_law(TOP2)) > 0.05
+
+
+class LyingExit(EarlyExit):
+    """Samples from its exit distribution but reports a flatter one to the verifier."""
+
+    def _pick(self, logits, widths, state, position):
+        tokens, counts, _true_probs = super()._pick(logits, widths, state, position)
+        return tokens, counts, logits_to_probs(logits / 4, state.sampling)
+
+
+def test_negative_control_a_drafter_that_lies_about_its_distribution():
+    tokens = token_law(generation_law(Speculator(LAW_TARGET, None, LyingExit(1, num_tokens=2)), LAW_PROMPT, 3, TOP2))
+    assert total_variation(tokens, target_law(TOP2)) > 0.02
+
+
+# ---------------------------------------------------------------------- the coupled sampler
+def coupled(target, strategy, seed: int) -> list[int]:
+    return Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=seed,
+                                                       ignore_eos=True, sampler="coupled").token_ids
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_coupled_reproduces_autoregressive(arch, shape):
+    target = target_of(arch)
+    accepted = Counter()
+    for seed in (0, 1):
+        strategy = EarlyExit(1, **SHAPES[shape])
+        sd = Speculator(target, None, strategy)
+        out = sd.generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True, sampler="coupled")
+        assert out.token_ids == coupled(target, Autoregressive(), seed)
+        accepted.update(out.stats.accepted_lengths)
+    assert sum(count for length, count in accepted.items() if length > 0) > 0
+
+
+def test_negative_control_the_rejection_sampler_gives_other_texts():
+    target = target_of("llama")
+    texts = {tuple(Speculator(target, None, EarlyExit(1, num_tokens=4)).generate(
+        PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True).token_ids) for seed in (0, 1, 2)}
+    assert texts != {tuple(coupled(target, Autoregressive(), seed)) for seed in (0, 1, 2)}
+
+
+# ---------------------------------------------------------------------- in auto's menu
+def test_auto_runs_early_exit_as_its_drafter():
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    target = target_of("llama")
+    cfg = load_spec_config("auto", ["auto.drafter=early_exit", "early_exit.exit_layer=2", "auto.profile=false"])
+    strategy = build_strategy(cfg, target, None, target.device, target.dtype)
+    assert isinstance(strategy.drafter, EarlyExit) and strategy.drafter.exit_layer == 2
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)

@@ -1,0 +1,183 @@
+"""mtp: the target's own MTP modules draft (DeepSeek-V3 / GLM-4.5 layout, model.layers.{L + i}.*).
+
+* loading: the modules read back are the ones saved; a missing, extra or wrongly shaped tensor, a
+  checkpoint without MTP weights and one whose shared head belongs to another target are refused,
+  the message naming the tensor;
+* greedy identity to Hugging Face generate(do_sample=False), chains and trees, one sequence and a
+  ragged batch; the exact output law (rejection sampler) with a negative control; the coupled
+  sampler's same-seed-same-text.
+Parity with Hugging Face's own `generate(use_mtp=True)` is in tests/test_mtp_hf.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from unittest import mock
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts", "interop"))
+import hf_self_spec  # noqa: E402
+
+from conftest import char_tokenizer, hf_greedy  # noqa: E402
+from law import always_accept, generation_law, laws_close, model_dist, sequence_law, token_law, total_variation  # noqa: E402
+from specdec import Speculator  # noqa: E402
+from specdec.errors import ModelLoadError  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.strategies.autoregressive import Autoregressive  # noqa: E402
+from specdec.strategies.mtp import Mtp  # noqa: E402
+
+PROMPT = [5, 17, 33, 9, 41, 60, 70]
+N = 20
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny 2-layer GLM-4.5 saved with one MTP module: (its folder, the model loaded from there)."""
+    import transformers as T
+    folder = str(tmp_path_factory.mktemp("glm_mtp"))
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(hf_self_spec.tiny_glm_config(layers=2)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    added = hf_self_spec.save_with_mtp(model, folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder, T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), added
+
+
+def variant(saved, tmp_path, edit):
+    """A copy of the saved checkpoint with its tensors edited by edit({name: tensor}), loaded back."""
+    import transformers as T
+    folder = str(tmp_path / "variant")
+    shutil.copytree(saved[0], folder)
+    file = os.path.join(folder, "model.safetensors")
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+    return folder, T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+# ---------------------------------------------------------------------- loading
+def test_the_modules_read_are_the_ones_saved(saved):
+    _, model, added = saved
+    mtp = Mtp.for_target(model).drafter.mtp.layers[0]
+    torch.testing.assert_close(mtp.eh_proj.weight, added["model.layers.2.eh_proj.weight"])
+    torch.testing.assert_close(mtp.post_norm.weight, added["model.layers.2.shared_head.norm.weight"])
+    torch.testing.assert_close(mtp.mtp_block.self_attn.q_proj.weight, added["model.layers.2.self_attn.q_proj.weight"])
+    assert Mtp.for_target(model).drafter.mtp.shared_head is model.lm_head        # shared, not copied
+
+
+@pytest.mark.parametrize("edit, phrase", [
+    (lambda t: t.pop("model.layers.2.hnorm.weight"), r"lacks tensor 'model\.layers\.2\.hnorm\.weight'"),
+    (lambda t: t.pop("model.layers.2.self_attn.q_proj.weight"), r"lacks tensor 'model\.layers\.2\.self_attn\.q_proj\.weight'"),
+    (lambda t: t.__setitem__("model.layers.2.eh_proj.weight", torch.zeros(32, 48)),
+     r"tensor 'model\.layers\.2\.eh_proj\.weight' .* has shape \(32, 48\), the target's MTP module needs \(32, 64\)"),
+    (lambda t: t.__setitem__("model.layers.3.enorm.weight", torch.ones(32)),
+     r"holds tensor 'model\.layers\.3\.enorm\.weight' \(1 such\), past the 1 MTP module"),
+    (lambda t: t.__setitem__("model.layers.2.extra.weight", torch.ones(3)), r"holds tensor '.*extra\.weight', which no MTP"),
+    (lambda t: t.__setitem__("model.layers.2.shared_head.head.weight", torch.randn(96, 32)),
+     r"tensor 'model\.layers\.2\.shared_head\.head\.weight' .* is not the target's lm_head .* another target"),
+    (lambda t: [t.pop(k) for k in list(t) if k.startswith("model.layers.2.")], r"no tensor 'model\.layers\.2\.\*'"),
+])
+def test_a_faulty_checkpoint_is_refused_naming_the_tensor(saved, tmp_path, edit, phrase):
+    _, model = variant(saved, tmp_path, edit)
+    with pytest.raises(ModelLoadError, match=phrase):
+        Mtp.for_target(model)
+
+
+def test_a_target_without_mtp_modules_is_refused():
+    from conftest import tiny_model
+    with pytest.raises(ModelLoadError, match="announces no MTP modules"):
+        Mtp.for_target(tiny_model("llama"))
+
+
+def test_modules_read_for_another_target_object_are_refused(saved):
+    import copy
+    strategy = Mtp.for_target(saved[1])
+    with pytest.raises(Exception, match="read for another target"):
+        Speculator(copy.deepcopy(saved[1]), None, strategy)
+
+
+def test_the_config_loads_it_from_the_target_path(saved):
+    import specdec
+    sd = specdec.load("mtp", **{"target.path": saved[0], "device": "cpu", "dtype": "float32", "mtp.depth": 2,
+                                "mtp.max_nodes": 2})
+    assert sd.strategy.name == "mtp"
+    assert sd.generate(PROMPT, max_new_tokens=8, ignore_eos=True).token_ids == \
+        hf_greedy(saved[1], PROMPT, 8, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------- identity
+@pytest.mark.parametrize("shape", [dict(depth=1, max_nodes=1), dict(depth=3, max_nodes=3),
+                                   dict(depth=3, top_k=2, max_nodes=6)])
+def test_greedy_identity(saved, shape):
+    model = saved[1]
+    out = Speculator(model, None, Mtp.for_target(model, **shape)).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(model, PROMPT, N, eos_token_id=None)
+    assert out.stats.proposed_nodes > 0
+
+
+def test_ragged_batch(saved):
+    model = saved[1]
+    prompts = [PROMPT, [8, 9, 10, 11, 12, 13, 8, 9], [60, 70, 60], [3, 4]]
+    lengths = [12, 7, 15, 9]
+    outs = Speculator(model, None, Mtp.for_target(model, depth=2, top_k=2, max_nodes=4)).generate(
+        prompts, max_new_tokens=lengths, ignore_eos=True, batch_size=3)
+    for prompt, out, n in zip(prompts, outs, lengths):
+        assert out.token_ids == hf_greedy(model, prompt, n, eos_token_id=None)
+
+
+def test_coupled_reproduces_autoregressive(saved):
+    model = saved[1]
+    for seed in (0, 1):
+        kwargs = dict(max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True, sampler="coupled")
+        ours = Speculator(model, None, Mtp.for_target(model, top_k=2, max_nodes=4)).generate(PROMPT, **kwargs)
+        assert ours.token_ids == Speculator(model, None, Autoregressive()).generate(PROMPT, **kwargs).token_ids
+
+
+# ---------------------------------------------------------------------- the law
+@pytest.fixture(scope="module")
+def law_saved(tmp_path_factory):
+    """A 2-layer GLM-4.5 over 5 tokens, peaked, with one MTP module whose shared head it is."""
+    import transformers as T
+    folder = str(tmp_path_factory.mktemp("glm_law"))
+    config = hf_self_spec.tiny_glm_config(layers=2)
+    config.vocab_size, config.hidden_size, config.head_dim = 5, 16, 4
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    hf_self_spec.save_with_mtp(model, folder)
+    return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+TOP2 = SamplingParams(1.0, top_k=2)
+LAW_PROMPT = [3, 4, 1, 0]
+
+
+@pytest.mark.parametrize("settings", [dict(sampled_depth=2), dict(sampled_depth=1, sampled_top_k=2, max_nodes=2)])
+def test_output_law_is_the_targets(law_saved, settings):
+    law = generation_law(Speculator(law_saved, None, Mtp.for_target(law_saved, **settings)), LAW_PROMPT, 3, TOP2)
+    tokens = token_law(law)
+    expected = sequence_law(model_dist(law_saved, LAW_PROMPT, TOP2), 3)
+    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
+    assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.01     # drafts were kept
+
+
+def test_negative_control_always_accept(law_saved):
+    sd = Speculator(law_saved, None, Mtp.for_target(law_saved, sampled_depth=2))
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(sd, LAW_PROMPT, 3, TOP2))
+    assert total_variation(tokens, sequence_law(model_dist(law_saved, LAW_PROMPT, TOP2), 3)) > 0.05
+
+
+def test_auto_runs_mtp_as_its_drafter(saved):
+    import specdec
+    sd = specdec.load("auto", **{"target.path": saved[0], "device": "cpu", "dtype": "float32", "auto.drafter": "mtp",
+                                 "auto.profile": False})
+    assert isinstance(sd.strategy.drafter, Mtp)
+    assert sd.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids == \
+        hf_greedy(saved[1], PROMPT, 12, eos_token_id=None)
