@@ -263,7 +263,7 @@ def test_one_forward_per_step_and_prompts_prefilled_together():
     sd = speculator("draft_chain")
     calls, groups, allocations = [], [], []
     handle = sd.target.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
-    real_prefill, real_allocate = BatchVerifier.prefill, RowLayer.allocate
+    real_prefill, real_allocate = BatchVerifier.prefill_outputs, RowLayer.allocate
 
     def prefill(self, prompts, *args):
         groups.append(len(prompts))
@@ -273,11 +273,11 @@ def test_one_forward_per_step_and_prompts_prefilled_together():
         allocations.append(1)
         return real_allocate(self, *args)
 
-    BatchVerifier.prefill, RowLayer.allocate = prefill, allocate
+    BatchVerifier.prefill_outputs, RowLayer.allocate = prefill, allocate
     try:
         outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, ignore_eos=True, batch_size=4)
     finally:
-        BatchVerifier.prefill, RowLayer.allocate = real_prefill, real_allocate
+        BatchVerifier.prefill_outputs, RowLayer.allocate = real_prefill, real_allocate
         handle.remove()
     assert sum(groups) == len(PROMPTS) and groups[0] == 4 and len(groups) < len(PROMPTS)
     assert len(calls) == len(groups) + outs.stats.target_forwards       # prompts shorter than a chunk
