@@ -11,6 +11,7 @@ REGISTRY = {
     "draft_model": "specdec.strategies.draft_model",
     "prompt_lookup": "specdec.strategies.prompt_lookup",
     "suffix": "specdec.strategies.suffix",
+    "token_recycling": "specdec.strategies.token_recycling",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "auto": "specdec.strategies.auto",

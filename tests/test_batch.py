@@ -20,6 +20,7 @@ from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.token_recycling import TokenRecycling
 from specdec.verifier import Verifier
 
 PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n    x = x + 1",
@@ -47,12 +48,13 @@ def strategy(name: str, target):
                                 top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
         "suffix": lambda: Suffix(),
+        "token_recycling": lambda: TokenRecycling(profile=False),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
               "medusa", "eagle",
-              "eagle3", "auto", "suffix"]
+              "eagle3", "auto", "suffix", "token_recycling"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:
