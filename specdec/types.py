@@ -64,7 +64,9 @@ class StepResult:
     #   i + 1 = node i), best first, from its logits before the generation_config processing; strategies
     #   with top_k_ids = k > 0 get them, computed on the device right after the forward (no host read)
     input_ids: torch.Tensor | None = None   # [1 + N] long on the device: the forward's input ids, the
-    #   pending token then the tree's tokens (the token each top_ids row follows); with top_ids
+    #   pending token then the tree's tokens (the token each top_ids row follows); with top_ids. A drafter
+    #   inside auto gets the rows of the pending token and of its own verified nodes (strategies/auto.py
+    #   drafter_steps): read each row's token here, not from the tree
 
     @property
     def num_accepted(self) -> int:

@@ -250,3 +250,26 @@ def test_greedy_identity_ragged_batch(arch):
         assert out.token_ids == hf_greedy(target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
     assert outs.stats.target_forwards < sum(out.stats.target_forwards for out in outs)
     assert sum(outs.stats.accepted_lengths) > 0
+
+
+# ---------------------------------------------------------------------- inside auto
+def test_auto_with_token_recycling_is_greedy_identical_and_feeds_the_table():
+    """auto.drafter = token_recycling: auto merges its tree with prompt lookup's, prices it by its
+    measured drafting cost, and the table still learns from every step (the drafter's rows, then one
+    row per token committed after them)."""
+    from specdec.strategies.auto import Auto
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    cfg = load_spec_config("auto", {"auto.drafter": "token_recycling", "auto.profile": False,
+                                    "token_recycling.profile": False})
+    from specdec.strategies.auto import from_config
+    strategy = from_config(cfg, target, None, target.device, target.dtype)
+    assert isinstance(strategy, Auto) and isinstance(strategy.drafter, TokenRecycling) and strategy.top_k_ids == 8
+    sd = Speculator(target, None, strategy)
+    for prompt in (PROMPT, PROMPT[::-1] + PROMPT):
+        out = sd.generate(prompt, max_new_tokens=N, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, prompt, N, eos_token_id=None)
+    table = strategy.drafter.store.scopes["default"]
+    # every committed token's row was written (the last one's is the pending row of no forward yet)
+    for token in set(PROMPT[::-1] + PROMPT + out.token_ids[:-1]):
+        assert int(table[token].abs().sum()) > 0
+    assert strategy.neural_calls > 0 and strategy.accepted_nodes["neural"] > 0
