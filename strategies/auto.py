@@ -39,16 +39,18 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
+DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "token_recycling")   # auto.drafter's choices
+
+
 @dataclass
 class AutoConfig:
     """The `auto:` section: prompt lookup plus the neural drafter whose path is given (eagle.path,
     heads.path or draft.path, in that order of preference), one merged tree per step, sized by the
     planner from the verify costs measured on this machine (specdec/costmodel.py)."""
     max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
-    drafter: Optional[str] = setting(None, choices=(None, "none", "draft_model", "medusa", "eagle",
-                                                    "token_recycling"))   # null = the first of eagle / medusa /
-    #                                     draft_model with a path; "none" = lookup only; token_recycling: the
-    #                                     target's own top-k table (no path; the token_recycling: section)
+    drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
+    #                                     with a path; "none" = lookup only; token_recycling: the target's own top-k
+    #                                     table (needs no path; the token_recycling: section configures it)
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
