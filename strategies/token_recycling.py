@@ -254,8 +254,7 @@ class TokenRecycling(BaseStrategy):
         self.shape = Shape((), ())
         self.steps = 0
         self.tree_sizes: list[int] = []
-        self.drafted: Shape = Shape((), ())      # the shape of the last proposal (observe calibrates it)
-        self.drafted_at = 0.0
+        self.drafted: tuple[Shape, CandidateTree] | None = None    # the last proposal (observe calibrates it)
         self.draft_s = 0.0
 
     # ------------------------------------------------------------------ set-up
@@ -300,13 +299,13 @@ class TokenRecycling(BaseStrategy):
             self.shape = self.plan(state)
         self.steps += 1
         shape = self.shape.cut(state.max_depth)
-        self.drafted = shape
         self.tree_sizes.append(len(shape.parents))
         if not shape.parents:
             tree = CandidateTree.empty(self.device)
         else:
             pending = state.pending if state.pending is not None else host_to_device([state.token_ids[-1]], self.device)
             tree = CandidateTree(draft_tokens(self.table, pending.to(self.device), self.index(shape)), shape.parents)
+        self.drafted = (shape, tree)
         self.draft_s = time.perf_counter() - started
         return tree
 
@@ -340,10 +339,11 @@ class TokenRecycling(BaseStrategy):
 
     def calibrate(self, result: StepResult, temperature: float) -> None:
         """Every drafted node whose parent was kept was tried: record whether it was kept, per (depth,
-        rank). Skipped when the verified tree is not the one drafted (a strategy around this one)."""
-        shape = self.drafted
-        if result.tree.parents != shape.parents:
+        rank). Skipped when the verified tree is not the one drafted (a strategy around this one verified
+        another, or the same one cut)."""
+        if self.drafted is None or result.tree is not self.drafted[1]:
             return
+        shape, self.drafted = self.drafted[0], None
         kept = set(result.accepted)
         depths = shape.depths()
         for node, parent in enumerate(shape.parents):

@@ -238,6 +238,7 @@ def test_greedy_identity(arch):
         forwards.append(out.stats)
     assert sum(sum(s.accepted_lengths) for s in forwards) > 0           # drafts were kept
     assert any(s.proposed_nodes > sum(s.accepted_lengths) for s in forwards)   # and rejected
+    assert sum(strategy.calibrator.tried.values()) > 0                  # the verdicts calibrated the shape planner
 
 
 def test_greedy_identity_ragged_batch(arch):
