@@ -12,6 +12,7 @@ REGISTRY = {
     "prompt_lookup": "specdec.strategies.prompt_lookup",
     "suffix": "specdec.strategies.suffix",
     "token_recycling": "specdec.strategies.token_recycling",
+    "sam": "specdec.strategies.sam",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "auto": "specdec.strategies.auto",

@@ -27,6 +27,7 @@ from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.sam import Sam
 from specdec.strategies.token_recycling import TokenRecycling
 from specdec.tree import CandidateTree
 
@@ -143,6 +144,7 @@ CASES = {
     "prompt_lookup": ("prompt_lookup", lambda target, log: PromptLookup(min_ngram=1, max_ngram=2)),
     "suffix": ("suffix", lambda target, log: Suffix()),
     "token_recycling": ("token_recycling", lambda target, log: TokenRecycling(profile=False)),
+    "sam": ("sam", lambda target, log: Sam(PromptLookup(min_ngram=2, max_ngram=3), TokenRecycling(profile=False))),
     "draft_chain": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), num_tokens=3)),
     "draft_tree": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), branching=[2, 1])),
     "medusa": ("medusa", lambda target, log: Medusa(random_heads(target), max_nodes=6, top_k=2)),

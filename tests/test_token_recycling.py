@@ -274,3 +274,25 @@ def test_auto_with_token_recycling_is_greedy_identical_and_feeds_the_table():
     for token in set(PROMPT[::-1] + PROMPT + out.token_ids[:-1]):
         assert int(table[token].abs().sum()) > 0
     assert strategy.neural_calls > 0 and strategy.accepted_nodes["neural"] > 0
+
+
+# ---------------------------------------------------------------------- SAM-Decoding's rule
+def test_sam_copies_long_matches_else_recycles_and_is_greedy_identical(arch):
+    from specdec.strategies.prompt_lookup import PromptLookup
+    from specdec.strategies.sam import Sam
+    target = tiny_model(arch, seed=0)
+    strategy = Sam(PromptLookup(min_ngram=5, max_ngram=8), recycler())
+    sd = Speculator(target, None, strategy)
+    prompt = [40, 41, 42, 43, 44, 45, 46, 47, 3, 9, 40, 41, 42, 43, 44]       # ends with a 5-token match
+    out = sd.generate(prompt, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, prompt, N, eos_token_id=None)
+    assert strategy.copied[0] and not all(strategy.copied)                     # both parts drafted
+    table = strategy.recycling.store.scopes["default"]
+    assert all(int(table[t].abs().sum()) > 0 for t in set(prompt + out.token_ids[:-1]))   # learned every step
+
+
+def test_sam_by_name():
+    cfg = load_spec_config("sam", {"sam.min_match": 4})
+    from specdec.strategies.sam import from_config
+    strategy = from_config(cfg, None, None, "cpu", torch.float32)
+    assert strategy.lookup.min_ngram == 4 and strategy.lookup.max_ngram == 8 and strategy.top_k_ids == 8
