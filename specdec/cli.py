@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("profile", help="measure the verify cost of n tree nodes on this machine (what `auto` plans with)",
                    add_help=False)
     sub.add_parser("export", help="write a trained drafter in a layout vLLM / other tools read", add_help=False)
+    sub.add_parser("index", help="tokenize files into a REST datastore (specdec index FILES... --out DIR "
+                   "--tokenizer TARGET)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export"):
+    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export", "index"):
         try:
             if argv[0] == "train":
                 from .heads.command import train_main as sub_main   # medusa | eagle | draft
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .profile import main as sub_main
             elif argv[0] == "export":
                 from .interop.command import main as sub_main
+            elif argv[0] == "index":
+                from .strategies.rest import index_main as sub_main
             else:
                 from .benchmarks.run import main as sub_main
             return sub_main(argv[1:])

@@ -13,6 +13,7 @@ REGISTRY = {
     "suffix": "specdec.strategies.suffix",
     "token_recycling": "specdec.strategies.token_recycling",
     "sam": "specdec.strategies.sam",
+    "rest": "specdec.strategies.rest",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "auto": "specdec.strategies.auto",

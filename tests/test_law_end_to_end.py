@@ -256,3 +256,28 @@ def test_negative_control_race_that_keeps_the_slowest():
     with mock.patch.object(sampling, "race_winners", lambda probs, noise, count: real(-probs, noise, count)):
         with pytest.raises(LawError, match="race_winners"):
             generation_law(sd, PROMPT, NEW, TOP2)
+
+
+# ---------------------------------------------------------------------- rest
+def rest_speculator(tmp_path):
+    """rest over a corpus where the prompt's end [1, 0] is followed by likely and unlikely tokens."""
+    from specdec.strategies.datastore import build
+    from specdec.strategies.rest import Rest
+    likely = int(model_dist(TARGET, PROMPT, TOP2)(()).argmax())
+    unlikely = [t for t in range(V) if t != likely]
+    build([[1, 0, unlikely[0], unlikely[1]]] * 2 + [[1, 0, likely, unlikely[2]], [1, 0, unlikely[2], likely]],
+          tmp_path / "ds", "law test")
+    return Speculator(TARGET, None, Rest(str(tmp_path / "ds"), max_nodes=3, depth=2))
+
+
+def test_rest_law_is_the_targets(tmp_path):
+    law = generation_law(rest_speculator(tmp_path), PROMPT, NEW, TOP2)
+    assert_lossless(law, PROMPT, TOP2)
+    assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01          # drafts kept
+    assert probability(law, lambda tokens, accepted: 0 in accepted) > 0.01            # and a step keeping none
+
+
+def test_negative_control_always_accept_through_rest(tmp_path):
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(rest_speculator(tmp_path), PROMPT, NEW, TOP2))
+    assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.05

@@ -27,6 +27,7 @@ from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.rest import Rest
 from specdec.strategies.sam import Sam
 from specdec.strategies.token_recycling import TokenRecycling
 from specdec.tree import CandidateTree
@@ -138,12 +139,22 @@ class Bare:
         self.finished.append(len(state.token_ids) - state.prompt_len)
 
 
+def datastore_of(streams) -> str:
+    """A REST datastore of `streams` in a fresh temporary folder."""
+    import tempfile
+    from specdec.strategies.datastore import build
+    folder = tempfile.mkdtemp(prefix="specdec-rest-")
+    build(streams, folder, "protocol test")
+    return folder
+
+
 # registry name, case, builder(target, log) -> the strategy (its parts watched where it has parts)
 CASES = {
     "autoregressive": ("autoregressive", lambda target, log: Autoregressive()),
     "prompt_lookup": ("prompt_lookup", lambda target, log: PromptLookup(min_ngram=1, max_ngram=2)),
     "suffix": ("suffix", lambda target, log: Suffix()),
     "token_recycling": ("token_recycling", lambda target, log: TokenRecycling(profile=False)),
+    "rest": ("rest", lambda target, log: Rest(datastore_of(PROMPTS))),
     "sam": ("sam", lambda target, log: Sam(PromptLookup(min_ngram=2, max_ngram=3), TokenRecycling(profile=False))),
     "draft_chain": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), num_tokens=3)),
     "draft_tree": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), branching=[2, 1])),
