@@ -28,7 +28,7 @@ import time
 from typing import NamedTuple
 
 from specdec.config import setting
-from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
+from specdec.costmodel import CostProfile, load_or_measure, planning_costs, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
@@ -210,11 +210,8 @@ class Auto(BaseStrategy):
         if self.drafter is not None:
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
-            if self.profile:
-                self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats,
-                                             compile=self.compiled_verifier)
-            else:                             # a guess: a node costs a tenth of a plain step
-                self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+            self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
+                                        self.compiled_verifier)
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:

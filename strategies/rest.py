@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from specdec.config import setting
@@ -23,6 +22,7 @@ from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState, StepResult
 
 from .base import BaseStrategy
+from .suffix import files_below
 from .datastore import SORT_DEPTH, Datastore, DatastoreError, build, tokenizer_fingerprint
 
 LOG = logging.getLogger(__name__)
@@ -122,20 +122,6 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Rest:
 
 
 # ---------------------------------------------------------------------- specdec index
-def corpus_files(entries: Sequence[str]) -> list[Path]:
-    """The files of `entries` (a folder stands for the files below it, sorted)."""
-    files: list[Path] = []
-    for entry in entries:
-        path = Path(entry).expanduser()
-        if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.is_file()))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise ConfigError(f"specdec index: {entry!r} is neither a file nor a folder")
-    return files
-
-
 def index_main(argv: List[str]) -> int:
     """specdec index FILES... --out DIR --tokenizer PATH: build a REST datastore."""
     import argparse
@@ -150,7 +136,7 @@ def index_main(argv: List[str]) -> int:
     parser.add_argument("--tokenizer", required=True, help="the target's folder (or its tokenizer's)")
     args = parser.parse_args(argv)
     tokenizer = load_tokenizer(args.tokenizer)
-    files = corpus_files(args.files)
+    files = files_below(args.files, "specdec index: the entry", "text files or folders of them")
 
     def streams():
         for path in tqdm(files, unit="file", file=sys.stderr, desc="tokenizing"):

@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from specdec.config import setting
-from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
+from specdec.costmodel import CostProfile, planning_costs, profile_sizes
 from specdec.errors import ConfigError
 from specdec.models import output_vocab_size
 from specdec.tree import CandidateTree, host_to_device
@@ -277,11 +277,8 @@ class TokenRecycling(BaseStrategy):
         self.device = target.device
         self.rows = max(vocab, target.get_input_embeddings().num_embeddings)
         if self.costs is None:
-            if self.profile:
-                self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats,
-                                             compile=self.compiled_verifier)
-            else:                             # a guess: a node costs a tenth of a plain step
-                self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+            self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
+                                        self.compiled_verifier)
 
     # ------------------------------------------------------------------ protocol
     def reset(self, state: DecodeState) -> None:
