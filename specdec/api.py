@@ -422,12 +422,13 @@ class Speculator:
         """How a batch row starts: a Decoding on a per-call copy of the strategy."""
         from .strategies import per_call
 
-        def start(prompt_hidden, stats: Stats) -> Decoding:
+        def start(prompt_hidden, stats: Stats, prompt_top_ids=None) -> Decoding:
             clock = _Clock(self.verifier.device, self.profile)
             stats.profiled = clock.exact
             return Decoding(per_call(self.strategy), request.prompt_ids, prompt_hidden, request.sampling,
                             request.rules, TorchRandom(request.generator), stats, request.noise, request.processing,
-                            clock, clock() - stats.prefill_time_s, request.cache_scope)
+                            clock, clock() - stats.prefill_time_s, request.cache_scope,
+                            prompt_top_ids=prompt_top_ids)
         return start
 
     def _decode_text(self, token_ids: list[int]) -> str:

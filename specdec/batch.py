@@ -35,7 +35,7 @@ from .tables import ShapeTables
 from .tree import (CandidateTree, chain_masks, chain_position_ids, to_device, tree_masks, tree_position_ids,
                    with_pending_root)
 from .types import GenerationOutput, Stats
-from .verifier import Verifier, hidden_request
+from .verifier import Prefilled, Verifier, hidden_request, top_k_ids
 from .tree import host_to_device
 
 
@@ -157,28 +157,38 @@ class BatchVerifier:
             self.fills_on_device = grown
         self.fills_on_device[row] = self.fills[row]
 
-    @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], layers: Sequence[int] | None, chunk: int,
                 room: int) -> list[torch.Tensor | None]:
         """Prefill an empty batch with `prompts` (each a row's committed tokens but its pending one),
         all rows in one forward per chunk of `chunk` tokens (a row whose prompt is done pads that
         forward with one throw-away entry after its fill); each row's features [len, F] (None
         without layers or for an empty prompt). Room for `room` entries per row."""
+        return [row.hidden for row in self.prefill_outputs(prompts, layers, chunk, room)]
+
+    @torch.inference_mode()
+    def prefill_outputs(self, prompts: Sequence[Sequence[int]], layers: Sequence[int] | None, chunk: int,
+                        room: int, top_k: int = 0) -> list[Prefilled]:
+        """prefill(), with each row's top-k next tokens after every prefilled token when top_k > 0
+        (Prefilled.top_ids [len, k]; the chunks' logits are then computed on every row)."""
         self.fills = [0] * len(prompts)
         self.fills_on_device = torch.zeros(len(prompts), dtype=torch.long, device=self.model.device)
         self._reserve(len(prompts), room)
         hidden: list[list[torch.Tensor]] = [[] for _ in prompts]
+        top: list[list[torch.Tensor]] = [[] for _ in prompts]
         for start in range(0, max(len(p) for p in prompts), chunk):
             pieces = [list(p[start: start + chunk]) for p in prompts]
             trees = [CandidateTree.chain(torch.tensor(piece[1:], dtype=torch.long)) for piece in pieces]
-            _, features = self.forward([piece[0] if piece else 0 for piece in pieces], trees, layers, logits_to_keep=1,
-                                       prefill=True)
+            logits, features = self.forward([piece[0] if piece else 0 for piece in pieces], trees, layers,
+                                            logits_to_keep=0 if top_k else 1, prefill=True)
             for row, piece in enumerate(pieces):
                 if piece:
                     self.commit(row, list(range(len(piece))))
                     if features is not None:
                         hidden[row].append(features[row, :len(piece)])                       # [C, F]
-        return [torch.cat(parts) if parts else None for parts in hidden]
+                    if top_k:
+                        top[row].append(top_k_ids(logits[row, :len(piece)], top_k))         # [C, k]
+        return [Prefilled(torch.cat(parts) if parts else None, torch.cat(ids) if ids else None)
+                for parts, ids in zip(hidden, top)]
 
     def drop_rows(self, done: Sequence[int]) -> list[int]:
         """Drop the rows `done` (the batch shrinks as prompts run out) and return the old row of each
@@ -270,7 +280,7 @@ class Job:
     """One prompt of a batch call and everything its Decoding needs, built by the Speculator."""
     index: int
     prompt_ids: list[int]
-    start: Callable[[torch.Tensor | None, Stats], Decoding]   # prompt features, stats -> its Decoding
+    start: Callable[..., Decoding]  # (prompt features, stats, prompt_top_ids=None) -> its Decoding
     room: int                       # cache entries it may need: prompt + new tokens + the largest forward
     stats: Stats = field(default_factory=Stats)
     cancelled: bool = False         # set from any thread: the row leaves the batch after the step it is in
@@ -315,8 +325,8 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job] | deque, batc
         fresh = BatchVerifier(verifier.model, verifier.layout, verifier.tables)    # chains: no table made
         # prefill_chunk bounds the tokens of one prefill forward for the whole group, as for one prompt
         per_row = max(1, verifier.prefill_chunk // len(group))
-        prompt_hidden = fresh.prefill([job.prompt_ids[:-1] for job in group], layers, per_row,
-                                      max(job.room for job in group))
+        prefilled = fresh.prefill_outputs([job.prompt_ids[:-1] for job in group], layers, per_row,
+                                          max(job.room for job in group), strategy.top_k_ids)
         share = (clock() - started) / len(group)
         # the group's pending tokens in one copy; from then on each row's stays on the device (its verdicts')
         pending = to_device(torch.tensor([job.prompt_ids[-1] for job in group], dtype=torch.long), verifier.device)
@@ -324,7 +334,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job] | deque, batc
         for i, (row, job) in enumerate(zip(rows, group)):
             job.stats.prefill_time_s = share
             batch.set_row(row, fresh.cache.layers, i, fresh.fills[i], job.room)
-            slot = _Slot(job, job.start(prompt_hidden[i], job.stats))
+            slot = _Slot(job, job.start(prefilled[i].hidden, job.stats, prompt_top_ids=prefilled[i].top_ids))
             slot.decoding.pending = pending[i: i + 1]
             slot.decoding.tables = batch.tables     # its commits and acceptance read the batch forward's tables
             if row == len(active):

@@ -141,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export", help="write a trained drafter in a layout vLLM / other tools read", add_help=False)
     sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics) "
                    "with continuous batching (needs pip install 'specdec[serve]')", add_help=False)
+    sub.add_parser("index", help="tokenize files into a REST datastore (specdec index FILES... --out DIR "
+                   "--tokenizer TARGET)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export", "serve"):
+    if argv and argv[0] in ("train", "train-heads", "train-draft", "bench", "check", "profile", "export", "serve",
+                            "index"):
         try:
             if argv[0] == "train":
                 from .heads.command import train_main as sub_main   # medusa | eagle | draft
@@ -158,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .interop.command import main as sub_main
             elif argv[0] == "serve":
                 from .serve.command import main as sub_main
+            elif argv[0] == "index":
+                from .strategies.rest import index_main as sub_main
             else:
                 from .benchmarks.run import main as sub_main
             return sub_main(argv[1:])

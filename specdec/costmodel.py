@@ -241,6 +241,15 @@ def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: i
     return profile, path, None
 
 
+def planning_costs(target, profile: bool, sizes: Sequence[int], context_len: int, repeats: int,
+                   compile: bool = False) -> CostProfile:
+    """The verify costs a planner (auto, token_recycling) plans with on `target`: the cached or measured
+    profile (load_or_measure) when `profile`, else a guess (a tree node costs a tenth of a plain step)."""
+    if profile:
+        return load_or_measure(target, sizes, context_len, repeats, compile=compile)
+    return CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+
+
 def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
                     refresh: bool = False, batch: int = 1, compile: bool = False) -> CostProfile:
     """The cached profile of this target on this device (measured now when absent, not valid, or

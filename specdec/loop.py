@@ -16,7 +16,7 @@ from .processing import LogitsProcessing
 from .tables import ShapeTables
 from .tree import CandidateTree, tree_shape, with_pending_root
 from .types import DecodeState, Stats, StepResult
-from .verifier import Verifier, pending_ids
+from .verifier import Verifier, pending_ids, top_k_ids
 
 
 class _Clock:
@@ -59,18 +59,20 @@ class Decoding:
     tree (one row of a batch, or a forward of its own) and accepts, cuts at a stop rule, observes.
     decode() runs one; specdec.batch runs many side by side over one batched forward. `tables`: the
     shape tables of the verifier that runs its forwards (the commit's path index and the rejection
-    index are read there; None: tables of its own)."""
+    index are read there; None: tables of its own). prompt_top_ids: the prefill's top-k ids
+    (DecodeState.prompt_top_ids), for a strategy with top_k_ids."""
 
     def __init__(self, strategy, prompt_ids: list[int], prompt_hidden, sampling: SamplingParams, stop: StopRules,
                  rng: TorchRandom, stats: Stats, noise: GumbelNoise | None, processing: LogitsProcessing,
-                 clock: _Clock, start: float, cache_scope: str | None = None, tables: ShapeTables | None = None):
+                 clock: _Clock, start: float, cache_scope: str | None = None, tables: ShapeTables | None = None,
+                 prompt_top_ids: torch.Tensor | None = None):
         self.tables = tables if tables is not None else ShapeTables()
         self.strategy, self.sampling, self.stop, self.stats = strategy, sampling, stop, stats
         self.noise, self.processing, self.rng, self.clock, self.start = noise, processing, rng, clock, start
         self.state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                                  rng=rng, max_depth=stop.max_new_tokens - 1,
                                  eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise,
-                                 cache_scope=cache_scope)
+                                 cache_scope=cache_scope, prompt_top_ids=prompt_top_ids)
         t = clock()
         strategy.reset(self.state)
         stats.draft_time_s += clock() - t
@@ -150,6 +152,9 @@ class Decoding:
         kept_rows = [0] + [node + 1 for node in verdict.accepted]
         kept_on_device = kept_rows_on_device(tree, kept_rows, logits.device, shape, self.tables)
         commit(kept_rows, kept_on_device)
+        k = self.strategy.top_k_ids          # the strategy's top-k of every row (none: nothing computed)
+        top_ids = top_k_ids(logits, k) if k else None                               # [1 + N, k]
+        input_ids = forward_ids(self.pending_token(), tree, logits.device) if k else None   # [1 + N]
         self.pending = verdict.next_token_on_device
 
         run = verdict.path_tokens(tree) + [verdict.next_token]
@@ -167,12 +172,18 @@ class Decoding:
             state.max_depth = self.stop.max_new_tokens - state.num_generated - 1
             kept_hidden = None if hidden is None else kept(hidden, kept_on_device, len(kept_rows))
             self.strategy.observe(state, StepResult(tree, verdict.accepted, verdict.next_token, committed_before,
-                                                    kept_hidden))
+                                                    kept_hidden, top_ids, input_ids))
         else:                                 # what a strategy keeps of a finished call (suffix)
             self.strategy.finish(state)
         stats.draft_time_s += self.clock() - t3
         stats.total_time_s = self.clock() - self.start
         return run, reason
+
+
+def forward_ids(pending: int | torch.Tensor, tree: CandidateTree, device: torch.device) -> torch.Tensor:
+    """[1 + N] the input ids of the forward over [pending] + tree, on the device (StepResult.input_ids):
+    the pending token where it is there (a copy from the host only where it is an int)."""
+    return torch.cat([pending_ids(pending, device), tree.tokens.to(device)])
 
 
 def kept_rows_on_device(tree: CandidateTree, kept_rows: list[int], device: torch.device,
@@ -211,11 +222,11 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     if processing is None:          # the checkpoint's generation_config processing (api builds it up front)
         processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
     start = clock()
-    prompt_hidden = verifier.prefill(prompt_ids[:-1], layers)
+    prefilled = verifier.prefill_outputs(prompt_ids[:-1], layers, strategy.top_k_ids)
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
-    sequence = Decoding(strategy, prompt_ids, prompt_hidden, sampling, stop, rng, stats, noise, processing, clock,
-                        start, cache_scope, verifier.tables)
+    sequence = Decoding(strategy, prompt_ids, prefilled.hidden, sampling, stop, rng, stats, noise, processing, clock,
+                        start, cache_scope, verifier.tables, prefilled.top_ids)
     sequence.pending = pending_ids(prompt_ids[-1], verifier.device)     # staged once, with the call's setup
     while True:
         tree = sequence.propose()                                          # the strategy's guesses

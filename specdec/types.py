@@ -40,6 +40,9 @@ class DecodeState:
     #   the engine has it (greedy, coupled: the verdict's; None otherwise): drafters feed it without a copy
     cache_scope: str | None = None        # the call's cache scope (generate(..., cache_scope=)): strategies
     #   that learn across calls (suffix) draft only from what calls of the same scope produced
+    prompt_top_ids: torch.Tensor | None = None   # [P - 1, k] long on the device: the target's top-k next
+    #   tokens after each committed prompt token but the pending one, from the prefill; set before reset()
+    #   for strategies with top_k_ids = k > 0, None otherwise (row i follows token_ids[i])
 
     @property
     def num_generated(self) -> int:
@@ -56,6 +59,14 @@ class StepResult:
     hidden: torch.Tensor | None = None   # [1 + num_accepted, F] target features of the pending
     #   token's row and the accepted nodes' rows, in path order (strategies with needs_hidden_states);
     #   hidden[-1] is the row that produced next_token
+    top_ids: torch.Tensor | None = None  # [1 + N, k] long on the device: the target's top-k next tokens at
+    #   every row of the forward, the pending token's (row 0) and every tree node's, accepted or not (row
+    #   i + 1 = node i), best first, from its logits before the generation_config processing; strategies
+    #   with top_k_ids = k > 0 get them, computed on the device right after the forward (no host read)
+    input_ids: torch.Tensor | None = None   # [1 + N] long on the device: the forward's input ids, the
+    #   pending token then the tree's tokens (the token each top_ids row follows); with top_ids. A drafter
+    #   inside auto gets the rows of the pending token and of its own verified nodes (strategies/auto.py
+    #   drafter_steps): read each row's token here, not from the tree
 
     @property
     def num_accepted(self) -> int:

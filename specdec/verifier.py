@@ -31,6 +31,20 @@ class TreeOutput:
     #   None: a chain
 
 
+@dataclass
+class Prefilled:
+    """What a prefill returns: the features of the prefilled tokens [P, F] (with feature_layers) and
+    the target's top-k next tokens after each of them [P, k] (with top_k > 0); None where not asked."""
+    hidden: torch.Tensor | None
+    top_ids: torch.Tensor | None
+
+
+def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., k] long: the k tokens of highest logit per row, best first, on the logits' device (one
+    kernel, no host read): StepResult.top_ids and DecodeState.prompt_top_ids."""
+    return logits.topk(k, dim=-1).indices
+
+
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
 # prompt rows per drafter forward when a drafter catches up on a prompt (draft model, EAGLE): it runs
 # on top of the target's whole KV cache and the prompt's features, so with a quarter of the prefill's
@@ -110,11 +124,18 @@ class Verifier:
     def device(self) -> torch.device:
         return self.model.device
 
-    @torch.inference_mode()
     def prefill(self, token_ids: Sequence[int], feature_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """Start a new sequence: put the KV entries of `token_ids` (all committed tokens but the
         pending one) in a fresh cache, `prefill_chunk` tokens per forward. With feature_layers,
         return their features [len, F]."""
+        return self.prefill_outputs(token_ids, feature_layers).hidden
+
+    @torch.inference_mode()
+    def prefill_outputs(self, token_ids: Sequence[int], feature_layers: Sequence[int] | None = None,
+                        top_k: int = 0) -> "Prefilled":
+        """prefill(), with the target's top-k next tokens after every prefilled token when top_k > 0
+        (Prefilled.top_ids [len, k], from each chunk's logits, which are then computed on every row
+        instead of the last one only)."""
         self.prefix_len = 0
         if self.static is not None:
             self.static.start(self.capacity or len(token_ids) + 1)
@@ -122,26 +143,29 @@ class Verifier:
         else:
             self.cache = new_cache(self.model, "target", self.capacity)
         if not len(token_ids):
-            return None
+            return Prefilled(None, None)
         ids = host_to_device([list(token_ids)], self.device)     # [1, P]
-        hidden = []
+        hidden, top = [], []
         for start in range(0, ids.shape[1], self.prefill_chunk):
             chunk = ids[:, start: start + self.prefill_chunk]                           # [1, C]
-            out = self._prefill_chunk(chunk, feature_layers)
+            out = self._prefill_chunk(chunk, feature_layers, every_row=top_k > 0)
             if feature_layers is not None:
                 hidden.append(features(out.hidden_states, feature_layers)[: chunk.shape[1]])   # [C, F]
+            if top_k:
+                top.append(top_k_ids(out.logits[0, : chunk.shape[1]], top_k))                # [C, k]
             del out                        # the next chunk's peak does not hold this one's outputs
             self.prefix_len += chunk.shape[1]
-        return torch.cat(hidden) if feature_layers is not None else None
+        return Prefilled(torch.cat(hidden) if feature_layers is not None else None, torch.cat(top) if top_k else None)
 
-    def _prefill_chunk(self, chunk: torch.Tensor, feature_layers: Sequence[int] | None):
+    def _prefill_chunk(self, chunk: torch.Tensor, feature_layers: Sequence[int] | None, every_row: bool = False):
         """One prefill forward of `chunk` [1, C] after the prefix_len entries in the cache; the
-        logits of its last row only (the prefill reads none)."""
+        logits of its last row only (the prefill reads none), or of every row with every_row."""
         if self.static is not None:      # parents None: a chain, its mask computed (no table per chunk length)
-            return self.static.run(chunk, None, self.prefix_len, hidden_request(feature_layers), last_logits_only=True)
+            return self.static.run(chunk, None, self.prefix_len, hidden_request(feature_layers),
+                                   last_logits_only=not every_row)
         positions = torch.arange(self.prefix_len, self.prefix_len + chunk.shape[1], device=self.device)[None]
         return self.model(input_ids=chunk, position_ids=positions, **cache_kwargs(self.model, self.cache),  # as
-                          use_cache=True, logits_to_keep=1,                                         # generate() does
+                          use_cache=True, logits_to_keep=0 if every_row else 1,                     # generate() does
                           output_hidden_states=hidden_request(feature_layers))
 
     @torch.inference_mode()

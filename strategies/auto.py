@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 import copy
 import itertools
 import statistics
@@ -28,7 +28,7 @@ import time
 from typing import NamedTuple
 
 from specdec.config import setting
-from specdec.costmodel import CostProfile, load_or_measure, profile_sizes
+from specdec.costmodel import CostProfile, load_or_measure, planning_costs, profile_sizes
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
@@ -39,15 +39,19 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
+DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling")   # auto.drafter's choices
+
+
 @dataclass
 class AutoConfig:
     """The `auto:` section: prompt lookup plus the neural drafter whose path is given (eagle.path,
     heads.path or draft.path, in that order of preference), one merged tree per step, sized by the
     planner from the verify costs measured on this machine (specdec/costmodel.py)."""
     max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
-    drafter: Optional[str] = setting(None, choices=(None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp"))  # null =
-    #                                     the first of eagle / medusa / draft_model with a path; "none" = lookup only;
-    #                                     early_exit / mtp: the target's own layers or MTP modules
+    drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
+    #                                     with a path; "none" = lookup only; early_exit / mtp: the target's own layers
+    #                                     or MTP modules; token_recycling: the target's own top-k table (needs no path;
+    #                                     the token_recycling: section configures it)
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
@@ -152,6 +156,7 @@ class Auto(BaseStrategy):
         self.drafter = None if drafter is None else as_strategy(drafter)
         self.needs_hidden_states = self.drafter is not None and bool(self.drafter.needs_hidden_states)
         self.feature_layers = None if self.drafter is None else self.drafter.feature_layers
+        self.top_k_ids = 0 if self.drafter is None else self.drafter.top_k_ids   # token_recycling's table
         self.match_length = None              # suffix: the match its last paths continue (keys their calibration)
         self.costs = costs
         self.batch_size = 1                   # rows of this step's verify forward (its costs: costs_at)
@@ -206,11 +211,8 @@ class Auto(BaseStrategy):
         if self.drafter is not None:
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
-            if self.profile:
-                self.costs = load_or_measure(target, *self.profile_setup(target), self.profile_repeats,
-                                             compile=self.compiled_verifier)
-            else:                             # a guess: a node costs a tenth of a plain step
-                self.costs = CostProfile((0, 1), (1.0, 1.1), 0, "guess")
+            self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
+                                        self.compiled_verifier)
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
@@ -470,7 +472,7 @@ class Auto(BaseStrategy):
             self.lookup.catch_up(state.token_ids)
         if self.drafter is not None:
             start = time.perf_counter()
-            for step in drafter_steps(state, result, accepted, neural_tree):
+            for step in drafter_steps(state, result, accepted, neural_tree, keep):
                 self.drafter.observe(state, step)
             if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or not self.steady_cost_known):
                 # until a steady call is timed, each call's time replaces the estimate (the first one
@@ -561,7 +563,7 @@ class Auto(BaseStrategy):
 
 
 def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
-                  neural_tree: CandidateTree) -> list[StepResult]:
+                  neural_tree: CandidateTree, merged_kept: Sequence[int] = ()) -> list[StepResult]:
     """The step as the drafter sees it, in StepResults that keep StepResult's promise (`accepted`
     indexes the result's tree, `hidden` holds the rows of exactly the pending token and those nodes):
     the verdict on its own tree - the leading part of the accepted path (`accepted`: merged indices)
@@ -569,7 +571,10 @@ def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
     nodes' rows and the target's token after them - then one plain step (an empty tree) per token
     committed after that part (lookup's accepted nodes and the target's last token), each with the
     row that produced it. A drafter that keeps state per committed row (eagle's features, medusa's
-    last row) sees every row once, in order."""
+    last row) sees every row once, in order. A drafter with top_k_ids gets the rows' top-k (top_ids,
+    input_ids): in the first step those of the pending token and of its own nodes that auto verified
+    (merged_kept: the merged nodes verified, ascending; the drafter's come first), in each later step
+    its one row."""
     own = 0                                  # merged nodes below the drafter's come after its own on a path
     while own < len(accepted) and accepted[own] < neural_tree.num_nodes:
         own += 1
@@ -580,10 +585,18 @@ def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
     def rows(start: int, stop: int):
         return None if hidden is None else hidden[start:stop]
 
-    steps = [StepResult(neural_tree, tuple(accepted[:own]), run[own], before, rows(0, own + 1))]
+    def top(start: int, stop: int):
+        """(top_ids, input_ids) of the verified tree's rows start..stop (None without them)."""
+        if result.top_ids is None:
+            return None, None
+        return result.top_ids[start:stop], result.input_ids[start:stop]
+
+    verified_own = sum(1 for node in merged_kept if node < neural_tree.num_nodes)
+    steps = [StepResult(neural_tree, tuple(accepted[:own]), run[own], before, rows(0, own + 1), *top(0, 1 + verified_own))]
     empty = CandidateTree.empty(neural_tree.tokens.device)
     for k in range(own + 1, len(run)):      # run[k] was produced by the row of the node holding run[k - 1]
-        steps.append(StepResult(empty, (), run[k], before + k, rows(k, k + 1)))
+        row = 1 + result.accepted[k - 1]     # that node's row in the verified tree
+        steps.append(StepResult(empty, (), run[k], before + k, rows(k, k + 1), *top(row, row + 1)))
     return steps
 
 

@@ -53,6 +53,10 @@ class BaseStrategy:
     #                                    drafting time per step instead
     tree_sizes: list[int] | None = None   # nodes proposed at each step of the current call, where the
     #                                    strategy sizes its trees per step (auto); None: not recorded
+    top_k_ids: int = 0                 # k > 0: ask for the target's top-k next tokens at every row of each
+    #                                    verify forward (StepResult.top_ids, computed on the device) and of
+    #                                    the prefill (DecodeState.prompt_top_ids); 0: none, and nothing is
+    #                                    computed (read once per step: a strategy may change it between steps)
 
     # ------------------------------------------------------------------ every call
     def bind(self, target, tokenizer) -> None:
@@ -207,6 +211,7 @@ class _WithDefaults(BaseStrategy):
     max_nodes = property(lambda self: self._own("max_nodes") or 0)
     draft_cost_s = property(lambda self: self._own("draft_cost_s"))
     tree_sizes = property(lambda self: self._own("tree_sizes"))
+    top_k_ids = property(lambda self: self._own("top_k_ids") or 0)
 
     def bind(self, target, tokenizer) -> None:
         self._strategy.bind(target, tokenizer)

@@ -218,9 +218,9 @@ def read_cache_file(path: str | os.PathLike) -> list[tuple[str, list[int]]]:
     return checked
 
 
-def read_corpus(entries: Sequence[str], tokenizer) -> list[list[int]]:
-    """Token streams from `suffix.corpus` entries: a folder stands for the files below it (sorted);
-    a .json file holds one list of token ids or a list of them; any other file is text, tokenized."""
+def files_below(entries: Sequence[str], what: str, expected: str) -> list[Path]:
+    """The files `entries` name, a folder standing for every file below it (sorted); an entry that is
+    neither is a ConfigError naming it as `what` and the `expected` kind of paths."""
     files: list[Path] = []
     for entry in entries:
         path = Path(entry).expanduser()
@@ -229,8 +229,14 @@ def read_corpus(entries: Sequence[str], tokenizer) -> list[list[int]]:
         elif path.is_file():
             files.append(path)
         else:
-            raise ConfigError(f"suffix.corpus entry {entry!r} is neither a file nor a folder: give existing paths "
-                              f"(text files, .json token lists, or folders of them)")
+            raise ConfigError(f"{what} {entry!r} is neither a file nor a folder: give existing paths ({expected})")
+    return files
+
+
+def read_corpus(entries: Sequence[str], tokenizer) -> list[list[int]]:
+    """Token streams from `suffix.corpus` entries: a folder stands for the files below it (sorted);
+    a .json file holds one list of token ids or a list of them; any other file is text, tokenized."""
+    files = files_below(entries, "suffix.corpus entry", "text files, .json token lists, or folders of them")
     streams: list[list[int]] = []
     for path in files:
         if path.suffix == ".json":

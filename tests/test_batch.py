@@ -21,6 +21,7 @@ from specdec.strategies.early_exit import EarlyExit
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.token_recycling import TokenRecycling
 from specdec.verifier import Verifier
 
 PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n    x = x + 1",
@@ -50,12 +51,13 @@ def strategy(name: str, target):
         "suffix": lambda: Suffix(),
         "early_exit_chain": lambda: EarlyExit(1, num_tokens=3),
         "early_exit_tree": lambda: EarlyExit(1, branching=[2, 2, 1]),
+        "token_recycling": lambda: TokenRecycling(profile=False),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
               "medusa", "eagle",
-              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree"]
+              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree", "token_recycling"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:
@@ -266,7 +268,7 @@ def test_one_forward_per_step_and_prompts_prefilled_together():
     sd = speculator("draft_chain")
     calls, groups, allocations = [], [], []
     handle = sd.target.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
-    real_prefill, real_allocate = BatchVerifier.prefill, RowLayer.allocate
+    real_prefill, real_allocate = BatchVerifier.prefill_outputs, RowLayer.allocate
 
     def prefill(self, prompts, *args):
         groups.append(len(prompts))
@@ -276,11 +278,11 @@ def test_one_forward_per_step_and_prompts_prefilled_together():
         allocations.append(1)
         return real_allocate(self, *args)
 
-    BatchVerifier.prefill, RowLayer.allocate = prefill, allocate
+    BatchVerifier.prefill_outputs, RowLayer.allocate = prefill, allocate
     try:
         outs = sd.generate(PROMPTS, max_new_tokens=LENGTHS, ignore_eos=True, batch_size=4)
     finally:
-        BatchVerifier.prefill, RowLayer.allocate = real_prefill, real_allocate
+        BatchVerifier.prefill_outputs, RowLayer.allocate = real_prefill, real_allocate
         handle.remove()
     assert sum(groups) == len(PROMPTS) and groups[0] == 4 and len(groups) < len(PROMPTS)
     assert len(calls) == len(groups) + outs.stats.target_forwards       # prompts shorter than a chunk

@@ -23,11 +23,13 @@ from specdec.strategies.medusa import Medusa
 from specdec.strategies.planner import Calibrator
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.token_recycling import TokenRecycling
 
 THREADS, CALLS = 8, 4
 PROMPTS = ["def parse(text):\n    return text", "class Foo:\n    x = 1\n    y = 2", "for i in range(10):\n    print(i)",
            "import os\nimport sys\n", "a = b = c = 1; a = b = c", "while True:\n    pass"]
-STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto", "suffix"]
+STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto", "suffix",
+              "token_recycling"]
 
 
 def _target():
@@ -47,6 +49,7 @@ def build(name: str) -> Speculator:
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
         "suffix": lambda: Suffix(),
+        "token_recycling": lambda: TokenRecycling(profile=False),
     }[name]()
     return Speculator(target, char_tokenizer(), strategy)
 
@@ -72,10 +75,10 @@ def call(sd: Speculator, job: dict) -> tuple:
 
 
 def comparable(name: str, job: dict) -> bool:
-    """Whether a call's output is fixed by its arguments alone: everywhere except auto and suffix
-    under the rejection sampler, whose trees (and so which sample a seed gives) follow what they
-    learned from earlier calls; their law is the target's all the same (the exact-law tests)."""
-    return not (name in ("auto", "suffix") and job["temperature"] > 0 and job.get("sampler") == "rejection")
+    """Whether a call's output is fixed by its arguments alone: everywhere except auto, suffix and
+    token_recycling under the rejection sampler, whose trees (and so which sample a seed gives) follow
+    what they learned from earlier calls; their law is the target's all the same (the exact-law tests)."""
+    return not (name in ("auto", "suffix", "token_recycling") and job["temperature"] > 0 and job.get("sampler") == "rejection")
 
 
 def slow_steps(sd: Speculator):

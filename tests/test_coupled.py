@@ -52,6 +52,7 @@ class Recorder:
         self.name = strategy.name
         self.needs_hidden_states = strategy.needs_hidden_states
         self.feature_layers = getattr(strategy, "feature_layers", None)
+        self.top_k_ids = getattr(strategy, "top_k_ids", 0)
         self.kinds: Counter = Counter()
 
     def bind(self, target, tokenizer):
@@ -446,4 +447,40 @@ def test_suffix_reproduces_autoregressive(arch):
         assert tokens == expected
         kinds += step_kinds
         strategy.cache.add("default", PROMPT[-3:] + tokens)
+    assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds
+
+
+def test_token_recycling_reproduces_autoregressive(arch):
+    """token_recycling's table (seeded by the prefill, rewritten by every node of every forward, kept
+    across the seeds' calls) drafts trees accepted in full, in part or not at all, and the text is
+    autoregressive's for every seed; under the rejection sampler the same seeds give other texts (the
+    control: the identity is the coupled sampler's doing)."""
+    from specdec.costmodel import CostProfile
+    from specdec.strategies.token_recycling import TokenRecycling
+    target = with_output_bias(target_of(arch), token=7, bias=3.0 if arch == "gpt2" else 5.0)
+    strategy = TokenRecycling(k=4, max_nodes=12, costs=CostProfile((0, 64), (1.0, 1.2), 0))
+    kinds = Counter()
+    for seed in (0, 1, 2):
+        tokens, step_kinds = run(target, strategy, PROMPT, seed, n=32)
+        assert tokens == autoregressive(target, PROMPT, seed, n=32)
+        kinds += step_kinds
+    assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds
+    differs = [run(target, strategy, PROMPT, seed, sampler="rejection", n=32)[0]
+               != autoregressive(target, PROMPT, seed, sampler="rejection", n=32) for seed in range(4)]
+    assert any(differs)
+
+
+def test_rest_reproduces_autoregressive(arch, tmp_path):
+    """rest drafting from a datastore of other seeds' texts (and the last seed's own): accepted in full,
+    in part or not at all, and the text is autoregressive's for every seed."""
+    from specdec.strategies.datastore import build
+    from specdec.strategies.rest import Rest
+    target = with_output_bias(target_of(arch), token=7, bias=3.0 if arch == "gpt2" else 5.0)
+    texts = [PROMPT[-3:] + autoregressive(target, PROMPT, seed, n=32) for seed in (0, 1, 5)]
+    build(texts, tmp_path / "ds", "coupled test")
+    kinds = Counter()
+    for seed in (2, 3, 5):
+        tokens, step_kinds = run(target, Rest(str(tmp_path / "ds"), max_nodes=8), PROMPT, seed, n=32)
+        assert tokens == autoregressive(target, PROMPT, seed, n=32)
+        kinds += step_kinds
     assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds

@@ -29,6 +29,7 @@ from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
+from specdec.strategies.token_recycling import TokenRecycling
 
 TARGET = tiny_model("llama", seed=1, sharpen=4.0)
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
@@ -54,6 +55,7 @@ DRAFTERS = {
     "medusa conditioned": (lambda: Medusa(heads(True), max_nodes=8, top_k=4), 3 + 2, 0),
     "eagle": (lambda: Eagle(random_drafter(TARGET), max_nodes=16, top_k=4, depth=6), 6 + 2, 6),
     "prompt lookup": (lambda: PromptLookup(), 0, 1),
+    "token recycling": (lambda: TokenRecycling(profile=False), 0, 0),
 }
 
 

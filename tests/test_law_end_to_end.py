@@ -179,6 +179,36 @@ def test_suffix_law_is_the_targets_when_the_cache_disagrees(tree):
     assert probability(law, lambda tokens, accepted: accepted[0] == 0) > 0.01  # and rejected sometimes
 
 
+def recycler():
+    """A fresh token_recycling per replayed call (its table and calibration learn across calls), with
+    cheap nodes so that it drafts a tree of both ranks."""
+    from specdec.costmodel import CostProfile
+    from specdec.strategies.token_recycling import TokenRecycling
+    return Speculator(TARGET, None, TokenRecycling(k=2, max_nodes=3, costs=CostProfile((0, 8), (1.0, 1.01), 0)))
+
+
+RECYCLE_PROMPT = [3, 4, 1, 0, 4]      # the pending token 4 read before: its row is seeded by the prefill
+
+
+def test_token_recycling_law_is_the_targets():
+    """Point-mass trees read from the table (seeded by the prefill, rewritten after the first step by
+    every node of its forward), kept or rejected, and the law is still the target's."""
+    law = generation_law(recycler, RECYCLE_PROMPT, NEW, TOP2)
+    assert_lossless(law, RECYCLE_PROMPT, TOP2)
+    # the first step's roots are the target's top-2 there, of which top-k = 2 sampling keeps one; the
+    # second step's tree, read from the rows the first step rewrote, is kept at times and not at others
+    assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.99
+    assert probability(law, lambda tokens, accepted: accepted[1:] == (0,)) > 0.01
+    assert probability(law, lambda tokens, accepted: len(accepted) == 1) > 0.01   # two kept in one step
+
+
+def test_negative_control_always_accept_through_token_recycling():
+    """The same enumeration through token_recycling catches a verifier that keeps every first child."""
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(recycler, RECYCLE_PROMPT, NEW, TOP2))
+    assert total_variation(tokens, target_law(RECYCLE_PROMPT, TOP2)) > 0.05
+
+
 # ---------------------------------------------------------------------- negative controls
 def test_negative_control_always_accept_verifier():
     sd = Speculator(TARGET, None, DraftModel(DRAFT, num_tokens=2))
@@ -226,3 +256,28 @@ def test_negative_control_race_that_keeps_the_slowest():
     with mock.patch.object(sampling, "race_winners", lambda probs, noise, count: real(-probs, noise, count)):
         with pytest.raises(LawError, match="race_winners"):
             generation_law(sd, PROMPT, NEW, TOP2)
+
+
+# ---------------------------------------------------------------------- rest
+def rest_speculator(tmp_path):
+    """rest over a corpus where the prompt's end [1, 0] is followed by likely and unlikely tokens."""
+    from specdec.strategies.datastore import build
+    from specdec.strategies.rest import Rest
+    likely = int(model_dist(TARGET, PROMPT, TOP2)(()).argmax())
+    unlikely = [t for t in range(V) if t != likely]
+    build([[1, 0, unlikely[0], unlikely[1]]] * 2 + [[1, 0, likely, unlikely[2]], [1, 0, unlikely[2], likely]],
+          tmp_path / "ds", "law test")
+    return Speculator(TARGET, None, Rest(str(tmp_path / "ds"), max_nodes=3, depth=2))
+
+
+def test_rest_law_is_the_targets(tmp_path):
+    law = generation_law(rest_speculator(tmp_path), PROMPT, NEW, TOP2)
+    assert_lossless(law, PROMPT, TOP2)
+    assert probability(law, lambda tokens, accepted: accepted[0] > 0) > 0.01          # drafts kept
+    assert probability(law, lambda tokens, accepted: 0 in accepted) > 0.01            # and a step keeping none
+
+
+def test_negative_control_always_accept_through_rest(tmp_path):
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(rest_speculator(tmp_path), PROMPT, NEW, TOP2))
+    assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.05

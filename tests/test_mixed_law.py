@@ -184,3 +184,18 @@ def test_learning_planner_with_a_sampled_tree_drafter_keeps_the_law():
     assert_lossless(law, TOP3, 3)
     assert any(called for _, called, _, _ in log), "precondition: the drafter's sampled trees were verified"
     assert any(len(keep) < len(candidates[0]) for _, _, candidates, keep in log), "precondition: the planner pruned"
+
+
+def test_auto_with_token_recycling_law_is_the_targets():
+    """auto merging lookup's path [1, 0] with token_recycling's table tree (point masses on both sides,
+    merged where they share a token), each replayed call from a fresh strategy: the target's law."""
+    from specdec.strategies.token_recycling import TokenRecycling
+
+    def speculator():
+        recycling = TokenRecycling(k=2, max_nodes=3, costs=FREE)
+        return Speculator(TARGET, None, Auto(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=1),
+                                             recycling, costs=FREE, adapt_costs=False, draft_cost_s=0.0,
+                                             explore_every=1))
+    law = generation_law(speculator, PROMPT, 3, TOP3)
+    assert_lossless(law, TOP3, 3)
+    assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.01

@@ -28,6 +28,9 @@ from specdec.strategies.early_exit import EarlyExit
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.rest import Rest
+from specdec.strategies.sam import Sam
+from specdec.strategies.token_recycling import TokenRecycling
 from specdec.tree import CandidateTree
 
 PROMPT = [5, 17, 33, 9, 41, 5, 17, 33, 9, 41, 5, 17]
@@ -147,11 +150,23 @@ def random_mtp(target) -> "Mtp":
     return Mtp(MtpDrafter(MtpModel(target, 1).eval(), id(target)), top_k=2, max_nodes=4)
 
 
+def datastore_of(streams) -> str:
+    """A REST datastore of `streams` in a fresh temporary folder."""
+    import tempfile
+    from specdec.strategies.datastore import build
+    folder = tempfile.mkdtemp(prefix="specdec-rest-")
+    build(streams, folder, "protocol test")
+    return folder
+
+
 # registry name, case, builder(target, log) -> the strategy (its parts watched where it has parts)
 CASES = {
     "autoregressive": ("autoregressive", lambda target, log: Autoregressive()),
     "prompt_lookup": ("prompt_lookup", lambda target, log: PromptLookup(min_ngram=1, max_ngram=2)),
     "suffix": ("suffix", lambda target, log: Suffix()),
+    "token_recycling": ("token_recycling", lambda target, log: TokenRecycling(profile=False)),
+    "rest": ("rest", lambda target, log: Rest(datastore_of(PROMPTS))),
+    "sam": ("sam", lambda target, log: Sam(PromptLookup(min_ngram=2, max_ngram=3), TokenRecycling(profile=False))),
     "draft_chain": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), num_tokens=3)),
     "draft_tree": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), branching=[2, 1])),
     "medusa": ("medusa", lambda target, log: Medusa(random_heads(target), max_nodes=6, top_k=2)),
@@ -170,6 +185,9 @@ CASES = {
         Watched(Eagle(random_drafter(target, (0, 1, 2)), max_nodes=6, top_k=2, depth=3), STRATEGY, log,
                 "auto.drafter"),
         profile=False, explore_every=1)),
+    "auto_recycling": ("auto", lambda target, log: Auto(
+        Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
+        Watched(TokenRecycling(profile=False), STRATEGY, log, "auto.drafter"), profile=False, explore_every=1)),
     "auto_medusa": ("auto", lambda target, log: Auto(
         None, Watched(Medusa(random_heads(target), max_nodes=6, top_k=2), STRATEGY, log, "auto.drafter"),
         profile=False, explore_every=1)),

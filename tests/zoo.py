@@ -32,6 +32,7 @@ def strategies(target):
     from specdec.strategies.medusa import Medusa
     from specdec.strategies.prompt_lookup import PromptLookup
     from specdec.strategies.suffix import Suffix
+    from specdec.strategies.token_recycling import TokenRecycling
 
     def heads(conditioned):
         torch.manual_seed(0)
@@ -43,6 +44,7 @@ def strategies(target):
         "autoregressive": lambda: Autoregressive(),
         "prompt_lookup": lambda: PromptLookup(),
         "suffix": lambda: Suffix(),
+        "token_recycling": lambda: TokenRecycling(costs=CostProfile((0, 64), (1.0, 1.5), 0)),
         "draft chain": lambda: DraftModel(draft, num_tokens=4),
         "draft tree": lambda: DraftModel(draft, branching=[3, 2, 1, 1]),
         "medusa": lambda: Medusa(heads(False), max_nodes=8, top_k=4),
