@@ -40,7 +40,7 @@ def test_split_puts_each_part_in_its_bucket_and_adds_up(monkeypatch, strategy):
     clock = FakeTime()
     monkeypatch.setattr(specdec.loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     verifier, strat = sd.verifier, sd.strategy
-    monkeypatch.setattr(verifier, "prefill", _advancing(verifier.prefill, clock, PREFILL))
+    monkeypatch.setattr(verifier, "prefill_outputs", _advancing(verifier.prefill_outputs, clock, PREFILL))
     monkeypatch.setattr(verifier, "forward", _advancing(verifier.forward, clock, FORWARD))
     monkeypatch.setattr(verifier, "commit", _advancing(verifier.commit, clock, COMMIT))
     monkeypatch.setattr(strat, "propose", _advancing(strat.propose, clock, PROPOSE))

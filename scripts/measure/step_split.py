@@ -68,11 +68,12 @@ def _in_part(counter: OpCounter, fn, part: str):
 def ops_per_step(sd, prompt: str, max_new_tokens: int) -> dict:
     counter = OpCounter()
     strategy, verifier = sd.strategy, sd.verifier
+    prefill = "prefill_outputs" if hasattr(verifier, "prefill_outputs") else "prefill"   # what the loop calls
     saved = {(obj, name): getattr(obj, name) for obj, name in
-             ((strategy, "propose"), (strategy, "observe"), (verifier, "forward"), (verifier, "prefill"))}
+             ((strategy, "propose"), (strategy, "observe"), (verifier, "forward"), (verifier, prefill))}
     for (obj, name), fn in saved.items():
         setattr(obj, name, _in_part(counter, fn, {"propose": "draft", "observe": "draft", "forward": "verify",
-                                                  "prefill": "prefill"}[name]))
+                                                  prefill: "prefill"}[name]))
     try:
         with counter:
             out = sd.generate(prompt, max_new_tokens=max_new_tokens)

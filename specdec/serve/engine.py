@@ -134,11 +134,11 @@ class Engine:
 
     # ------------------------------------------------------------------ the engine thread
     def _starting(self, index: int, start):
-        def started(prompt_hidden, stats):
+        def started(prompt_hidden, stats, **prefilled):       # prefilled: what else the prefill gave (top-k ids)
             row = self.rows.get(index)
             if row is not None:
                 row.started = True
-            return start(prompt_hidden, stats)
+            return start(prompt_hidden, stats, **prefilled)
         return started
 
     def _run(self) -> None:
