@@ -31,7 +31,8 @@ def key_lines(text: str) -> dict[str, str]:
     return {key.strip(): value for key, value in lines}
 
 
-@pytest.mark.parametrize("name, schema", [("train_eagle", TrainEagleConfig), ("train_heads", TrainHeadsConfig)])
+@pytest.mark.parametrize("name, schema", [("train_eagle", TrainEagleConfig), ("train_eagle3", TrainEagleConfig),
+                                          ("train_heads", TrainHeadsConfig)])
 def test_each_training_config_help_lists_its_own_keys_and_values(name, schema, capsys):
     assert cli_main(["train-heads", name, "--help"]) == 0
     shown = key_lines(capsys.readouterr().out)
@@ -48,7 +49,7 @@ def test_help_without_a_config_names_the_shipped_training_configs(capsys):
     assert cli_main(["train-heads", "--help"]) == 0
     out = capsys.readouterr().out
     listed = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and " = " not in line}
-    assert "EAGLE" in listed["train_eagle"] and "Medusa" in listed["train_heads"]
+    assert "EAGLE" in listed["train_eagle"] and "EAGLE" in listed["train_eagle3"] and "Medusa" in listed["train_heads"]
     assert "num_heads" in key_lines(out) and "ttt_steps" not in key_lines(out)
 
 

@@ -224,3 +224,26 @@ def test_eagle31_normalisation_is_a_training_setting(tiny_target, tmp_path):
     assert drafter.layout.norm_before_fc and drafter.layout.norm_output
     with pytest.raises(ConfigError, match="layout=eagle3"):
         _cfg(target, corpus, str(tmp_path / "e1"), layout="eagle1", norm_output=True)
+
+
+def test_the_shipped_eagle3_config_loads_validates_and_trains(tiny_target, tmp_path):
+    """configs/train_eagle3.yaml (the A/B's winner, benchmarks/results/eagle3/README.md: EAGLE 3.1's
+    normalisation, training-time test 2 steps) loads and validates as an EAGLE training config, gives
+    that recipe, and trains: two steps on a tiny target (its 2 layers given as distinct fused layers)
+    save a drafter that loads back with the normalisation."""
+    assert is_eagle_config("train_eagle3")
+    cfg = load_train_eagle_config("train_eagle3", ["target=x"])          # shipped with target: null
+    assert cfg.layout == "eagle3" and cfg.ttt_steps == 2 and cfg.step_loss_decay == 0.8
+    assert cfg.norm_before_fc and cfg.norm_output and not cfg.norm_before_residual
+    assert cfg.intermediate_size == 512 and cfg.draft_vocab_size is None
+    assert cfg.steps == 1500 and cfg.seed == 0 and cfg.max_minutes is None   # the same weights everywhere
+    target, corpus = tiny_target
+    tiny = {"target": target, "output_dir": str(tmp_path / "e3"), "corpus": [os.path.join(corpus, "m0.py")],
+            "heldout": [os.path.join(corpus, "m5.py")], "feature_layers": [0, 1, 2], "intermediate_size": 32,
+            "seq_len": 24, "steps": 2, "eval_windows": 2, "eval_new_tokens": 8, "eval_depth": 2,
+            "progress": False}
+    folder = train_eagle(load_train_eagle_config("train_eagle3", tiny))
+    log = json.load(open(os.path.join(folder, LOG_FILE)))
+    assert log["config"]["ttt_steps"] == 2 and log["steps_done"] == 2
+    drafter = load_eagle(folder, tiny_model("llama", seed=0, sharpen=SHARPEN))
+    assert drafter.layout.norm_before_fc and drafter.layout.norm_output

@@ -13,6 +13,8 @@ the step-0 rows up to itself and its own rows of steps 1..k - what a depth-k cha
 inference): equal draft argmax everywhere, logits within 1e-4."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -102,5 +104,28 @@ def test_our_export_drafts_the_same_in_speculators(side_python, tmp_path):
     drafter.attach_embedding(target.get_input_embeddings())
     export_eagle3(drafter, str(tmp_path / "ours"), "speculators", target=target, verifier=str(tmp_path / "target"))
     hidden, ids = random_inputs(64, 3, vocab, seed=1)
+    assert_same_drafts(our_ttt_logits(drafter, hidden, ids, STEPS),
+                       their_ttt_logits(side_python, tmp_path / "ours", hidden, ids, tmp_path))
+
+
+def test_a_trained_drafter_exports_to_speculators(side_python, tmp_path):
+    """A trained drafter (the shipped EAGLE-3 recipe's, or any): set SPECDEC_SPECULATORS_DRAFTER to its
+    folder and SPECDEC_SPECULATORS_TARGET to its target's. Its speculators export, loaded by
+    speculators' own from_pretrained, drafts what ours drafts on the target's real features (of a
+    random window of its tokens), at every step, EAGLE 3.1's norm_before_fc / norm_output included where it has them:
+        SPECDEC_SPECULATORS_DRAFTER=runs/eagle3 SPECDEC_SPECULATORS_TARGET=MODELS/pycode/target \\
+            bash scripts/interop/check_speculators.sh -k trained"""
+    folder, target_dir = os.environ.get("SPECDEC_SPECULATORS_DRAFTER"), os.environ.get("SPECDEC_SPECULATORS_TARGET")
+    if not folder or not target_dir:
+        pytest.skip("set SPECDEC_SPECULATORS_DRAFTER and SPECDEC_SPECULATORS_TARGET to check a trained drafter")
+    target = load_model(target_dir, "target", torch.device("cpu"), torch.float32)
+    drafter = load_eagle(folder, target)
+    assert isinstance(drafter, Eagle3Drafter), "an EAGLE-3 drafter (layout=eagle3) exports to speculators"
+    export_eagle3(drafter, str(tmp_path / "ours"), "speculators", target=target, verifier=target_dir)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (1, 4 * SEQ), generator=gen)
+    with torch.no_grad():
+        states = target(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+    hidden = torch.cat([states[i] for i in drafter.layout.feature_layers], dim=-1).float()
     assert_same_drafts(our_ttt_logits(drafter, hidden, ids, STEPS),
                        their_ttt_logits(side_python, tmp_path / "ours", hidden, ids, tmp_path))
