@@ -43,11 +43,11 @@ def summarize(records: list[dict], rows, baseline_label: str | None, reference_l
             total = sum(s["total_time_s"] for s in stats)
             entry["target_forwards"] = forwards
             entry["acceptance_rate"] = accepted / proposed if proposed else None
-            entry["time_split"] = {part: sum(s[f"{part}_time_s"] for s in stats) / total
-                                   for part in ("prefill", "draft", "verify", "other")}
+            part_s = {part: sum(s[f"{part}_time_s"] for s in stats) for part in ("prefill", "draft", "verify", "other")}
+            entry["time_split"] = {part: seconds / total for part, seconds in part_s.items()}
             # what one verify step costs, part by part: set against the autoregressive row's verify
             # (a one-token forward) it says what the machinery costs beside the target's own work
-            entry["step_ms"] = {part: 1000 * sum(s[f"{part}_time_s"] for s in stats) / forwards if forwards else None
+            entry["step_ms"] = {part: 1000 * part_s[part] / forwards if forwards else None
                                 for part in ("draft", "verify", "other")}
             entry["nodes_per_step"] = proposed / forwards if forwards else None
         else:       # HF rows: every target forward yields tokens (the first one holds the prompt)

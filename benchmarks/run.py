@@ -64,12 +64,12 @@ def _resolve_models(models, prompts) -> None:
     elif models.target is None:
         from specdec.family.defaults import SPLIT_FILE, apply_default_paths
         cfg = load_spec_config("autoregressive")
-        apply_default_paths(cfg)
+        family = apply_default_paths(cfg)
         models.target = cfg.target.path
         models.draft = models.draft or cfg.draft.path
         models.heads = models.heads or cfg.heads.path
         models.eagle = models.eagle or cfg.eagle.path
-        split = os.path.join(os.path.dirname(cfg.target.path), "tokenizer", SPLIT_FILE)
+        split = os.path.join(family.tokenizer, SPLIT_FILE)
     if prompts.split is None and prompts.source_dir is None and split is not None and os.path.isfile(split):
         prompts.split = split
         with open(split) as f:

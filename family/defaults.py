@@ -35,10 +35,10 @@ def built_family(warning: str):
     return ensure_family(family_cfg)
 
 
-def apply_default_paths(cfg) -> None:
+def apply_default_paths(cfg):
     """Fill cfg.target.path (and cfg.draft.path / cfg.heads.path / cfg.eagle.path when unset) with the default family,
     saying so (a warning of the "specdec" logger: on stderr unless logging says otherwise) when it has
-    to be built first."""
+    to be built first. Returns the family (its folders: target, draft, tokenizer, ...)."""
     family = built_family("specdec: no target.path given, so specdec uses its small embedded default model family, "
                           "which is not built yet: building it now (once, about 6 minutes on a 2-core CPU). "
                           "Give target.path=/path/to/checkpoint to use your own model instead.")
@@ -49,6 +49,7 @@ def apply_default_paths(cfg) -> None:
         cfg.heads.path = family.heads
     if cfg.eagle.path is None and family.eagle is not None:
         cfg.eagle.path = family.eagle
+    return family
 
 
 SPLIT_FILE = "split.json"      # the family's own train / held-out files, beside its tokenizer

@@ -72,6 +72,17 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def random_prompt_and_trees(target, sizes: Sequence[int], context_len: int):
+    """(a seeded random prompt of context_len token ids, {n: a binary CandidateTree of n random tokens}):
+    what a verify cost is timed on."""
+    from .tree import CandidateTree
+    vocab = target.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
+    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
+    return prompt, trees
+
+
 def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int,
                          batch: int = 1, compile: bool = False) -> CostProfile:
     """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
@@ -90,11 +101,7 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
     if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
         raise ConfigError(f"measure_verify_costs: sizes={list(sizes)!r}; give tree sizes as integers >= 0, "
                           f"e.g. profile_sizes(max_nodes)")
-    from .tree import CandidateTree
-    vocab = target.get_input_embeddings().num_embeddings
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
-    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
+    prompt, trees = random_prompt_and_trees(target, sizes, context_len)
     if batch <= 1:
         forward, rollback = _single_forward(target, prompt, trees, compile)
     else:

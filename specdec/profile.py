@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 
@@ -16,13 +15,10 @@ def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[
     tokens, timed in the same rounds (medians), so what the tree machinery adds shows apart from the
     target's own work on n + 1 tokens."""
     from transformers import DynamicCache
-    from .costmodel import _single_forward, binary_tree
+    from .costmodel import _now, _single_forward, random_prompt_and_trees
     from .models import cache_kwargs
-    from .tree import CandidateTree, host_to_device
-    vocab = target.get_input_embeddings().num_embeddings
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
-    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
+    from .tree import host_to_device
+    prompt, trees = random_prompt_and_trees(target, sizes, context_len)
     verify, rollback = _single_forward(target, prompt, trees)
     device = target.device
     cache = DynamicCache()
@@ -36,13 +32,9 @@ def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[
         cache.crop(context_len - 1 - cache.get_seq_length())     # negative: the tokens to drop
 
     def timed(fn, n: int) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = _now(device)
         fn(n)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start
+        return _now(device) - start
 
     for n in sizes:                                           # warm-up
         verify(n), rollback(), plain(n)
@@ -102,7 +94,7 @@ def main(argv: list[str]) -> int:
           f"{profile.seconds[0] * 1000:.2f} ms)")
     per_call = sd.strategy.draft_cost_s
     if per_call is None:
-        per_call = stats.draft_time_s / max(stats.target_forwards, 1)
+        per_call = stats.draft_time_s / steps
     print(f"drafting ({sd.config.strategy}): {per_call * 1000:.2f} ms per call "
           f"({per_call / profile.seconds[0]:.2f} plain steps); {stats.tokens_per_forward:.2f} tokens per forward, "
           f"{stats.tokens_per_second:.1f} tokens/s over {stats.new_tokens} tokens")

@@ -166,13 +166,9 @@ def _ancestor_rows(parents: tuple[int, ...]) -> np.ndarray:
     return sees
 
 
-def _ancestor_matrix(parents: tuple[int, ...]) -> torch.Tensor:
-    return torch.from_numpy(_ancestor_rows(parents))
-
-
 def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     """[N, N] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
-    return _ancestor_matrix(tuple(parents))
+    return torch.from_numpy(_ancestor_rows(tuple(parents)))
 
 
 @dataclass(frozen=True)
