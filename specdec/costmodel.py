@@ -9,6 +9,13 @@ length ($SPECDEC_HOME/profiles, else ~/.cache/specdec/profiles); `specdec profil
 that is not a valid profile (check_profile) is measured again; a folder that cannot be written leaves
 the profile measured in memory, with a warning (measured again at every load).
 
+On a CPU the measurement also records how long it waited for a core (`cpu_wait`: the share of its
+wall time the measuring thread was ready to run but not running, from Linux's schedstat). Other work
+on the cores (a training job, a test suite) stretches each size's timing by a different factor, and
+a profile measured so would misprice trees for as long as it is cached; so one that waited more than
+SHARED_CPU is used by the process that measured it and never stored (it is measured again at the
+next load, on a quieter machine).
+
 Every size is timed and kept as measured, not forced to grow with n: the cost of a forward is not
 monotone in its rows (the matmul kernels change with the row count; benchmarks/results/defaults.md
 has a CPU's profile). The planner scans every size, so it picks the cheap ones; a profile made
@@ -43,6 +50,7 @@ class CostProfile:
     seconds: tuple[float, ...]      # median verify forward time of each size
     context_len: int                # committed tokens in the cache while measuring
     key: str = ""                   # what it was measured on (see profile_key)
+    cpu_wait: float | None = None   # CPU: share of the measurement's wall time spent waiting for a core (None: unknown)
 
     def verify_cost(self, num_nodes: int) -> float:
         """Seconds to verify num_nodes tree nodes: linear between measured sizes, extended past
@@ -64,6 +72,19 @@ class CostProfile:
 def binary_tree(num_nodes: int) -> tuple[int, ...]:
     """parents of a binary tree of num_nodes nodes in breadth-first order."""
     return tuple(-1 if i < 2 else (i - 2) // 2 for i in range(num_nodes))
+
+
+SHARED_CPU = 0.15      # a CPU profile whose measurement waited for a core longer than this share is not stored
+
+
+def run_queue_wait_s() -> float | None:
+    """Seconds the calling thread has spent ready to run but waiting for a core (Linux schedstat's
+    second field); None where the kernel does not tell."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _now(device: torch.device) -> float:
@@ -110,14 +131,19 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
         forward(n)
         rollback()
     times: dict[int, list[float]] = {n: [] for n in sizes}
+    wall_start, wait_start = time.perf_counter(), run_queue_wait_s()
     for _ in range(repeats):                                 # rounds over all sizes: drift hits every size alike
         for n in sizes:
             start = _now(target.device)
             forward(n)
             times[n].append(_now(target.device) - start)
             rollback()
+    wait_end, wall = run_queue_wait_s(), time.perf_counter() - wall_start
+    cpu_wait = None
+    if target.device.type == "cpu" and wait_start is not None and wait_end is not None:
+        cpu_wait = round((wait_end - wait_start) / max(wall, 1e-9), 3)
     seconds = [statistics.median(times[n]) for n in sizes]
-    return CostProfile(tuple(sizes), tuple(seconds), context_len)
+    return CostProfile(tuple(sizes), tuple(seconds), context_len, cpu_wait=cpu_wait)
 
 
 def _single_forward(target, prompt: list[int], trees: dict, compile: bool = False):
@@ -206,7 +232,17 @@ def check_profile(data, sizes: Sequence[int] | None = None) -> str | None:
         return f"'seconds' must be finite timings > 0, got {seconds!r}"
     if not _is_int(data["context_len"]) or data["context_len"] < 0:
         return f"'context_len' must be an integer >= 0, got {data['context_len']!r}"
+    wait = data.get("cpu_wait")
+    if wait is not None and not (isinstance(wait, (int, float)) and not isinstance(wait, bool)
+                                 and math.isfinite(wait) and wait >= 0):
+        return f"'cpu_wait' must be a number >= 0 or null, got {wait!r}"
+    if wait is not None and wait > SHARED_CPU:
+        return f"it was measured while other work held the CPU ({cpu_wait_words(wait)})"
     return None
+
+
+def cpu_wait_words(wait: float) -> str:
+    return f"it waited for a core {wait:.0%} of the time"
 
 
 def read_profile(path: str, key: str, sizes: Sequence[int] | None = None) -> CostProfile | None:
@@ -224,7 +260,8 @@ def read_profile(path: str, key: str, sizes: Sequence[int] | None = None) -> Cos
         warnings.warn(f"cost profile {path} is not valid: {problem}; measuring it again "
                       f"(`specdec profile` redoes it; deleting the file does too)", stacklevel=3)
         return None
-    return CostProfile(tuple(data["sizes"]), tuple(float(t) for t in data["seconds"]), data["context_len"], key)
+    return CostProfile(tuple(data["sizes"]), tuple(float(t) for t in data["seconds"]), data["context_len"], key,
+                       data.get("cpu_wait"))
 
 
 def store_profile(profile: CostProfile, path: str) -> None:
@@ -234,17 +271,23 @@ def store_profile(profile: CostProfile, path: str) -> None:
 
 
 def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: int, batch: int = 1,
-                      compile: bool = False) -> tuple[CostProfile, str, OSError | None]:
+                      compile: bool = False) -> tuple[CostProfile, str, str | None]:
     """Measure the profile now and store it where `load_or_measure` reads it: (profile, its path,
-    the OSError that kept it from being stored, or None)."""
+    why it was not stored, or None). A CPU profile measured while other work held the cores
+    (cpu_wait > SHARED_CPU) is not stored; nor is one whose folder cannot be written."""
     key = profile_key(target, sizes, context_len, batch, compile)
     path = profile_path(key)
     profile = measure_verify_costs(target, sizes, context_len, repeats, batch, compile)
-    profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key)
+    profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key, profile.cpu_wait)
+    if profile.cpu_wait is not None and profile.cpu_wait > SHARED_CPU:
+        return profile, path, (f"other work held the CPU while measuring ({cpu_wait_words(profile.cpu_wait)}), "
+                               f"so its timings are not this machine's; `specdec profile` on a quiet machine "
+                               f"stores one")
     try:
         store_profile(profile, path)
     except OSError as exc:
-        return profile, path, exc
+        return profile, path, (f"the folder cannot be written ({exc.strerror or exc}); set SPECDEC_HOME to a "
+                               f"writable folder to keep it")
     return profile, path, None
 
 
@@ -267,9 +310,8 @@ def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int
         cached = read_profile(profile_path(key), key, sizes)
         if cached is not None:
             return cached
-    profile, path, store_error = measure_and_store(target, sizes, context_len, repeats, batch, compile)
-    if store_error is not None:
-        warnings.warn(f"could not store the cost profile in {path} ({store_error.strerror or store_error}): "
-                      f"using the one measured now (measured again at every load); set SPECDEC_HOME to a "
-                      f"writable folder to keep it", stacklevel=2)
+    profile, path, not_stored = measure_and_store(target, sizes, context_len, repeats, batch, compile)
+    if not_stored is not None:
+        warnings.warn(f"could not store the cost profile in {path}: {not_stored}. Using the one measured now, "
+                      f"for this process only (measured again at the next load)", stacklevel=2)
     return profile

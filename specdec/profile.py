@@ -65,19 +65,20 @@ def main(argv: list[str]) -> int:
     # the very profile the strategy plans with (auto); else the one auto would read with this config
     sizes, context = sd.strategy.profile_setup(sd.target) or (profile_sizes(auto.max_nodes), auto.profile_context)
     compiled = sd.verifier.static is not None          # `compile: true`: time the compiled forward
-    profile, path, store_error = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled)
+    profile, path, not_stored = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}{', compiled' if compiled else ''}), "
           f"context {profile.context_len} tokens, "
           f"profile {profile.key}:")
     print("nodes  seconds    x plain step")
     for n, seconds, relative in zip(profile.sizes, profile.seconds, profile.relative()):
         print(f"{n:5d}  {seconds:.5f}  {relative:6.2f}")
-    if store_error is None:
+    if profile.cpu_wait is not None:
+        print(f"waited for a core {profile.cpu_wait:.0%} of the measurement (other work on the CPU)")
+    if not_stored is None:
         print(f"profile written to {path}")
     else:
-        print(f"specdec profile: could not store the profile in {path} ({store_error.strerror or store_error}): "
-              f"`auto` will measure it again at every load; set SPECDEC_HOME to a writable folder and run "
-              f"this again", file=sys.stderr)
+        print(f"specdec profile: could not store the profile in {path}: {not_stored}. `auto` will measure it "
+              f"again at its next load", file=sys.stderr)
     if not compiled:
         print("verify against a plain Hugging Face forward of n + 1 tokens (same context, same rounds):")
         print("nodes  verify ms  plain ms  verify / plain")
@@ -101,7 +102,7 @@ def main(argv: list[str]) -> int:
     sizes_chosen = sd.strategy.tree_sizes
     if sizes_chosen is not None:
         print(f"tree sizes chosen per step: {sizes_chosen}")
-    return 0 if store_error is None else 1
+    return 0 if not_stored is None else 1
 
 
 if __name__ == "__main__":

@@ -71,6 +71,14 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> li
 
 
 @pytest.fixture(autouse=True)
+def _profiles_measured_on_a_quiet_cpu(monkeypatch):
+    """Whether a cost profile is stored depends on how long its measurement waited for a core
+    (specdec.costmodel.SHARED_CPU); in-process tests see a quiet CPU, so what they store does not
+    depend on what else the machine runs. tests/test_profile_robust.py sets the wait itself."""
+    monkeypatch.setattr("specdec.costmodel.run_queue_wait_s", lambda: 0.0)
+
+
+@pytest.fixture(autouse=True)
 def _restore_specdec_logger():
     """The "specdec" logger as it was before each test: a test that runs the CLI (which puts a stderr
     handler on it, specdec.log.log_to_stderr) leaves nothing behind for the next."""

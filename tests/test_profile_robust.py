@@ -1,6 +1,7 @@
 """The cost profile on disk, when the disk is not on our side: a profile folder that cannot be
 written (the profile measured in memory is used, with one warning; `specdec profile` says it
-could not store it), profile files of the wrong shape (re-measured, with a warning naming the
+could not store it), a measurement that waited for a busy CPU (used, never stored; a stored one
+is measured again), profile files of the wrong shape (re-measured, with a warning naming the
 file), and the arguments of `measure_verify_costs` / `Auto(...)` that have no meaning (refused,
 named, never clamped)."""
 from __future__ import annotations
@@ -55,6 +56,49 @@ def test_auto_loads_with_an_unwritable_profile_folder(model, tmp_path, monkeypat
     assert len(out.token_ids) == 4 and strategy.costs.sizes == tuple(range(5))
 
 
+# ---------------------------------------------------------------------- a CPU that other work holds
+def waiting_clock(monkeypatch, wait_per_read: float):
+    """run_queue_wait_s as if the measuring thread waited wait_per_read seconds for a core between
+    two reads: a measurement of a fraction of a second reads it twice, so its wait share is huge."""
+    reads = iter(range(10 ** 6))
+    monkeypatch.setattr("specdec.costmodel.run_queue_wait_s", lambda: next(reads) * wait_per_read)
+
+
+def test_a_profile_measured_on_a_busy_cpu_is_used_but_not_stored(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    waiting_clock(monkeypatch, wait_per_read=1000.0)
+    with pytest.warns(UserWarning, match="other work held the CPU while measuring") as caught:
+        profile = load_or_measure(model, SIZES, context_len=8, repeats=1)
+    assert len([w for w in caught if "cost profile" in str(w.message)]) == 1
+    assert profile.sizes == SIZES and profile.cpu_wait > 1 and all(s > 0 for s in profile.seconds)
+    assert not (tmp_path / "profiles").exists() or not list((tmp_path / "profiles").iterdir())
+    waiting_clock(monkeypatch, wait_per_read=0.0)                       # a quiet CPU: stored this time
+    quiet = load_or_measure(model, SIZES, context_len=8, repeats=1)
+    stored = json.load(open(profile_path(quiet.key)))
+    assert stored["cpu_wait"] == 0.0 and check_profile(stored, SIZES) is None
+
+
+def test_a_stored_profile_that_waited_for_the_cpu_is_measured_again(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    key = profile_key(model, SIZES, 8)
+    (tmp_path / "profiles").mkdir()
+    busy = {**GOOD, "sizes": list(SIZES), "seconds": [7.0, 8.0, 9.0], "cpu_wait": 0.6}
+    (tmp_path / "profiles" / f"verify-{key}.json").write_text(json.dumps(busy))
+    with pytest.warns(UserWarning, match="measured while other work held the CPU"):
+        profile = load_or_measure(model, SIZES, context_len=8, repeats=1)
+    assert profile.seconds != (7.0, 8.0, 9.0) and profile.cpu_wait == 0.0
+    assert json.load(open(profile_path(key)))["cpu_wait"] == 0.0        # the quiet one replaced it
+
+
+def test_profile_command_says_the_cpu_was_busy(target_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    waiting_clock(monkeypatch, wait_per_read=1000.0)
+    assert profile_command(target_dir) == 1
+    captured = capsys.readouterr()
+    assert "waited for a core" in captured.out and "profile written" not in captured.out
+    assert "could not store the profile" in captured.err and "other work held the CPU" in captured.err
+
+
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("profile_target") / "target"
@@ -105,6 +149,8 @@ BAD_PROFILES = {
     "string sizes": {**GOOD, "sizes": ["0", "1", "4"]},
     "NaN timing": {**GOOD, "seconds": [0.01, math.nan, 0.015]},
     "infinite timing": {**GOOD, "seconds": [0.01, math.inf, 0.015]},
+    "cpu_wait not a number": {**GOOD, "cpu_wait": "busy"},
+    "negative cpu_wait": {**GOOD, "cpu_wait": -0.1},
     "negative timing": {**GOOD, "seconds": [0.01, -0.012, 0.015]},
     "zero timing": {**GOOD, "seconds": [0.0, 0.012, 0.015]},
     "string timing": {**GOOD, "seconds": ["0.01", "0.012", "0.015"]},
