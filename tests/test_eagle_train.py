@@ -228,14 +228,14 @@ def test_eagle31_normalisation_is_a_training_setting(tiny_target, tmp_path):
 
 def test_the_shipped_eagle3_config_loads_validates_and_trains(tiny_target, tmp_path):
     """configs/train_eagle3.yaml (the A/B's winner, benchmarks/results/eagle3/README.md: EAGLE 3.1's
-    normalisation, training-time test 2 steps) loads and validates as an EAGLE training config, gives
+    normalisation, training-time test 2 steps, the target's MLP width) loads and validates as an EAGLE training config, gives
     that recipe, and trains: two steps on a tiny target (its 2 layers given as distinct fused layers)
     save a drafter that loads back with the normalisation."""
     assert is_eagle_config("train_eagle3")
     cfg = load_train_eagle_config("train_eagle3", ["target=x"])          # shipped with target: null
     assert cfg.layout == "eagle3" and cfg.ttt_steps == 2 and cfg.step_loss_decay == 0.8
     assert cfg.norm_before_fc and cfg.norm_output and not cfg.norm_before_residual
-    assert cfg.intermediate_size == 512 and cfg.draft_vocab_size is None
+    assert cfg.intermediate_size is None and cfg.draft_vocab_size is None     # None: the target's width
     assert cfg.steps == 1500 and cfg.seed == 0 and cfg.max_minutes is None   # the same weights everywhere
     target, corpus = tiny_target
     tiny = {"target": target, "output_dir": str(tmp_path / "e3"), "corpus": [os.path.join(corpus, "m0.py")],
