@@ -138,7 +138,7 @@ class Setup:
     cfg: object
     device: torch.device
     ddp: Distributed
-    target: nn.Module               # frozen
+    target: nn.Module               # frozen (the early-exit trainer unfreezes it: it trains the target itself)
     tokenizer: object
     identity: dict                  # checkpoint_target(target): checked on resume
     train_files: list
