@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
+from zoo import stop_at
 from specdec.api import Speculator
 from specdec.cli import main as cli_main
 from specdec.errors import ConfigError
@@ -184,18 +185,13 @@ def test_interrupted_runs_resume_bit_exactly(tiny, tmp_path):
     checkpoint is what is left) both resume to the uninterrupted run's losses and weights."""
     straight = train_early_exit(_cfg(tiny, tmp_path / "straight"))
 
-    def stop(at, error):
-        def on_step(step, metrics):
-            if step == at:
-                raise error
-        return on_step
     sigint, killed = tmp_path / "sigint", tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
-        train_early_exit(_cfg(tiny, sigint), on_step=stop(4, KeyboardInterrupt()))
+        train_early_exit(_cfg(tiny, sigint), on_step=stop_at(4, KeyboardInterrupt()))
     assert read_checkpoint(sigint / CHECKPOINT_FILE)["step"] == 4
     assert not (sigint / TARGET_FOLDER).exists()
     with pytest.raises(RuntimeError):
-        train_early_exit(_cfg(tiny, killed, checkpoint_interval=3), on_step=stop(5, RuntimeError("killed")))
+        train_early_exit(_cfg(tiny, killed, checkpoint_interval=3), on_step=stop_at(5, RuntimeError("killed")))
     assert read_checkpoint(killed / CHECKPOINT_FILE)["step"] == 3
     a = read_checkpoint(os.path.join(straight, CHECKPOINT_FILE))
     for folder in (sigint, killed):
