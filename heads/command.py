@@ -1,4 +1,4 @@
-"""`specdec train medusa|eagle|draft [CONFIG] [key=value ...]`: one command for every drafter's
+"""`specdec train medusa|eagle|draft|early-exit [CONFIG] [key=value ...]`: one command for every drafter's
 trainer (they share one loop, heads/loop.py), and `--help` listing each one's keys.
 
 The older commands stay as aliases: `specdec train-heads [CONFIG]` (Medusa heads, or an EAGLE
@@ -12,7 +12,7 @@ from typing import Callable
 from specdec.config import build_config, find_config_file, parse_overrides
 from specdec.errors import ConfigError
 
-from . import distill, eagle_train, train
+from . import distill, eagle_train, early_exit_train, train
 from .config import TrainEagleConfig, TrainHeadsConfig, is_eagle_config
 from .help import HELP_FLAGS, help_text, keys_help
 
@@ -30,8 +30,10 @@ TRAINERS = {
     "eagle": Trainer("an EAGLE drafter", TrainEagleConfig, "train_eagle", eagle_train.main),
     "draft": Trainer("a draft model, distilled into its target", distill.TrainDraftConfig, "train_draft",
                      distill.main),
+    "early-exit": Trainer("the target itself, fine-tuned to draft from its first layers (early_exit)",
+                          early_exit_train.TrainEarlyExitConfig, "train_early_exit", early_exit_train.main),
 }
-USAGE = ("usage: specdec train {medusa,eagle,draft} [CONFIG] [key=value ...]\n"
+USAGE = ("usage: specdec train {medusa,eagle,draft,early-exit} [CONFIG] [key=value ...]\n"
          "CONFIG: a shipped training config or a YAML path (none: the keys' defaults); values are YAML: "
          "corpus=[json, email] split_file=null;\nre-running with the same output_dir resumes. With no target "
          "it trains on the embedded default family. Aliases: `specdec train-heads` (medusa, or eagle for a\n"

@@ -125,10 +125,10 @@ class Distributed:
 @dataclass(frozen=True)
 class Run:
     """A trainer's names: its checkpoint kind (heads/checkpoint.py), progress-bar label and files."""
-    kind: str                       # medusa | eagle | draft
+    kind: str                       # medusa | eagle | draft | early_exit
     label: str                      # the progress bar's
     checkpoint: str                 # file name in output_dir
-    legacy_checkpoint: str          # where a pickled checkpoint was kept before: refused, never read
+    legacy_checkpoint: str | None   # where a pickled checkpoint was kept before: refused, never read (None: never)
     log: str                        # the training log's file name in output_dir
 
 
@@ -138,7 +138,7 @@ class Setup:
     cfg: object
     device: torch.device
     ddp: Distributed
-    target: nn.Module               # frozen
+    target: nn.Module               # frozen (the early-exit trainer unfreezes it: it trains the target itself)
     tokenizer: object
     identity: dict                  # checkpoint_target(target): checked on resume
     train_files: list
@@ -165,7 +165,8 @@ def train(cfg, run: Run, build: Callable[[Setup], Drafter], on_step: Callable[[i
     """Train (or resume) as `cfg` says (a checked config); returns cfg.output_dir."""
     checkpoint = os.path.join(cfg.output_dir, run.checkpoint)
     log_file = os.path.join(cfg.output_dir, run.log)
-    resuming = find_checkpoint(checkpoint, os.path.join(cfg.output_dir, run.legacy_checkpoint))   # before the set-up
+    legacy = os.path.join(cfg.output_dir, run.legacy_checkpoint) if run.legacy_checkpoint else None
+    resuming = find_checkpoint(checkpoint, legacy)          # before the set-up
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     ddp = Distributed(cfg, device)

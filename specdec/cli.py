@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                      "max_new_tokens, seed, stop): all run as one batch, one JSON line out per prompt")
     gen.add_argument("--batch-size", type=int, default=None, help="rows at once with --prompts-file (default 16)")
     gen.add_argument("--output", help="with --prompts-file: write the JSON lines here instead of standard output")
-    sub.add_parser("train", help="train a drafter for a target model: medusa heads, an eagle drafter or a "
-                   "distilled draft model (`specdec train --help` lists each one's keys)", add_help=False)
+    sub.add_parser("train", help="train a drafter for a target model: medusa heads, an eagle drafter, a "
+                   "distilled draft model, or the target itself for early_exit (`specdec train --help` lists each "
+                   "one's keys)", add_help=False)
     sub.add_parser("train-heads", help="alias: specdec train medusa (or eagle, for a config with drafter: eagle)",
                    add_help=False)
     sub.add_parser("train-draft", help="alias: specdec train draft", add_help=False)
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                             "index"):
         try:
             if argv[0] == "train":
-                from .heads.command import train_main as sub_main   # medusa | eagle | draft
+                from .heads.command import train_main as sub_main   # medusa | eagle | draft | early-exit
             elif argv[0] == "train-heads":
                 from .heads.command import main as sub_main      # Medusa heads, or EAGLE for `drafter: eagle`
             elif argv[0] == "train-draft":

@@ -1,4 +1,4 @@
-"""`specdec train medusa|eagle|draft`: one command for every trainer, the same training as its aliases
+"""`specdec train medusa|eagle|draft|early-exit`: one command for every trainer, the same training as its aliases
 (`specdec train-heads`, `specdec train-draft`), --help listing each trainer's keys, and a shipped
 config with no target training for the embedded default family."""
 from __future__ import annotations
@@ -15,6 +15,7 @@ from specdec.cli import main as cli_main
 from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.config import TrainEagleConfig, TrainHeadsConfig
 from specdec.heads.distill import TrainDraftConfig
+from specdec.heads.early_exit_train import TrainEarlyExitConfig
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_train_kind_trains_what_its_alias_trains(kind, tiny, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, schema", [("medusa", TrainHeadsConfig), ("eagle", TrainEagleConfig),
-                                          ("draft", TrainDraftConfig)])
+                                          ("draft", TrainDraftConfig), ("early-exit", TrainEarlyExitConfig)])
 def test_help_of_each_trainer_lists_its_keys_with_their_comments(kind, schema, capsys):
     assert cli_main(["train", kind, "--help"]) == 0
     out = capsys.readouterr().out
@@ -74,9 +75,9 @@ def test_help_of_each_trainer_lists_its_keys_with_their_comments(kind, schema, c
 def test_help_without_a_trainer_lists_every_trainer(capsys):
     assert cli_main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    for kind in KINDS:
+    for kind in [*KINDS, "early-exit"]:
         assert f"specdec train {kind} [CONFIG]" in out
-    for key in ("num_heads", "ttt_steps", "mix_lambda"):          # one key of each trainer's own
+    for key in ("num_heads", "ttt_steps", "mix_lambda", "layer_dropout_max"):   # one key of each trainer's own
         assert f"  {key} " in out
 
 
@@ -131,6 +132,20 @@ def test_a_draft_config_without_a_target_distils_the_default_familys_draft(famil
                      "eval_prompts=1", "eval_prompt_tokens=8", "eval_new_tokens=8", f"output_dir={out}"]) == 0
     info = json.load(open(os.path.join(out, "distill.json")))
     assert info["target"]["path"] == os.path.abspath(paths.target) and info["recipe"]["draft"] == paths.draft
+
+
+def test_an_early_exit_config_without_a_target_fine_tunes_the_default_familys_target(family, tmp_path, monkeypatch):
+    paths, env = family
+    for name in ("SPECDEC_HOME", "SPECDEC_FAMILY_CONFIG"):
+        monkeypatch.setenv(name, env[name])
+    out = str(tmp_path / "early_exit")
+    assert cli_main(["train", "early-exit", "train_early_exit", *SMALL, "bf16=false", f"output_dir={out}"]) == 0
+    saved = read_checkpoint(os.path.join(out, "early_exit_checkpoint.safetensors"))
+    assert saved["target"]["path"] == os.path.abspath(paths.target) and saved["step"] == 2
+    info = json.load(open(os.path.join(out, "target", "early_exit.json")))
+    assert info["fine_tuned_from"]["path"] == os.path.abspath(paths.target)
+    log = json.load(open(os.path.join(out, "train_early_exit.json")))
+    assert log["config"]["split_file"] == os.path.join(paths.tokenizer, "split.json")
 
 
 def test_a_given_target_is_kept(tiny, tmp_path, monkeypatch):

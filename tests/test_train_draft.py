@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import specdec
 from conftest import char_tokenizer, tiny_model
+from zoo import stop_at
 from specdec.cli import main as cli_main
 from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.heads import distill, loop
@@ -215,19 +216,14 @@ def test_interrupted_runs_resume_bit_exactly(tiny, tmp_path):
     losses and weights; on-policy data, so the per-step sampling is exercised too."""
     straight = train_draft(_cfg(tiny, tmp_path / "straight", data="draft", steps=6))
 
-    def stop(at, error):
-        def on_step(step, metrics):
-            if step == at:
-                raise error
-        return on_step
     sigint, killed = tmp_path / "sigint", tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
-        train_draft(_cfg(tiny, sigint, data="draft", steps=6), on_step=stop(4, KeyboardInterrupt()))
+        train_draft(_cfg(tiny, sigint, data="draft", steps=6), on_step=stop_at(4, KeyboardInterrupt()))
     assert read_checkpoint(sigint / CHECKPOINT_FILE)["step"] == 4
     assert not (sigint / INFO_FILE).exists()
     with pytest.raises(RuntimeError):                     # dies at step 5: the step-3 checkpoint is what is left
         train_draft(_cfg(tiny, killed, data="draft", steps=6, checkpoint_interval=3),
-                    on_step=stop(5, RuntimeError("killed")))
+                    on_step=stop_at(5, RuntimeError("killed")))
     assert read_checkpoint(killed / CHECKPOINT_FILE)["step"] == 3
     a = read_checkpoint(os.path.join(straight, CHECKPOINT_FILE))
     for folder in (sigint, killed):

@@ -68,3 +68,13 @@ def tiny_training_target(root):
     for i in range(3):
         (corpus / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} - {i}\n" for j in range(30)))
     return str(root / "target"), str(corpus)
+
+
+def stop_at(step: int, error: BaseException):
+    """A trainer's on_step that raises `error` once step `step` is finished: a Ctrl-C there
+    (KeyboardInterrupt: the loop saves that step's checkpoint) or a crash (anything else: the last
+    periodic checkpoint is what is left)."""
+    def on_step(done: int, metrics: dict) -> None:
+        if done == step:
+            raise error
+    return on_step

@@ -4,6 +4,10 @@ per target forward) and writes it with a plot. Acceptance does not depend on the
 is measured here (`specdec bench early_exit` times the same rows).
 
     python scripts/measure/early_exit_layers.py --target DIR --split SPLIT.json --out FOLDER
+    python scripts/measure/early_exit_layers.py --target TUNED --split ... --out FOLDER --baseline BEFORE/layers.json
+
+--baseline: an earlier run's layers.json (the same target before `specdec train early-exit`) drawn beside
+this one's rows in the plot, labelled before and after.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--baseline", help="an earlier run's layers.json to plot beside this one (before / after)")
     args = parser.parse_args(argv)
     from omegaconf import OmegaConf
     from specdec.benchmarks.config import PromptsConfig
@@ -50,17 +55,23 @@ def main(argv: list[str]) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "layers.json"), "w") as fh:
         json.dump({"args": vars(args), "rows": rows}, fh, indent=1)
+    runs = [("this run", rows)]
+    if args.baseline:
+        with open(args.baseline) as fh:
+            runs = [("before", json.load(fh)["rows"]), ("after", rows)]
     from specdec.benchmarks.plots import pyplot
     plt = pyplot()
     fig, left = plt.subplots(figsize=(6, 3.5))
-    xs = [r["exit_layer"] for r in rows]
-    left.plot(xs, [r["acceptance"] for r in rows], "o-", label="drafted tokens accepted")
-    left.set_xlabel("exit layer E")
-    left.set_ylabel("acceptance")
     right = left.twinx()
-    right.plot(xs, [r["tokens_per_forward"] for r in rows], "s--", color="tab:orange", label="tokens per forward")
-    right.set_ylabel("tokens per target forward")
-    fig.legend(loc="upper left")
+    for (label, shown), color in zip(runs, ("tab:blue", "tab:orange")):
+        xs = [r["exit_layer"] for r in shown]
+        left.plot(xs, [r["acceptance"] for r in shown], "o-", color=color, label=f"drafted tokens accepted ({label})")
+        right.plot(xs, [r["tokens_per_forward"] for r in shown], "s--", color=color, alpha=0.6,
+                   label=f"tokens per forward ({label})")
+    left.set_xlabel("exit layer E")
+    left.set_ylabel("acceptance (solid)")
+    right.set_ylabel("tokens per target forward (dashed)")
+    fig.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "layers.png"), dpi=120)
     return 0
