@@ -167,33 +167,41 @@ class Window:
 # ---------------------------------------------------------------------- the strategy
 @dataclass(frozen=True)
 class Drafted:
-    """One proposal, for observe: the tree, and the forward's row of each column's last-level cell
-    (0: the pending token's row, for N = 2 and column 0; None: cut by the depth budget)."""
+    """One proposal, for observe: the tree, the forward's row of each column's last-level cell (0: the
+    pending token's row, for N = 2 and column 0; None: cut by the depth budget), and the nodes on the
+    verification branch's paths (a node the window shares with them among them)."""
     tree: CandidateTree
     last_rows: tuple[int | None, ...]
+    guess_nodes: frozenset[int] = frozenset()
 
 
-def draft(window: Window, guesses: Sequence[Sequence[int]], max_depth: int) -> tuple[list[int], list[int], list]:
-    """(tokens, parents, row of each column's last-level cell) of the merged tree: the window's columns,
-    then the guesses, each path cut at max_depth levels."""
-    columns = [window.column_path(i)[:max_depth] for i in range(window.width)]
-    tokens, parents = merge_into_trie([], (), columns + [list(g)[:max_depth] for g in guesses])
+def draft(window: Window, guesses: Sequence[Sequence[int]], max_depth: int
+          ) -> tuple[list[int], list[int], list, frozenset[int]]:
+    """(tokens, parents, row of each column's last-level cell, nodes on the guesses' paths) of the merged
+    tree: the window's columns, then the guesses, each path cut at max_depth levels."""
+    whole = [window.column_path(i) for i in range(window.width)]
+    columns = [path[:max_depth] for path in whole]
+    verified = [list(g)[:max_depth] for g in guesses]
+    tokens, parents = merge_into_trie([], (), columns + verified)
     child = {(p, t): node for node, (p, t) in enumerate(zip(parents, tokens))}
-    last_rows: list[int | None] = []
-    for path in columns:
-        expected = window.column_path(len(last_rows))
-        node = -1
+
+    def nodes_of(path: Sequence[int]) -> list[int]:
+        nodes = [-1]
         for token in path:
-            node = child[(node, token)]
-        # the last-level cell is the path's last entry; a shorter path was cut above it
-        last_rows.append(node + 1 if len(path) == len(expected) else None)
-    return tokens, parents, last_rows
+            nodes.append(child[(nodes[-1], token)])
+        return nodes[1:]
+    last_rows: list[int | None] = []
+    for path, full in zip(columns, whole):
+        last = ([-1] + nodes_of(path))[-1]       # the last-level cell: the path's end (-1: the pending token)
+        last_rows.append(last + 1 if len(path) == len(full) else None)   # a path cut shorter lost it
+    return tokens, parents, last_rows, frozenset(node for path in verified for node in nodes_of(path))
 
 
 class Lookahead(BaseStrategy):
     name = "lookahead"
     needs_hidden_states = False
     top_k_ids = 1                 # the target's argmax at every row: the window's next guesses
+    verify_whole = True           # inside auto: a window cut by the planner would stop learning
 
     def __init__(self, window: int = DEFAULT_WINDOW, ngram: int = DEFAULT_NGRAM, guesses: int = DEFAULT_GUESSES, *,
                  pool_from_context: bool = False):
@@ -229,17 +237,19 @@ class Lookahead(BaseStrategy):
     def propose(self, state: DecodeState) -> CandidateTree:
         pending = state.token_ids[-1]
         depth = max(state.max_depth, 0)
-        tokens, parents, last_rows = draft(self.window, self.pool.guesses(pending), depth)
+        tokens, parents, last_rows, guess_nodes = draft(self.window, self.pool.guesses(pending), depth)
         tree = CandidateTree(host_to_device(tokens, self.device), tuple(parents)) if tokens else \
             CandidateTree.empty(self.device)
-        self.drafted = Drafted(tree, tuple(last_rows))
+        self.drafted = Drafted(tree, tuple(last_rows), guess_nodes)
         return tree
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.context = state.token_ids
         outputs = None
         drafted, self.drafted = self.drafted, None
-        if drafted is not None and result.tree is drafted.tree and result.top_ids is not None:
+        # the rows of exactly this tree's forward (a strategy around this one may verify fewer: then none)
+        if (drafted is not None and result.tree is drafted.tree and result.top_ids is not None
+                and result.top_ids.shape[0] == 1 + drafted.tree.num_nodes):
             argmax = result.top_ids[:, 0].tolist()                  # [1 + N]: the step's one read
             outputs = [None if row is None or row >= len(argmax) else argmax[row] for row in drafted.last_rows]
             pending = state.token_ids[result.committed_before - 1]

@@ -79,6 +79,7 @@ def test_the_tree_holds_both_branches_with_the_papers_masks_and_positions():
         seen = {r - prefix for r in range(prefix, prefix + len(parents)) if sees[leaf + 1, r]}
         assert seen == {0} | {n + 1 for n in path_of(tree, leaf)}          # the pending token and its own path
     assert strategy.drafted.last_rows == (1, 3, 5)                          # rows of cells (1, 0), (1, 1), (1, 2)
+    assert strategy.drafted.guess_nodes == {1, 5, 6, 7}                     # the verification branch's nodes
 
 
 def test_after_the_step_the_window_shifts_and_the_pool_gains_the_columns_ngrams():
@@ -240,3 +241,56 @@ def test_the_depth_budget_cuts_the_tree():
     assert max(tree.depths()) == 1
     assert strategy.drafted.last_rows[0] is not None and strategy.drafted.last_rows[1:] == (None,) * 3
     assert strategy.propose(state_of(PROMPT, max_depth=0)).num_nodes == 0
+
+
+# ---------------------------------------------------------------------- inside auto
+def auto_with_lookahead(target, **overrides):
+    from specdec.strategies.auto import from_config as auto_from_config
+    cfg = load_spec_config("auto", {"auto.drafter": "lookahead", "auto.profile": False, "lookahead.window": 3,
+                                    "lookahead.ngram": 3, "lookahead.guesses": 2, **overrides})
+    return auto_from_config(cfg, target, None, target.device, target.dtype)
+
+
+def test_auto_with_lookahead_verifies_its_tree_whole_and_is_greedy_identical():
+    """auto.drafter = lookahead: when auto calls it, the whole window and guesses are verified (never
+    pruned: the window learns from every node's row), merged with prompt lookup's paths; the text is
+    the target's, and the window learns from the steps that called it."""
+    from specdec.costmodel import CostProfile
+    from specdec.strategies.auto import Auto
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    strategy = auto_with_lookahead(target, **{"auto.explore_every": 1})
+    assert isinstance(strategy, Auto) and isinstance(strategy.drafter, Lookahead) and strategy.top_k_ids == 1
+    strategy.costs = CostProfile((0, 64), (1.0, 20.0), 0)                 # nodes the planner would prune alone
+    rows_read = []                          # (nodes drafted, rows of the forward the drafter then read)
+    drafter = strategy.drafter
+    real_propose, real_observe = drafter.propose, drafter.observe
+
+    def propose(state):
+        drafter.last_tree = real_propose(state)
+        return drafter.last_tree
+
+    def observe(state, result):
+        if result.tree is getattr(drafter, "last_tree", None) and result.tree.num_nodes:
+            rows_read.append((result.tree.num_nodes, result.top_ids.shape[0]))
+        real_observe(state, result)
+    drafter.propose, drafter.observe = propose, observe
+    sd = Speculator(target, None, strategy)
+    for prompt in (PROMPT, PROMPT[::-1] + PROMPT):
+        out = sd.generate(prompt, max_new_tokens=N, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, prompt, N, eos_token_id=None)
+    assert strategy.neural_calls > 0 and rows_read
+    assert all(rows == 1 + nodes for nodes, rows in rows_read)             # every node verified, its row read
+    assert any(strategy.drafter.window.learned[level][col] for level in range(2) for col in range(3))
+
+
+def test_auto_prices_lookahead_out_where_its_rows_cost_what_they_bring():
+    """Where every extra row costs as much as a plain step, auto stops calling lookahead after its looks."""
+    from specdec.costmodel import CostProfile
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    strategy = auto_with_lookahead(target)
+    strategy.costs = CostProfile((0, 64), (1.0, 65.0), 0)                 # each node: one more forward
+    strategy.adapt_costs = False
+    strategy.draft_cost_s = 0.0
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=48, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, 48, eos_token_id=None)
+    assert 0 < strategy.neural_calls <= 48 // 8                            # a first call, then looks far apart
