@@ -3,9 +3,10 @@ greedy generation on held-out prompts, and per verify step the nodes of the look
 window's cells) and of the verification branch (the pool's n-grams after the pending token; a node on
 both counts as verification), and the accepted nodes of each. Prints a markdown table. Acceptance does
 not depend on the machine's load; no time is measured here (`specdec bench lookahead` times the same
-rows).
+rows). With --auto, also auto with lookahead as its drafter (auto.drafter=lookahead, its verify costs
+measured at load, cached under SPECDEC_HOME): the share of steps where it called lookahead.
 
-    python scripts/measure/lookahead_branches.py --target DIR --split SPLIT.json
+    python scripts/measure/lookahead_branches.py --target DIR --split SPLIT.json [--auto]
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=384)
     parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--auto", action="store_true", help="also auto.drafter=lookahead: how often auto calls it")
+    parser.add_argument("--skip-settings", action="store_true", help="only the --auto row")
     args = parser.parse_args(argv)
     from omegaconf import OmegaConf
     from specdec import Speculator
@@ -58,7 +61,7 @@ def main(argv: list[str]) -> int:
     print("| W, N, G | context pool | tok/fwd | nodes per step: window / verification | accepted per step: "
           "window / verification |")
     print("|---|---|---|---|---|")
-    for window, ngram, guesses, pool in SETTINGS:
+    for window, ngram, guesses, pool in () if args.skip_settings else SETTINGS:
         totals = dict(steps=0, window=0, verification=0, kept_window=0, kept_verification=0, new=0, forwards=0)
         for prompt in prompts:
             strategy = Recorded(window, ngram, guesses, pool_from_context=pool)
@@ -71,6 +74,18 @@ def main(argv: list[str]) -> int:
         print(f"| {window}, {ngram}, {guesses} | {'yes' if pool else 'no'} | {totals['new'] / totals['forwards']:.2f} | "
               f"{totals['window'] / steps:.1f} / {totals['verification'] / steps:.1f} | "
               f"{totals['kept_window'] / steps:.2f} / {totals['kept_verification'] / steps:.2f} |", flush=True)
+    if args.auto:
+        import specdec
+        sd = specdec.load("auto", **{"target.path": args.target, "auto.drafter": "lookahead"})
+        calls = forwards = new = 0
+        for prompt in prompts:
+            before = sd.strategy.neural_calls
+            out = sd.generate(prompt, max_new_tokens=args.new, ignore_eos=True)
+            calls += sd.strategy.neural_calls - before
+            forwards += out.stats.target_forwards
+            new += len(out.token_ids)
+        print(f"\nauto + lookahead (defaults): lookahead called on {calls} of {forwards} steps; "
+              f"{new / forwards:.2f} tokens per forward", flush=True)
     return 0
 
 
