@@ -7,7 +7,8 @@ Two branches ride in every verify forward:
   guesses the token at position base + l + i, where base is the pending token's position; cell
   (0, 0) IS the pending token (as in llama.cpp's and the authors' code), so the branch adds
   W(N - 1) - 1 rows. In the paper's mask a cell sees the committed context, the first level's cells
-  left of it and its own, and the cells above it in its column: (0, 0..i), then (1, i) .. (l - 1, i).
+  left of it and its own, and its own column from the second level down to itself: (0, 0..i), then
+  (1, i) .. (l, i).
   That set is a path. Its positions run base .. base + l + i with no gap, so the cell is exactly a
   tree node whose ancestors are that path: the first level is a chain below the pending token, and
   each column hangs below its first-level cell as a chain of N - 2 nodes. Our tree mask is then the
@@ -15,9 +16,10 @@ Two branches ride in every verify forward:
 * The verification branch: the pool's n-grams (at most G, the latest kept) whose first token is the
   pending token, their other N - 1 tokens as paths below it.
 
-Both branches are merged into one trie (strategies' usual merge_into_trie: a path reuses the node
-that already holds its token below the same parent). A shared node has one path, so one set of
-logits: merging changes no cell's attention nor position, and only drops duplicate rows.
+Both branches are merged into one trie (specdec.tree.merge_into_trie, as prompt lookup merges its
+matches: a path reuses the node that already holds its token below the same parent). A shared node
+has one path, so one set of logits: merging changes no cell's attention nor position, and only drops
+duplicate rows.
 
 The verifier walks the tree as it walks any tree, so a lookahead node that the target agrees with is
 accepted like any other node, and one it does not agree with is not: the committed text is the
@@ -41,8 +43,8 @@ call's own (never the call's sampling one).
 `pool_from_context` also puts every n-gram of the context into the pool (TensorRT-LLM fills its pool
 from the prompt; the authors' POOL_FROM_PROMPT), prompt lookup's guesses folded into the pool.
 
-Cost: (W + G)(N - 1) rows per forward at most, whatever is accepted: on a device where extra rows
-are not free the window costs more than it brings (docs/strategies.md).
+Cost: (W + G)(N - 1) rows per forward at most (the pending token's included), whatever is accepted:
+on a device where extra rows are not free the window can cost more than it brings (docs/strategies.md).
 """
 from __future__ import annotations
 
