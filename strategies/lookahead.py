@@ -74,7 +74,7 @@ class LookaheadConfig:
     size has two names, ours and TensorRT-LLM's; set either (both: they must agree). Unset: the default."""
     window: Optional[int] = setting(None, min=1)        # W, the window's columns (default 5)
     ngram: Optional[int] = setting(None, min=2)         # N, the n-gram size; the window has N - 1 levels (default 4)
-    guesses: Optional[int] = setting(None, min=1)       # G, the most n-grams kept and verified per first token (default 5)
+    guesses: Optional[int] = setting(None, min=1)       # G, n-grams kept (and verified) per first token (default 5)
     max_window_size: Optional[int] = setting(None, min=1)            # TensorRT-LLM's name for window
     max_ngram_size: Optional[int] = setting(None, min=2)             # TensorRT-LLM's name for ngram
     max_verification_set_size: Optional[int] = setting(None, min=1)  # TensorRT-LLM's name for guesses

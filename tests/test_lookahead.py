@@ -68,7 +68,8 @@ def test_the_tree_holds_both_branches_with_the_papers_masks_and_positions():
         row = node + 1
         assert tokens[node] == window[level][col]
         assert positions[row] == prefix + level + col                       # base + l + i (base: the pending token's)
-        seen_cells = {cell_of_row.get(r - prefix, ('guess row', r - prefix)) for r in range(prefix, prefix + len(parents)) if sees[row, r]}
+        seen_cells = {cell_of_row.get(r - prefix, ("guess row", r - prefix))
+                      for r in range(prefix, prefix + len(parents)) if sees[row, r]}
         # the paper's mask: the first level up to its column, and its own column down to itself
         expected = {(0, c) for c in range(col + 1)} | {(l, col) for l in range(1, level + 1)}
         assert seen_cells == expected, (level, col)
@@ -194,7 +195,8 @@ def test_greedy_identity(arch, sizes):
 
 def test_greedy_identity_ragged_batch(arch):
     target = tiny_model(arch, seed=1, sharpen=4.0)
-    assert_ragged_batch_greedy_identical(Speculator(target, char_tokenizer(), Lookahead(window=3, ngram=3, guesses=3, pool_from_context=True)))
+    strategy = Lookahead(window=3, ngram=3, guesses=3, pool_from_context=True)
+    assert_ragged_batch_greedy_identical(Speculator(target, char_tokenizer(), strategy))
 
 
 class Seeded(Lookahead):

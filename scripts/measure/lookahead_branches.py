@@ -56,7 +56,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     target = load_model(args.target, "target", torch.device("cpu"), torch.float32)
     tokenizer = load_tokenizer(args.target)
-    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens, split=args.split))
+    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens,
+                                             split=args.split))
     prompts = [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
     print("| W, N, G | context pool | tok/fwd | nodes per step: window / verification | accepted per step: "
           "window / verification |")
@@ -71,7 +72,8 @@ def main(argv: list[str]) -> int:
             totals["new"] += len(out.token_ids)
             totals["forwards"] += out.stats.target_forwards
         steps = totals["steps"]
-        print(f"| {window}, {ngram}, {guesses} | {'yes' if pool else 'no'} | {totals['new'] / totals['forwards']:.2f} | "
+        print(f"| {window}, {ngram}, {guesses} | {'yes' if pool else 'no'} | "
+              f"{totals['new'] / totals['forwards']:.2f} | "
               f"{totals['window'] / steps:.1f} / {totals['verification'] / steps:.1f} | "
               f"{totals['kept_window'] / steps:.2f} / {totals['kept_verification'] / steps:.2f} |", flush=True)
     if args.auto:
