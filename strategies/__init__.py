@@ -14,6 +14,7 @@ REGISTRY = {
     "token_recycling": "specdec.strategies.token_recycling",
     "sam": "specdec.strategies.sam",
     "rest": "specdec.strategies.rest",
+    "lookahead": "specdec.strategies.lookahead",
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "early_exit": "specdec.strategies.early_exit",

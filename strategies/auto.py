@@ -10,8 +10,10 @@ by the step times observed since) plus drafting; nothing when nothing pays.
 What may be pruned, losslessly: point masses (prompt lookup; every node when greedy or with the
 coupled sampler) are functions of the context, so any of them may be dropped. A tree the drafter
 *sampled* (draft_probs given, rejection sampling) is verified whole or not drafted at all: keeping
-a sampled node because of the token it drew would change the law that node was drawn from. The
-drafter is called (or not) before it drafts, from the rates planned on earlier steps.
+a sampled node because of the token it drew would change the law that node was drawn from. So is
+the tree of a drafter that says verify_whole (lookahead: its window learns from every node's row),
+priced whole against lookup alone. The drafter is called (or not) before it drafts, from the rates
+planned on earlier steps.
 
 The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
 rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
@@ -39,7 +41,7 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
-DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling")   # auto.drafter's choices
+DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling", "lookahead")   # auto.drafter's choices
 
 
 @dataclass
@@ -51,7 +53,8 @@ class AutoConfig:
     drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
     #                                     with a path; "none" = lookup only; early_exit / mtp: the target's own layers
     #                                     or MTP modules; token_recycling: the target's own top-k table (needs no path;
-    #                                     the token_recycling: section configures it)
+    #                                     the token_recycling: section configures it); lookahead: its Jacobi window
+    #                                     and n-gram pool, verified whole (the lookahead: section configures it)
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
@@ -338,7 +341,7 @@ class Auto(BaseStrategy):
             merged, source = merge_paths(neural_tree, paths, lookup_nodes + neural_tree.num_nodes)
             accept, keys = self._estimates(merged, source, state)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
-            forced = range(neural_tree.num_nodes) if sampled else ()
+            forced = range(neural_tree.num_nodes) if sampled or self.drafter.verify_whole else ()
             draft_cost = self.draft_cost_s or 0.0
             keep, rate = plan(merged.parents, accept, self.verify_cost, draft_cost, self.max_nodes, forced=forced)
             self.plan_with[context] = _ema_pair(self.plan_with.get(context),

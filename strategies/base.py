@@ -57,6 +57,8 @@ class BaseStrategy:
     #                                    verify forward (StepResult.top_ids, computed on the device) and of
     #                                    the prefill (DecodeState.prompt_top_ids); 0: none, and nothing is
     #                                    computed (read once per step: a strategy may change it between steps)
+    verify_whole: bool = False         # its trees are verified whole or not at all: a strategy around it (auto)
+    #                                    may not prune them (lookahead: the window learns from every node's row)
 
     # ------------------------------------------------------------------ every call
     def bind(self, target, tokenizer) -> None:
@@ -212,6 +214,7 @@ class _WithDefaults(BaseStrategy):
     draft_cost_s = property(lambda self: self._own("draft_cost_s"))
     tree_sizes = property(lambda self: self._own("tree_sizes"))
     top_k_ids = property(lambda self: self._own("top_k_ids") or 0)
+    verify_whole = property(lambda self: bool(self._own("verify_whole")))
 
     def bind(self, target, tokenizer) -> None:
         self._strategy.bind(target, tokenizer)

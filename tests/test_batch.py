@@ -22,6 +22,7 @@ from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
 from specdec.strategies.token_recycling import TokenRecycling
+from specdec.strategies.lookahead import Lookahead
 from specdec.verifier import Verifier
 
 PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n    x = x + 1",
@@ -52,12 +53,14 @@ def strategy(name: str, target):
         "early_exit_chain": lambda: EarlyExit(1, num_tokens=3),
         "early_exit_tree": lambda: EarlyExit(1, branching=[2, 2, 1]),
         "token_recycling": lambda: TokenRecycling(profile=False),
+        "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
               "medusa", "eagle",
-              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree", "token_recycling"]
+              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree", "token_recycling",
+              "lookahead"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:

@@ -24,12 +24,13 @@ from specdec.strategies.planner import Calibrator
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
 from specdec.strategies.token_recycling import TokenRecycling
+from specdec.strategies.lookahead import Lookahead
 
 THREADS, CALLS = 8, 4
 PROMPTS = ["def parse(text):\n    return text", "class Foo:\n    x = 1\n    y = 2", "for i in range(10):\n    print(i)",
            "import os\nimport sys\n", "a = b = c = 1; a = b = c", "while True:\n    pass"]
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto", "suffix",
-              "token_recycling"]
+              "token_recycling", "lookahead"]
 
 
 def _target():
@@ -50,6 +51,7 @@ def build(name: str) -> Speculator:
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
         "suffix": lambda: Suffix(),
         "token_recycling": lambda: TokenRecycling(profile=False),
+        "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
     }[name]()
     return Speculator(target, char_tokenizer(), strategy)
 

@@ -484,3 +484,22 @@ def test_rest_reproduces_autoregressive(arch, tmp_path):
         assert tokens == autoregressive(target, PROMPT, seed, n=32)
         kinds += step_kinds
     assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds
+
+
+def test_lookahead_reproduces_autoregressive(arch):
+    """lookahead's window (the target's argmax guesses) and pool (with the context's n-grams) draft trees
+    accepted in full, in part or not at all, and the text is autoregressive's for every seed; under the
+    rejection sampler the same seeds give other texts (the control)."""
+    from specdec.strategies.lookahead import Lookahead
+    target = with_output_bias(target_of(arch), token=7, bias=3.0 if arch == "gpt2" else 5.0)
+    kinds = Counter()
+    for seed in (0, 1, 2):
+        strategy = Lookahead(window=3, ngram=3, guesses=3, pool_from_context=True)
+        tokens, step_kinds = run(target, strategy, PROMPT, seed, n=32)
+        assert tokens == autoregressive(target, PROMPT, seed, n=32)
+        kinds += step_kinds
+    assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds
+    strategy = Lookahead(window=3, ngram=3, guesses=3, pool_from_context=True)
+    differs = [run(target, strategy, PROMPT, seed, sampler="rejection", n=32)[0]
+               != autoregressive(target, PROMPT, seed, sampler="rejection", n=32) for seed in range(4)]
+    assert any(differs)

@@ -31,6 +31,7 @@ from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.token_recycling import TokenRecycling
+from specdec.strategies.lookahead import Lookahead
 from specdec.batch import BatchVerifier
 from specdec.compiled import padded_parents
 from specdec.tree import is_chain, with_pending_root
@@ -47,6 +48,7 @@ STRATEGIES = {
     "draft_chain": lambda: DraftModel(DRAFT, num_tokens=4, adaptive=False),
     "draft_tree": lambda: DraftModel(DRAFT, num_tokens=3, branching=[2, 2, 1], adaptive=False),
     "token_recycling": lambda: TokenRecycling(profile=False),     # asks for every row's top-k: still no read
+    "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),   # its argmax read is the strategy's own
 }
 SAMPLERS = {   # name: (generate arguments, engine reads allowed per step)
     "greedy": (dict(temperature=0.0), 1),

@@ -2,13 +2,14 @@
 "strategy").
 
 Reads (device -> host, a sync on a GPU): batched per depth, never per drafted token or node.
-Budgets: a draft chain <= 1 per step, trees <= depth + 2, prompt lookup 0.
+Budgets: a draft chain <= 1 per step, trees <= depth + 2, prompt lookup 0, lookahead 1 (the target's argmax
+at the window's last level: its next guesses are host data, as its n-gram pool is).
 
 Writes (host -> device), after the call's first proposal (its setup: the prompt fed to the drafter,
 the generation_config processing built): the drafters feed the pending token and the accepted
 tokens from the device (DecodeState.pending, the tree's own tokens), so per step
   * none for the draft model and medusa (their trees' shapes were seen in the
-    warm-up call), <= 1 for prompt lookup (its guesses are host data by nature), <= depth for eagle
+    warm-up call), <= 1 for prompt lookup (its guesses are host data by nature) and lookahead, <= depth for eagle
     (its dynamic tree levels' masks: one copy per new shape), plus the coupled noise's key window;
   * rejection sampling (T=0.8) the same: the engine's drawn token stays on the device too."""
 from __future__ import annotations
@@ -30,6 +31,7 @@ from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.token_recycling import TokenRecycling
+from specdec.strategies.lookahead import Lookahead
 
 TARGET = tiny_model("llama", seed=1, sharpen=4.0)
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
@@ -56,6 +58,7 @@ DRAFTERS = {
     "eagle": (lambda: Eagle(random_drafter(TARGET), max_nodes=16, top_k=4, depth=6), 6 + 2, 6),
     "prompt lookup": (lambda: PromptLookup(), 0, 1),
     "token recycling": (lambda: TokenRecycling(profile=False), 0, 0),
+    "lookahead": (lambda: Lookahead(window=3, ngram=3, guesses=2), 1, 1),
 }
 
 

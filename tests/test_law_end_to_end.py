@@ -281,3 +281,24 @@ def test_negative_control_always_accept_through_rest(tmp_path):
     with mock.patch("specdec.loop.accept_sampling", always_accept):
         tokens = token_law(generation_law(rest_speculator(tmp_path), PROMPT, NEW, TOP2))
     assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.05
+
+
+# ---------------------------------------------------------------------- lookahead
+def lookahead_speculator():
+    """Lookahead with a window of 3 columns and 2-grams: its first step verifies the first level (two
+    tokens drawn from the prompt), the next one the target's own guesses and the pooled 2-grams."""
+    from specdec.strategies.lookahead import Lookahead
+    return Speculator(TARGET, None, Lookahead(window=3, ngram=2, guesses=2, pool_from_context=True))
+
+
+def test_lookahead_law_is_the_targets():
+    law = generation_law(lookahead_speculator, PROMPT, NEW, TOP2)
+    assert_lossless(law, PROMPT, TOP2)
+    assert probability(law, lambda tokens, accepted: sum(accepted) > 0) > 0.01      # lookahead nodes kept
+    assert probability(law, lambda tokens, accepted: accepted[0] == 0) > 0.01       # and a step keeping none
+
+
+def test_negative_control_always_accept_through_lookahead():
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(lookahead_speculator, PROMPT, NEW, TOP2))
+    assert total_variation(tokens, target_law(PROMPT, TOP2)) > 0.05

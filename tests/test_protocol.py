@@ -28,6 +28,7 @@ from specdec.strategies.early_exit import EarlyExit
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
+from specdec.strategies.lookahead import Lookahead
 from specdec.strategies.rest import Rest
 from specdec.strategies.sam import Sam
 from specdec.strategies.token_recycling import TokenRecycling
@@ -166,6 +167,7 @@ CASES = {
     "suffix": ("suffix", lambda target, log: Suffix()),
     "token_recycling": ("token_recycling", lambda target, log: TokenRecycling(profile=False)),
     "rest": ("rest", lambda target, log: Rest(datastore_of(PROMPTS))),
+    "lookahead": ("lookahead", lambda target, log: Lookahead(window=3, ngram=3, guesses=2)),
     "sam": ("sam", lambda target, log: Sam(PromptLookup(min_ngram=2, max_ngram=3), TokenRecycling(profile=False))),
     "draft_chain": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), num_tokens=3)),
     "draft_tree": ("draft_model", lambda target, log: DraftModel(noisy_copy(target), branching=[2, 1])),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import char_tokenizer, hf_greedy, tiny_model
+from conftest import assert_ragged_batch_greedy_identical, char_tokenizer, hf_greedy, tiny_model
 from specdec import Speculator
 from specdec.config import load_spec_config
 from specdec.costmodel import CostProfile
@@ -243,14 +243,7 @@ def test_greedy_identity(arch):
 
 def test_greedy_identity_ragged_batch(arch):
     target = tiny_model(arch, seed=1, sharpen=4.0)
-    sd = Speculator(target, char_tokenizer(), recycler())
-    prompts = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)", "ab"]
-    lengths = [20, 7, 30, 12]
-    outs = sd.generate(prompts, max_new_tokens=lengths, ignore_eos=True, batch_size=3)
-    for prompt, out, n in zip(prompts, outs, lengths):
-        assert out.token_ids == hf_greedy(target, sd.tokenizer(prompt)["input_ids"], n, eos_token_id=None)
-    assert outs.stats.target_forwards < sum(out.stats.target_forwards for out in outs)
-    assert sum(outs.stats.accepted_lengths) > 0
+    assert_ragged_batch_greedy_identical(Speculator(target, char_tokenizer(), recycler()))
 
 
 # ---------------------------------------------------------------------- inside auto

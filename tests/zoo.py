@@ -33,6 +33,7 @@ def strategies(target):
     from specdec.strategies.prompt_lookup import PromptLookup
     from specdec.strategies.suffix import Suffix
     from specdec.strategies.token_recycling import TokenRecycling
+    from specdec.strategies.lookahead import Lookahead
 
     def heads(conditioned):
         torch.manual_seed(0)
@@ -45,6 +46,7 @@ def strategies(target):
         "prompt_lookup": lambda: PromptLookup(),
         "suffix": lambda: Suffix(),
         "token_recycling": lambda: TokenRecycling(costs=CostProfile((0, 64), (1.0, 1.5), 0)),
+        "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
         "draft chain": lambda: DraftModel(draft, num_tokens=4),
         "draft tree": lambda: DraftModel(draft, branching=[3, 2, 1, 1]),
         "medusa": lambda: Medusa(heads(False), max_nodes=8, top_k=4),

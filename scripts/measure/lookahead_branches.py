@@ -1,0 +1,111 @@
+"""Where lookahead's accepted tokens come from, on unseen code: for each setting (W, N, G, context pool),
+greedy generation on held-out prompts, and per verify step the nodes of the lookahead branch (the
+window's cells) and of the verification branch (the pool's n-grams after the pending token; a node on
+both counts as verification), and the accepted nodes of each. Prints a markdown table. Acceptance does
+not depend on the machine's load; no time is measured here (`specdec bench lookahead` times the same
+rows). With --auto, also auto with lookahead as its drafter (auto.drafter=lookahead, its verify costs
+measured at load, cached under SPECDEC_HOME): the share of steps where it called lookahead.
+
+    python scripts/measure/lookahead_branches.py --target DIR --split SPLIT.json [--auto]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+SETTINGS = ((5, 4, 5, False), (3, 3, 3, False), (7, 5, 7, False), (5, 4, 5, True))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=384)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--auto", action="store_true", help="also auto.drafter=lookahead: how often auto calls it")
+    parser.add_argument("--skip-settings", action="store_true", help="only the --auto row")
+    args = parser.parse_args(argv)
+    from omegaconf import OmegaConf
+    from specdec import Speculator
+    from specdec.benchmarks.config import PromptsConfig
+    from specdec.benchmarks.prompts import build_prompt_sets
+    from specdec.models import load_model, load_tokenizer
+    from specdec.strategies.lookahead import Lookahead
+
+    class Recorded(Lookahead):
+        """Lookahead that sorts each step's nodes, and its accepted ones, by branch."""
+
+        def reset(self, state):
+            super().reset(state)
+            self.counts = dict(steps=0, window=0, verification=0, kept_window=0, kept_verification=0)
+
+        def observe(self, state, result):
+            on_guess = self.drafted.guess_nodes
+            if result.tree is self.drafted.tree:
+                c = self.counts
+                c["steps"] += 1
+                c["verification"] += len(on_guess)
+                c["window"] += result.tree.num_nodes - len(on_guess)
+                c["kept_verification"] += sum(1 for node in result.accepted if node in on_guess)
+                c["kept_window"] += sum(1 for node in result.accepted if node not in on_guess)
+            super().observe(state, result)
+
+    torch.set_num_threads(1)
+    target = load_model(args.target, "target", torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(args.target)
+    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens,
+                                             split=args.split))
+    prompts = [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
+    print("| W, N, G | context pool | tok/fwd | nodes per step: window / verification | accepted per step: "
+          "window / verification |")
+    print("|---|---|---|---|---|")
+    for window, ngram, guesses, pool in () if args.skip_settings else SETTINGS:
+        totals = dict(steps=0, window=0, verification=0, kept_window=0, kept_verification=0, new=0, forwards=0)
+        for prompt in prompts:
+            strategy = Recorded(window, ngram, guesses, pool_from_context=pool)
+            out = Speculator(target, tokenizer, strategy).generate(prompt, max_new_tokens=args.new, ignore_eos=True)
+            for key, value in strategy.counts.items():
+                totals[key] += value
+            totals["new"] += len(out.token_ids)
+            totals["forwards"] += out.stats.target_forwards
+        steps = totals["steps"]
+        print(f"| {window}, {ngram}, {guesses} | {'yes' if pool else 'no'} | "
+              f"{totals['new'] / totals['forwards']:.2f} | "
+              f"{totals['window'] / steps:.1f} / {totals['verification'] / steps:.1f} | "
+              f"{totals['kept_window'] / steps:.2f} / {totals['kept_verification'] / steps:.2f} |", flush=True)
+    if args.auto:
+        from collections import Counter
+        import specdec
+        from specdec.strategies.auto import Auto
+        reasons: Counter = Counter()
+        decide = Auto._call_drafter
+
+        def traced(self, state, context):
+            """Why auto called the drafter: a look (the first of a context, a look's second call, a look
+            after its gap) or because its planned rate beat lookup alone's."""
+            second = self.steps_since_call == 1 and not self.steady_call
+            rate_with, rate_without = self.planned_rates(context)
+            called = decide(self, state, context)
+            if called:
+                pays = not second and rate_with is not None and rate_with >= rate_without
+                reasons["pays" if pays else "look"] += 1
+            return called
+        Auto._call_drafter = traced
+        sd = specdec.load("auto", **{"target.path": args.target, "auto.drafter": "lookahead"})
+        calls = forwards = new = 0
+        for prompt in prompts:
+            before = sd.strategy.neural_calls
+            out = sd.generate(prompt, max_new_tokens=args.new, ignore_eos=True)
+            calls += sd.strategy.neural_calls - before
+            forwards += out.stats.target_forwards
+            new += len(out.token_ids)
+        print(f"\nauto + lookahead (defaults): lookahead called on {calls} of {forwards} steps ({reasons['look']} "
+              f"looks, {reasons['pays']} because it paid); {new / forwards:.2f} tokens per forward", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
