@@ -39,7 +39,7 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
-DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling")   # auto.drafter's choices
+DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling", "rest")   # auto.drafter's choices
 
 
 @dataclass
@@ -51,7 +51,8 @@ class AutoConfig:
     drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
     #                                     with a path; "none" = lookup only; early_exit / mtp: the target's own layers
     #                                     or MTP modules; token_recycling: the target's own top-k table (needs no path;
-    #                                     the token_recycling: section configures it)
+    #                                     the token_recycling: section configures it); rest: a corpus datastore
+    #                                     (rest.datastore=DIR, from `specdec index`)
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
