@@ -26,7 +26,7 @@ import torch
 from specdec.atomic import atomic_write_text
 
 from .questions import answer_text, turn_prompt
-from .runner import _check_identity, _progress, coupled_rows
+from .runner import _check_identity, _progress, coupled_rows, timed_generation
 
 ANSWERS_DIR = "model_answer"
 
@@ -106,24 +106,17 @@ def run_questions(rows, reference, questions, cfg, meter, device: torch.device, 
                         progress.update(task, description=f"T={temperature:g} q{question.question_id}.{turn + 1} "
                                                           f"{row.label}")
                         ids, truncated = prompt_ids(question, answers)
-                        with meter.tally() as tally:
-                            sync()
-                            start = time.perf_counter()
-                            generation = row.generate(ids, cfg.max_new_tokens, temperature, seed)
-                            sync()
-                            elapsed = time.perf_counter() - start
+                        generation, record = timed_generation(
+                            row, ids, cfg.max_new_tokens, temperature, seed, meter, sync, prompt_set=question.category,
+                            prompt_index=question.question_id, question_id=question.question_id, turn=turn, repeat=0,
+                            **truncated)
                         new = generation.token_ids
-                        steps = ([1] * len(new) if generation.stats is None
-                                 else tokens_per_step(generation.accepted_lengths, len(new)))
-                        answers.append(answer_text(tokenizer, new))
+                        record["step_tokens"] = ([1] * len(new) if generation.stats is None
+                                                 else tokens_per_step(generation.accepted_lengths, len(new)))
+                        record["answer"] = answer_text(tokenizer, new)
+                        answers.append(record["answer"])
                         outputs[turn][row.label] = new
-                        records.append({
-                            "row": row.label, "kind": row.kind, "prompt_set": question.category,
-                            "prompt_index": question.question_id, "question_id": question.question_id,
-                            "turn": turn, "prompt_tokens": len(ids), "temperature": temperature, "seed": seed,
-                            "repeat": 0, "new_tokens": len(new), "time_s": elapsed, "forwards": tally.as_dict(),
-                            "stats": generation.stats, "step_tokens": steps, "answer": answers[-1],
-                            "identical": None, "first_mismatch": None, **truncated})
+                        records.append(record)
                         progress.advance(task)
                 for turn, by_row in outputs.items():
                     batch = [r for r in records[start_at:] if r["turn"] == turn]
