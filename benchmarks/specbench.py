@@ -24,6 +24,7 @@ from collections import defaultdict
 import torch
 
 from specdec.atomic import atomic_write_text
+from specdec.errors import ConfigError
 
 from .questions import answer_text, turn_prompt
 from .runner import _check_identity, _progress, coupled_rows, timed_generation
@@ -44,6 +45,18 @@ def model_id(prefix: str, row, dtype: str, temperature: float) -> str:
     is `vanilla`, ours the row label in lower case with runs of other characters as one '-'."""
     method = "vanilla" if row.kind == "hf" else re.sub(r"[^a-z0-9.]+", "-", row.label.lower()).strip("-")
     return f"{prefix}-{method}-{dtype}-temp-{float(temperature)}"
+
+
+def answer_ids(rows, prefix: str, dtype: str, temperatures) -> dict[tuple, str]:
+    """{(row label, temperature): model id}; two rows whose labels give one id are refused (their
+    answers would land in one file)."""
+    ids = {(row.label, t): model_id(prefix, row, dtype, t) for row in rows for t in temperatures}
+    seen: dict[str, str] = {}
+    for (label, _), name in ids.items():
+        if seen.setdefault(name, label) != label:
+            raise ConfigError(f"rows {seen[name]!r} and {label!r} would write the same answer file {name}.jsonl: "
+                              f"give one of them another label")
+    return ids
 
 
 def question_rows(rows, notes: list[str]) -> list:
@@ -201,7 +214,7 @@ def write_answers(records: list[dict], rows, reference_label: str, cfg, dtype: t
     (what Spec-Bench's speed() tokenizes the baseline's answers with)."""
     prefix = cfg.model_id or model_prefix(cfg.models)
     dtype_name = str(dtype).removeprefix("torch.")
-    ids = {(row.label, t): model_id(prefix, row, dtype_name, t) for row in rows for t in cfg.temperatures}
+    ids = answer_ids(rows, prefix, dtype_name, cfg.temperatures)
     paths = answer_files(records, ids, cfg.output_dir)
     entries = figures(records, [row.label for row in rows], reference_label)
     for entry in entries:

@@ -15,7 +15,7 @@ from conftest import char_tokenizer, tiny_model
 from specdec.benchmarks.config import load_bench_config
 from specdec.benchmarks.questions import REPEAT_TURN, load_questions, turn_prompt
 from specdec.benchmarks.run import main
-from specdec.benchmarks.specbench import tokens_per_step
+from specdec.benchmarks.specbench import answer_ids, tokens_per_step
 from specdec.errors import ConfigError, InputError
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -121,6 +121,16 @@ def test_tokens_per_step_are_the_accepted_plus_one_and_the_last_step_is_cut():
     for accepted, new_tokens in (([0, 0], 5), ([0, 2], 1), ([], 1)):
         with pytest.raises(ValueError, match="cannot have yielded"):
             tokens_per_step(accepted, new_tokens)
+
+
+def test_answer_ids_follow_spec_bench_naming_and_never_share_a_file():
+    from types import SimpleNamespace as Row
+    rows = [Row(label="prompt_lookup", kind="specdec"), Row(label="HF generate()", kind="hf")]
+    assert answer_ids(rows, "m", "float16", [0.0, 0.8]) == {
+        ("prompt_lookup", 0.0): "m-prompt-lookup-float16-temp-0.0", ("prompt_lookup", 0.8): "m-prompt-lookup-float16-temp-0.8",
+        ("HF generate()", 0.0): "m-vanilla-float16-temp-0.0", ("HF generate()", 0.8): "m-vanilla-float16-temp-0.8"}
+    with pytest.raises(ConfigError, match="same answer file m-prompt-lookup"):
+        answer_ids(rows + [Row(label="Prompt lookup", kind="specdec")], "m", "float16", [0.0])
 
 
 def test_questions_and_batches_or_repeats_are_refused():
