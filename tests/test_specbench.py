@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import char_tokenizer, tiny_model
+from conftest import char_tokenizer, save_bench_family
 from specdec.benchmarks.config import load_bench_config
 from specdec.benchmarks.questions import REPEAT_TURN, load_questions, turn_prompt
 from specdec.benchmarks.run import main
@@ -54,16 +54,7 @@ def _write_jsonl(path, items) -> str:
 @pytest.fixture(scope="module")
 def tiny_family(tmp_path_factory):
     """A tiny Llama target and, as its draft, the target without its last layer, with a character tokenizer."""
-    root = tmp_path_factory.mktemp("family")
-    tokenizer = char_tokenizer()
-    target = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
-    draft = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
-    draft.model.layers = draft.model.layers[:2]
-    draft.config.num_hidden_layers = 2
-    for name, model in {"target": target, "draft": draft}.items():
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root
+    return save_bench_family(tmp_path_factory.mktemp("family"))
 
 
 @pytest.fixture(scope="module")
