@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return _questions_main(argv[1:])
     args = _parse(argv)
     cfg = load_bench_config(args.preset, parse_overrides(args.overrides))
+    questions = load_questions(cfg.questions) if cfg.questions else None   # a bad file stops us before any model loads
     pyplot()                         # before any model runs: matplotlib (specdec[bench]) is there for the plots
     console = Console(stderr=True)
     import transformers
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     context = context_length(target, tokenizer) or 10 ** 9
     if cfg.questions:             # Spec-Bench's questions, turn by turn (benchmarks/specbench.py)
         prompt_sets = {}
-        records = specbench.run_questions(rows, reference, load_questions(cfg.questions), cfg, meter, device, tokenizer,
+        records = specbench.run_questions(rows, reference, questions, cfg, meter, device, tokenizer,
                                           context - cfg.max_new_tokens, console)
     else:
         prompt_sets = build_prompt_sets(cfg.prompts, tokenizer, context - cfg.max_new_tokens)

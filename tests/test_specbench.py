@@ -89,6 +89,8 @@ def test_load_questions_reads_the_schema_and_refuses_what_is_not(tmp_path):
         load_questions(_write_jsonl(tmp_path / "twice.jsonl", QUESTIONS[:1] * 2))
     with pytest.raises(InputError, match="does not exist"):
         load_questions(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(InputError, match="turns"):            # before any model is looked for
+        main(["specbench", f"questions={tmp_path / 'bad.jsonl'}", f"models.target={tmp_path / 'no_model'}"])
 
 
 def test_a_turn_without_a_chat_template_continues_the_conversation_text():
