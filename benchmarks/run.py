@@ -39,8 +39,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0],
                                      epilog="e.g. specdec bench quick models.target=/m/target "
                                             "models.draft=/m/draft output_dir=out")
-    parser.add_argument("preset", help="a preset in configs/bench (quick, full) or a YAML path; `specdec bench serve "
-                        "--help`: the server under concurrent clients")
+    parser.add_argument("preset", help="a preset in configs/bench (quick, full, specbench questions=FILE, ...) or a YAML "
+                        "path; `specdec bench serve --help`: the server under concurrent clients; `specdec bench "
+                        "questions --help`: a Spec-Bench question file of held-out code")
     parser.add_argument("overrides", nargs="*", help="key=value (values parsed as YAML), e.g. prompts.num=2 max_new_tokens=64 "
                                                      "only=[autoregressive,draft]")
     return parser.parse_args(argv)
