@@ -84,6 +84,9 @@ class BenchConfig:
     readme: Optional[str] = None        # another README to rewrite (default: benchmarks/README.md)
     progress: bool = True
     threads: Optional[int] = None       # torch.set_num_threads; None = torch's default (1 helps on a busy machine)
+    questions: Optional[str] = None     # a Spec-Bench question file: every row answers its questions turn by turn
+    #                                     and writes output_dir/model_answer/<model id>.jsonl (benchmarks/specbench.py)
+    model_id: Optional[str] = None      # the model part of those ids; None = the family's (or target folder's) name
     batch_sizes: List[int] = field(default_factory=list)   # non-empty: the batch benchmark (benchmarks/batch.py):
     #                                     every prompt at once through generate(list, batch_size=B), per B
 
@@ -129,6 +132,12 @@ def validate(cfg: BenchConfig) -> None:
     if "samples" in cfg.prompts.sets and (cfg.prompts.samples < 1 or cfg.prompts.samples_temperature <= 0):
         raise ConfigError(f"the samples set needs prompts.samples >= 1 and prompts.samples_temperature > 0, got "
                           f"{cfg.prompts.samples}, {cfg.prompts.samples_temperature}")
+    if cfg.questions and cfg.batch_sizes:
+        raise ConfigError("questions= and batch_sizes= are two benchmarks (Spec-Bench's answers are one sequence at a "
+                          "time): drop one of them")
+    if cfg.questions and cfg.repeats != 1:
+        raise ConfigError(f"questions= writes one answer per question, as Spec-Bench's answer files hold; got "
+                          f"repeats={cfg.repeats}: run again into another output_dir for another run")
     if any(t < 0 for t in cfg.temperatures):
         raise ConfigError(f"temperatures must be >= 0 (0 = greedy), got {list(cfg.temperatures)}")
 

@@ -18,6 +18,7 @@ NOT_SHARED = dict(min_length=0, min_new_tokens=None, exponential_decay_length_pe
 class Generation:
     token_ids: list[int]
     stats: dict | None = None          # specdec Stats.as_dict(); None for HF rows
+    accepted_lengths: list[int] | None = None   # ours: drafted tokens accepted at each verify step
 
 
 def shared_generation_config(target) -> GenerationConfig:

@@ -31,7 +31,7 @@ class SpecdecRow:
                                            top_k=0, top_p=1.0, seed=seed, ignore_eos=True)
         finally:
             target.generation_config = saved
-        return Generation(out.token_ids, out.stats.as_dict())
+        return Generation(out.token_ids, out.stats.as_dict(), list(out.stats.accepted_lengths))
 
     def forget(self) -> None:
         """Drop what the strategy keeps across calls (suffix's cached outputs, also as auto's lookup

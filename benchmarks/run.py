@@ -25,10 +25,12 @@ from .meter import ForwardMeter
 from .peers import HFRow, build_peer_rows
 from .plots import pyplot, write_plots
 from .prompts import build_prompt_sets
+from .questions import code_questions, load_questions, write_questions
 from .report import (COLUMNS_HELP, markdown_tables, readme_section, rewrite_marked_section, samples_by_index,
                      samples_table, summarize, write_json)
 from .rows import build_specdec_rows
 from .runner import run_all
+from . import specbench
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 
@@ -37,8 +39,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0],
                                      epilog="e.g. specdec bench quick models.target=/m/target "
                                             "models.draft=/m/draft output_dir=out")
-    parser.add_argument("preset", help="a preset in configs/bench (quick, full) or a YAML path; `specdec bench serve "
-                        "--help`: the server under concurrent clients")
+    parser.add_argument("preset", help="a preset in configs/bench (quick, full, specbench questions=FILE, ...) or a YAML "
+                        "path; `specdec bench serve --help`: the server under concurrent clients; `specdec bench "
+                        "questions --help`: a Spec-Bench question file of held-out code")
     parser.add_argument("overrides", nargs="*", help="key=value (values parsed as YAML), e.g. prompts.num=2 max_new_tokens=64 "
                                                      "only=[autoregressive,draft]")
     return parser.parse_args(argv)
@@ -100,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "serve":            # the server under concurrent clients (benchmarks/serve.py)
         from .serve import main as serve_main
         return serve_main(argv[1:])
+    if argv and argv[0] == "questions":        # a Spec-Bench question file of held-out code
+        return _questions_main(argv[1:])
     args = _parse(argv)
     cfg = load_bench_config(args.preset, parse_overrides(args.overrides))
+    questions = load_questions(cfg.questions) if cfg.questions else None   # a bad file stops us before any model loads
     pyplot()                         # before any model runs: matplotlib (specdec[bench]) is there for the plots
     console = Console(stderr=True)
     import transformers
@@ -125,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     rows += peer_rows
     if cfg.only:
         rows = [r for r in rows if r is reference or any(part in r.label for part in cfg.only)]
+    if cfg.questions:
+        rows = specbench.question_rows(rows, notes)
     baseline = next((r.label for r in rows if r.kind == "specdec" and r.info["strategy"] == "autoregressive"), None)
     if baseline is None:
         notes.append("no autoregressive row: the '× AR' column is empty")
@@ -138,10 +146,15 @@ def main(argv: list[str] | None = None) -> int:
             meter.watch(module, "draft")
 
     context = context_length(target, tokenizer) or 10 ** 9
-    prompt_sets = build_prompt_sets(cfg.prompts, tokenizer, context - cfg.max_new_tokens)
-    if cfg.batch_sizes:
-        return _batch_main(cfg, argv, rows, reference, baseline, prompt_sets, device, dtype, notes, console)
-    records = run_all(rows, reference, prompt_sets, cfg, meter, device, console)
+    if cfg.questions:             # Spec-Bench's questions, turn by turn (benchmarks/specbench.py)
+        prompt_sets = {}
+        records = specbench.run_questions(rows, reference, questions, cfg, meter, device, tokenizer,
+                                          context - cfg.max_new_tokens, console)
+    else:
+        prompt_sets = build_prompt_sets(cfg.prompts, tokenizer, context - cfg.max_new_tokens)
+        if cfg.batch_sizes:
+            return _batch_main(cfg, argv, rows, reference, baseline, prompt_sets, device, dtype, notes, console)
+        records = run_all(rows, reference, prompt_sets, cfg, meter, device, console)
     meter.close()
 
     summary = summarize(records, rows, baseline, reference.label)
@@ -154,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(device, dtype)
     command = "specdec bench " + shlex.join(argv)
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    answers = None
+    if cfg.questions:
+        answers, figures = specbench.write_answers(records, rows, reference.label, cfg, dtype,
+                                                   cfg.models.tokenizer or cfg.models.target)
+        tables += "\n" + figures
     payload = {
         "command": command, "date": when, "settings": as_plain(cfg), "machine": machine, "notes": notes,
         "reference_row": reference.label, "baseline_row": baseline, "identity_mismatches": mismatches,
@@ -162,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                     for name, prompts in prompt_sets.items()},
         "summary": summary, "samples_by_index": by_index, "records": records, "plots": [os.path.basename(p) for p in plots],
     }
+    if answers is not None:
+        payload["specbench"] = answers
     write_json(os.path.join(cfg.output_dir, "results.json"), payload)
     with open(os.path.join(cfg.output_dir, "results.md"), "w") as fh:
         fh.write(f"# `{cfg.name}` benchmark\n\n`{command}` — {when}\n\nMachine: {machine_line(machine)}\n\n")
@@ -176,6 +196,28 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]{mismatches} greedy output(s) differ from HF plain generate(): "
                       f"speculative decoding must be lossless — see the 'same' column[/]")
         return 3
+    return 0
+
+
+def _questions_main(argv: list[str]) -> int:
+    """`specdec bench questions OUT [key=value ...]`: Spec-Bench questions cut from held-out code
+    (benchmarks/questions.code_questions), with the specbench preset's models and prompts settings."""
+    parser = argparse.ArgumentParser(prog="specdec bench questions",
+                                     description="Write a Spec-Bench question file (question_id, category, turns) "
+                                                 "of held-out code: `code` windows to continue and two-turn `repeat` "
+                                                 "questions.", epilog="e.g. specdec bench questions "
+                                                 "code_questions.jsonl models.dir=MODELS/pycode prompts.num=4")
+    parser.add_argument("out", help="the question file to write (.jsonl)")
+    parser.add_argument("overrides", nargs="*", help="key=value of the specbench preset: models.dir, models.target, "
+                                                     "models.tokenizer, prompts.num / tokens / seed / split / source_dir")
+    args = parser.parse_args(argv)
+    cfg = load_bench_config("specbench", parse_overrides(args.overrides))
+    _resolve_models(cfg.models, cfg.prompts)
+    tokenizer = load_tokenizer(cfg.models.tokenizer or cfg.models.target, "target", key="models.tokenizer")
+    questions = code_questions(cfg.prompts, tokenizer)
+    write_questions(args.out, questions)
+    where = f"the held-out list of {cfg.prompts.split}" if cfg.prompts.split else "a seeded split"
+    print(f"{len(questions)} questions ({cfg.prompts.num} code, {cfg.prompts.num} repeat) from {where} -> {args.out}")
     return 0
 
 

@@ -9,6 +9,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from .generation import Generation
 from .meter import ForwardMeter
 
 
@@ -48,21 +49,11 @@ def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torc
         outputs = {}
         for row in rows[shift:] + rows[:shift]:
             progress.update(task, description=f"T={temperature:g} {set_name}#{prompt.index} {row.label}")
-            with meter.tally() as tally:
-                sync()
-                start = time.perf_counter()
-                generation = row.generate(token_ids, cfg.max_new_tokens, temperature, seed)
-                sync()
-                elapsed = time.perf_counter() - start
+            generation, record = timed_generation(row, token_ids, cfg.max_new_tokens, temperature, seed, meter, sync,
+                                                  prompt_set=set_name, prompt_index=prompt.index, repeat=repeat,
+                                                  **(extra or {}))
             outputs[row.label] = generation.token_ids
-            records.append({
-                "row": row.label, "kind": row.kind, "prompt_set": set_name,
-                "prompt_index": prompt.index, "prompt_tokens": len(token_ids),
-                "temperature": temperature, "seed": seed, "repeat": repeat,
-                "new_tokens": len(generation.token_ids), "time_s": elapsed,
-                "forwards": tally.as_dict(), "stats": generation.stats,
-                "identical": None, "first_mismatch": None, **(extra or {}),
-            })
+            records.append(record)
             progress.advance(task)
         if cfg.progress and not console.is_terminal:   # a log file: a line per prompt
             console.print(f"T={temperature:g} {set_name}#{prompt.index} seed {seed}: "
@@ -102,6 +93,22 @@ def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torc
                 run_rows("samples", prompt, prompt.edited, 0.0, cfg.seeds[0], 0,
                          {"sample_index": cfg.prompts.samples, "edited": True})
     return records
+
+
+def timed_generation(row, token_ids: list[int], max_new_tokens: int, temperature: float, seed: int,
+                     meter: ForwardMeter, sync, **fields) -> tuple[Generation, dict]:
+    """One timed generation of `row`, and its record: `fields` (where the prompt came from) and what was
+    measured (new tokens, wall time, the forwards `meter` counted, our loop's stats); identity unchecked."""
+    with meter.tally() as tally:
+        sync()
+        start = time.perf_counter()
+        generation = row.generate(token_ids, max_new_tokens, temperature, seed)
+        sync()
+        elapsed = time.perf_counter() - start
+    return generation, {"row": row.label, "kind": row.kind, **fields, "prompt_tokens": len(token_ids),
+                        "temperature": temperature, "seed": seed, "new_tokens": len(generation.token_ids),
+                        "time_s": elapsed, "forwards": tally.as_dict(), "stats": generation.stats,
+                        "identical": None, "first_mismatch": None}
 
 
 def coupled_rows(rows) -> list[str]:

@@ -41,7 +41,8 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
-DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling", "lookahead")   # auto.drafter's choices
+DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling", "lookahead",
+            "rest")   # auto.drafter's choices
 
 
 @dataclass
@@ -54,7 +55,8 @@ class AutoConfig:
     #                                     with a path; "none" = lookup only; early_exit / mtp: the target's own layers
     #                                     or MTP modules; token_recycling: the target's own top-k table (needs no path;
     #                                     the token_recycling: section configures it); lookahead: its Jacobi window
-    #                                     and n-gram pool, verified whole (the lookahead: section configures it)
+    #                                     and n-gram pool, verified whole (the lookahead: section configures it); rest:
+    #                                     a corpus datastore (rest.datastore=DIR, from `specdec index`)
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:

@@ -63,6 +63,21 @@ def char_tokenizer(vocab: int = VOCAB, reverse: bool = False):
     return build(vocab, reverse)
 
 
+def save_bench_family(root):
+    """The benchmark tests' tiny family in `root`: a 3-layer Llama target and, as its draft, the target
+    without its last layer (so drafts are partly accepted), saved as HF checkpoints (root/target,
+    root/draft) with a character tokenizer. Returns root."""
+    tokenizer = char_tokenizer()
+    target = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
+    draft = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    for name, model in {"target": target, "draft": draft}.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root
+
+
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
     """Reference: Hugging Face generate(do_sample=False), new tokens only."""
     out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),

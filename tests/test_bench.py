@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import char_tokenizer, tiny_model
+from conftest import char_tokenizer, save_bench_family
 from specdec.benchmarks.config import load_bench_config
 from specdec.benchmarks.prompts import build_prompt_sets
 from specdec.benchmarks.report import rewrite_marked_section
@@ -18,16 +18,7 @@ from specdec.errors import ConfigError
 def tiny_family(tmp_path_factory):
     """A tiny Llama target and, as its draft, the target without its last layer (so drafts are
     partly accepted), saved as HF checkpoints with a character tokenizer."""
-    root = tmp_path_factory.mktemp("family")
-    tokenizer = char_tokenizer()
-    target = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
-    draft = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
-    draft.model.layers = draft.model.layers[:2]
-    draft.config.num_hidden_layers = 2
-    for name, model in {"target": target, "draft": draft}.items():
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root
+    return save_bench_family(tmp_path_factory.mktemp("family"))
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +124,7 @@ def test_readme_section_is_replaced_not_duplicated(tmp_path):
     assert text.count("<!-- bench:full:start -->") == 1
 
 
-@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees", "eagle", "repeat"])
+@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees", "eagle", "repeat", "specbench"])
 def test_shipped_presets_load_and_name_known_strategy_configs(preset):
     from specdec.config import load_spec_config
     cfg = load_bench_config(preset, [])

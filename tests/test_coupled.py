@@ -399,16 +399,9 @@ def test_samplers_bench_checks_coupled_identity(tmp_path):
     """`specdec bench samplers` on tiny models (those of test_bench): every coupled row's sampled
     text is compared with the coupled autoregressive row's, and is the same. (~40 s: slow.)"""
     import json
-    from conftest import char_tokenizer
+    from conftest import save_bench_family
     from specdec.benchmarks.run import main
-    tokenizer = char_tokenizer()
-    target = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
-    draft = tiny_model("llama", seed=0, layers=3, hidden=32, sharpen=8.0)
-    draft.model.layers = draft.model.layers[:2]
-    draft.config.num_hidden_layers = 2
-    for name, model in {"target": target, "draft": draft}.items():
-        model.save_pretrained(tmp_path / name)
-        tokenizer.save_pretrained(tmp_path / name)
+    save_bench_family(tmp_path)
     out = tmp_path / "bench"
     code = main(["samplers", f"models.target={tmp_path / 'target'}", f"models.draft={tmp_path / 'draft'}",
                  "prompts.num=1", "prompts.tokens=48", "prompts.split=null", "max_new_tokens=12", "warmup_tokens=0",

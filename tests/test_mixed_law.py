@@ -199,3 +199,40 @@ def test_auto_with_token_recycling_law_is_the_targets():
     law = generation_law(speculator, PROMPT, 3, TOP3)
     assert_lossless(law, TOP3, 3)
     assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.01
+
+
+def _auto_with_rest(folder):
+    """A fresh auto per replayed call: lookup's path beside rest's trie from `folder`."""
+    from specdec.strategies.rest import Rest
+
+    def speculator():
+        rest = Rest(folder, min_match=1, max_match=4, depth=2, max_nodes=3)
+        return Speculator(TARGET, None, Auto(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=1),
+                                             rest, costs=FREE, adapt_costs=False, draft_cost_s=0.0, explore_every=1))
+    return speculator
+
+
+@pytest.fixture(scope="module")
+def rest_datastore(tmp_path_factory):
+    """A datastore where the prompt's suffix [3, 4] goes on as [4, 4] and [4, 3], and 4 as [0, ...]:
+    rest's trie differs from lookup's path [1, 0], so the merged tree has siblings of both."""
+    from specdec.strategies.datastore import build
+    folder = tmp_path_factory.mktemp("rest")
+    build([[3, 4, 4, 4, 0], [3, 4, 4, 3], [4, 0, 0, 1]], str(folder), "law test")
+    return str(folder)
+
+
+def test_auto_with_rest_law_is_the_targets(rest_datastore):
+    """auto merging lookup's path with rest's datastore trie (point masses on both sides): the target's law."""
+    law = generation_law(_auto_with_rest(rest_datastore), PROMPT, 3, TOP3)
+    assert_lossless(law, TOP3, 3)
+    # a first token 4 kept from the first tree is rest's (lookup's path starts with 1)
+    assert sum(p for (tokens, accepted), p in law.items() if accepted[0] > 0 and tokens[0] == 4) > 0.01
+
+
+def test_negative_control_auto_with_rest_always_accepting_is_not_the_targets_law(rest_datastore):
+    from unittest import mock
+    from law import always_accept
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(_auto_with_rest(rest_datastore), PROMPT, 3, TOP3))
+    assert total_variation(tokens, target_law(TOP3, 3)) > 0.05

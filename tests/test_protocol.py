@@ -190,6 +190,9 @@ CASES = {
     "auto_recycling": ("auto", lambda target, log: Auto(
         Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
         Watched(TokenRecycling(profile=False), STRATEGY, log, "auto.drafter"), profile=False, explore_every=1)),
+    "auto_rest": ("auto", lambda target, log: Auto(
+        Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
+        Watched(Rest(datastore_of(PROMPTS)), STRATEGY, log, "auto.drafter"), profile=False, explore_every=1)),
     "auto_medusa": ("auto", lambda target, log: Auto(
         None, Watched(Medusa(random_heads(target), max_nodes=6, top_k=2), STRATEGY, log, "auto.drafter"),
         profile=False, explore_every=1)),

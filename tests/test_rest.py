@@ -196,3 +196,34 @@ def test_load_by_name(tmp_path):
     folder = datastore_of_outputs(target, tokenizer, tmp_path / "ds")
     sd = specdec.load("rest", **{"target.path": str(tmp_path / "target"), "rest.datastore": folder})
     assert sd.generate(PROMPTS[0], max_new_tokens=12).stats.tokens_per_forward > 1
+
+
+# ---------------------------------------------------------------------- in auto's menu
+def test_auto_runs_rest_as_its_drafter(tmp_path):
+    """auto.drafter=rest: the datastore's trie merged with prompt lookup's paths in one tree, priced by
+    the drafting time auto measures; greedy output identical, one sequence and a ragged batch."""
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    from specdec.strategies.auto import Auto
+    target, tokenizer = tiny_model("llama", seed=1, sharpen=4.0), char_tokenizer()
+    folder = datastore_of_outputs(target, tokenizer, tmp_path / "ds")
+    cfg = load_spec_config("auto", ["auto.drafter=rest", f"rest.datastore={folder}", "auto.profile=false"])
+    strategy = build_strategy(cfg, target, tokenizer, target.device, target.dtype)
+    assert isinstance(strategy, Auto) and isinstance(strategy.drafter, Rest) and strategy.drafter.path == folder
+    sd = Speculator(target, tokenizer, strategy)
+    for prompt in PROMPTS:
+        out = sd.generate(prompt, max_new_tokens=30, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, tokenizer(prompt)["input_ids"], 30, eos_token_id=None)
+    assert strategy.neural_calls > 0 and strategy.accepted_nodes["neural"] > 0    # rest's nodes were kept
+    outs = sd.generate(PROMPTS, max_new_tokens=[20, 7, 30, 12], ignore_eos=True, batch_size=3)
+    for prompt, out, n in zip(PROMPTS, outs, [20, 7, 30, 12]):
+        assert out.token_ids == hf_greedy(target, tokenizer(prompt)["input_ids"], n, eos_token_id=None)
+
+
+def test_auto_with_rest_needs_its_datastore():
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    target = tiny_model("llama", seed=1)
+    cfg = load_spec_config("auto", ["auto.drafter=rest", "auto.profile=false"])
+    with pytest.raises(ConfigError, match="rest.datastore"):
+        build_strategy(cfg, target, char_tokenizer(), target.device, target.dtype)
