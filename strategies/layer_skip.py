@@ -75,7 +75,7 @@ class LayerSkipConfig:
     context: int = setting(32, min=0)       # auto: tokens each scoring forward reads before the window
     every: int = setting(16, min=1)         # auto: steps between searches
     candidates: int = setting(4, min=0)     # auto: neighbours of the current set scored per search
-    seed: int = 0                           # auto: the search's random generator (per call)
+    seed: int = setting(0, min=0)           # auto: the search's random generator (per call)
     num_tokens: int = setting(4, min=1)     # chain length (start value when adaptive)
     branching: Optional[List[int]] = setting(None, item_min=1)   # tree: children per node at each depth
     max_nodes: int = setting(64, min=1)     # tree node budget

@@ -402,3 +402,29 @@ def test_negative_control_the_rejection_sampler_gives_other_texts():
     texts = {tuple(Speculator(target, None, LayerSkip(attention=[0], num_tokens=4)).generate(
         PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True).token_ids) for seed in (0, 1, 2)}
     assert texts != {tuple(coupled(target, Autoregressive(), seed)) for seed in (0, 1, 2)}
+
+
+# ---------------------------------------------------------------------- in auto's menu
+def test_auto_runs_layer_skip_as_its_drafter():
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    target = target_of("llama")
+    cfg = load_spec_config("auto", ["auto.drafter=layer_skip", "layer_skip.attention=[0]", "layer_skip.mlp=[2]",
+                                    "layer_skip.auto=false", "auto.profile=false"])
+    strategy = build_strategy(cfg, target, None, target.device, target.dtype)
+    assert isinstance(strategy.drafter, LayerSkip) and strategy.drafter.start == skip_set(attention=[0], mlp=[2])
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
+
+
+def test_auto_proposes_nothing_from_layer_skip_where_nodes_cost_a_whole_step():
+    """auto prices layer_skip as every drafter: where a node costs as much as a plain step, nothing pays."""
+    from specdec.costmodel import CostProfile
+    from specdec.strategies.auto import Auto
+    from specdec.strategies.prompt_lookup import PromptLookup
+    costly = CostProfile((0, 1), (1.0, 2.0), 0, "costly")
+    strategy = Auto(PromptLookup(), LayerSkip(auto=True, every=2), costs=costly, adapt_costs=False, draft_cost_s=0.0)
+    target = target_of("llama")
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
+    assert strategy.tree_sizes == [0] * N and out.stats.tokens_per_forward == 1.0
