@@ -55,6 +55,7 @@ LOG = logging.getLogger(__name__)
 ATTENTION, MLP = "attention", "mlp"
 Sublayer = Tuple[str, int]               # (ATTENTION or MLP, decoder layer index)
 SkipSet = FrozenSet[Sublayer]
+MAX_VIEWS = 64                           # views a Skipper keeps (the oldest go first): module objects, no weights
 # the names decoder layers give their attention and MLP children (Llama, Qwen, Mistral, Gemma: self_attn and mlp;
 # GPT-2: attn; GPT-NeoX: attention; Falcon: self_attention; some MoE layers: feed_forward, ffn)
 CHILD_NAMES = {ATTENTION: ("self_attn", "attn", "attention", "self_attention"),
@@ -146,7 +147,7 @@ class Skipper:
                           for kind, names in CHILD_NAMES.items()} for layer in self.layers]
         self.key_shapes, self.value_shapes, self.outputs = self._probe()
         self.views: dict[SkipSet, nn.Module] = {}
-        self.parameters = {(kind, i): sum(p.numel() for p in self.layers[i]._modules[name].parameters())
+        self.sublayer_parameters = {(kind, i): sum(p.numel() for p in self.layers[i]._modules[name].parameters())
                            for i, names in enumerate(self.children) for kind, name in names.items() if name}
         self.layer_parameters = sum(p.numel() for layer in self.layers for p in layer.parameters())
 
@@ -176,15 +177,19 @@ class Skipper:
 
     def view(self, skipped: SkipSet) -> nn.Module:
         """The target minus the sublayers `skipped`, as a causal LM of its own (a Hugging Face model object)."""
-        if skipped not in self.views:
+        view = self.views.get(skipped)
+        if view is None:
             self.check(skipped)
-            self.views[skipped] = self._build(skipped)
-        return self.views[skipped]
+            view = self._build(skipped)
+            while len(self.views) >= MAX_VIEWS:      # auto's search meets new sets for as long as it runs
+                self.views.pop(next(iter(self.views)), None)
+            self.views[skipped] = view
+        return view
 
     def draft_cost(self, skipped: SkipSet) -> float:
         """The share of the decoder layers' parameters a view skipping `skipped` still runs: a guess at its
         forward's time over the target's."""
-        return 1.0 - sum(self.parameters[sublayer] for sublayer in skipped) / self.layer_parameters
+        return 1.0 - sum(self.sublayer_parameters[sublayer] for sublayer in skipped) / self.layer_parameters
 
     def _build(self, skipped: SkipSet) -> nn.Module:
         layers = []
