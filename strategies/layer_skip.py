@@ -26,7 +26,8 @@ skipped sublayer for one run sublayer, drawn by a seeded generator: SWIFT's rand
 are scored: the number of the last `window` committed tokens that the set's teacher-forced draft predicts
 greedily, each guess reading at least `context` tokens before the window (one forward per set, no cache).
 The best set drafts from then on (the first of equals, the current set listed first); a change rebuilds the
-draft cache from the committed text at the next proposal. The number of skipped sublayers stays what the
+draft cache from the committed text at the next proposal. The set depends on the committed text only, so
+each draft distribution is still a function of the context, and the verdicts stay lossless. The number of skipped sublayers stays what the
 start set has: `skip_fraction` of the 2L sublayers, or the size of the set given.
 """
 from __future__ import annotations
