@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
-    parser.add_argument("--fractions", type=float, nargs="*", default=[0.125, 0.25, 0.5],
+    parser.add_argument("--fractions", type=float, nargs="*", default=[0.125, 0.25],
                         help="auto's skip fractions")
     parser.add_argument("--singles", action="store_true", help="also every single sublayer skipped alone")
     parser.add_argument("--out", required=True)
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     rows = []
     print("| skipped | drafted tokens accepted | tokens per target forward | auto: set ended on, per prompt |")
     print("|---|---|---|---|")
-    for settings in [dict(s) for s in sets] + [dict(auto=True, skip_fraction=f) for f in args.fractions]:
+    for settings in [dict(auto=True, skip_fraction=f) for f in args.fractions] + [dict(s) for s in sets]:
         strategy = LayerSkip(**settings, num_tokens=args.tokens)
         ended: list[str] = []
         sd = Speculator(target, tokenizer, strategy)
