@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import random
-from collections import Counter
 from functools import lru_cache
 from unittest import mock
 
@@ -26,13 +25,13 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
-from law import always_accept, generation_law, laws_close, model_dist, sequence_law, token_law, total_variation
+from self_draft import (LAW_CASES, check_a_lying_drafter_breaks_the_law, check_always_accept_breaks_the_law,
+                        check_coupled_reproduces_autoregressive, check_hooks_stay_apart, check_output_law,
+                        check_the_rejection_sampler_gives_other_texts, lying)
 from specdec import Speculator
 from specdec.cache import new_cache
 from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.models import cache_kwargs
-from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.layer_skip import (ATTENTION, MLP, LayerSkip, Skipper, choose, neighbours, skip_set,
                                            start_set)
 
@@ -82,12 +81,7 @@ def test_the_view_shares_the_targets_modules_and_leaves_it_alone():
     assert view.lm_head is target.lm_head and view.model.norm is target.model.norm
     assert {p.data_ptr() for p in view.parameters()} <= set(before.values())      # nothing copied
     assert {name: p.data_ptr() for name, p in target.named_parameters()} == before
-    calls = []
-    handle = view.register_forward_hook(lambda *args: calls.append(1))
-    with torch.no_grad():
-        target(torch.tensor([PROMPT]))
-    handle.remove()
-    assert calls == []
+    check_hooks_stay_apart(view, target, PROMPT)
 
 
 @pytest.mark.parametrize("name", list(SETS))
@@ -337,71 +331,29 @@ def test_a_forward_that_runs_a_skipped_sublayer_is_refused():
 
 
 # ---------------------------------------------------------------------- the law
-V = 5
-LAW_TARGET = tiny_model("llama", seed=0, vocab=V, hidden=16, layers=2, sharpen=20.0)
-LAW_PROMPT = [3, 4, 1, 0]
-TOP2 = SamplingParams(1.0, top_k=2)
-
-
-def target_law(params, length: int = 3) -> dict:
-    return sequence_law(model_dist(LAW_TARGET, LAW_PROMPT, params), length)
-
-
-@pytest.mark.parametrize("shape, params", [(dict(num_tokens=2), TOP2), (dict(num_tokens=2), SamplingParams(0.8, top_p=0.6)),
-                                            (dict(branching=[2]), TOP2), (dict(branching=[1, 2]), TOP2)])
+@pytest.mark.parametrize("shape, params", LAW_CASES)
 def test_output_law_is_the_targets(shape, params):
-    law = generation_law(Speculator(LAW_TARGET, None, LayerSkip(attention=[0], mlp=[1], **shape)), LAW_PROMPT, 3,
-                         params)
-    tokens, expected = token_law(law), target_law(params)
-    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
-    assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.05      # drafts were kept
-    assert sum(p for (_, accepted), p in law.items() if accepted[0] == 0) > 0.01     # and rejected
+    check_output_law(LayerSkip(attention=[0], mlp=[1], **shape), params)
 
 
 def test_negative_control_always_accept():
-    sd = Speculator(LAW_TARGET, None, LayerSkip(attention=[0], mlp=[1], num_tokens=2))
-    with mock.patch("specdec.loop.accept_sampling", always_accept):
-        tokens = token_law(generation_law(sd, LAW_PROMPT, 3, TOP2))
-    assert total_variation(tokens, target_law(TOP2)) > 0.05
-
-
-class LyingSkip(LayerSkip):
-    """Samples from its draft distribution but reports a flatter one to the verifier."""
-
-    def _pick(self, logits, widths, state, position):
-        tokens, counts, _true_probs = super()._pick(logits, widths, state, position)
-        return tokens, counts, logits_to_probs(logits / 4, state.sampling)
+    check_always_accept_breaks_the_law(LayerSkip(attention=[0], mlp=[1], num_tokens=2))
 
 
 def test_negative_control_a_drafter_that_lies_about_its_distribution():
-    sd = Speculator(LAW_TARGET, None, LyingSkip(attention=[0], mlp=[1], num_tokens=2))
-    tokens = token_law(generation_law(sd, LAW_PROMPT, 3, TOP2))
-    assert total_variation(tokens, target_law(TOP2)) > 0.02
+    check_a_lying_drafter_breaks_the_law(lying(LayerSkip)(attention=[0], mlp=[1], num_tokens=2))
 
 
 # ---------------------------------------------------------------------- the coupled sampler
-def coupled(target, strategy, seed: int) -> list[int]:
-    return Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=seed,
-                                                       ignore_eos=True, sampler="coupled").token_ids
-
-
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_coupled_reproduces_autoregressive(arch, shape):
-    target = target_of(arch)
-    accepted = Counter()
-    for seed in (0, 1):
-        sd = Speculator(target, None, LayerSkip(attention=[0], mlp=[1], **SHAPES[shape]))
-        out = sd.generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True, sampler="coupled")
-        assert out.token_ids == coupled(target, Autoregressive(), seed)
-        accepted.update(out.stats.accepted_lengths)
-    assert sum(count for length, count in accepted.items() if length > 0) > 0
+    check_coupled_reproduces_autoregressive(target_of(arch), lambda: LayerSkip(attention=[0], mlp=[1], **SHAPES[shape]),
+                                            PROMPT, N)
 
 
 def test_negative_control_the_rejection_sampler_gives_other_texts():
-    target = target_of("llama")
-    texts = {tuple(Speculator(target, None, LayerSkip(attention=[0], num_tokens=4)).generate(
-        PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True).token_ids) for seed in (0, 1, 2)}
-    assert texts != {tuple(coupled(target, Autoregressive(), seed)) for seed in (0, 1, 2)}
+    check_the_rejection_sampler_gives_other_texts(target_of("llama"), lambda: LayerSkip(attention=[0], num_tokens=4),
+                                                  PROMPT, N)
 
 
 # ---------------------------------------------------------------------- in auto's menu

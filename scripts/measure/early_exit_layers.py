@@ -15,6 +15,20 @@ import sys
 import torch
 
 
+def held_out_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of an acceptance measurement on held-out code: --target, --split, --prompts, --prompt-tokens,
+    --new, --tokens (drafted per step), --out; described by the script's docstring."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
+    parser.add_argument("--out", required=True)
+    return parser
+
+
 def held_out_code(target_dir: str, split: str | None, count: int, prompt_tokens: int):
     """(target in fp32 on the CPU, its tokenizer, `count` held-out code prompts of `prompt_tokens` tokens)."""
     from omegaconf import OmegaConf
@@ -43,15 +57,7 @@ def acceptance(sd, prompts: list[list[int]], new: int, after_each=None) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--new", type=int, default=48)
-    parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    args = held_out_arguments(__doc__).parse_args(argv)
     from specdec import Speculator
     from specdec.strategies.early_exit import EarlyExit, num_layers
     target, tokenizer, prompts = held_out_code(args.target, args.split, args.prompts, args.prompt_tokens)

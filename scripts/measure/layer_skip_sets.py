@@ -1,33 +1,24 @@
 """Acceptance of layer_skip on unseen code: for each skip set (a few in the upper-middle layers; with --singles
-every single sublayer too) and for
-SWIFT's on-the-fly choice at a few skip fractions, a greedy chain of `--tokens` drafts on held-out prompts;
-prints a markdown table (drafted tokens accepted, tokens per target forward; for auto the set it ended on per
-prompt) and writes it as JSON. Acceptance does not depend on the machine's load; no time is measured here
-(`specdec bench` times it).
+every single sublayer too) and for SWIFT's on-the-fly choice at a few skip fractions, a greedy chain of
+`--tokens` drafts on held-out prompts; prints a markdown table (drafted tokens accepted, tokens per target
+forward; for auto the set it ended on per prompt) and writes it as JSON. Acceptance does not depend on the
+machine's load; no time is measured here (`specdec bench layer_skip` times it).
 
     python scripts/measure/layer_skip_sets.py --target DIR --split SPLIT.json --out FOLDER
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from early_exit_layers import acceptance, held_out_code
+from early_exit_layers import acceptance, held_out_arguments, held_out_code
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--new", type=int, default=48)
-    parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
+    parser = held_out_arguments(__doc__)
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.125, 0.25],
                         help="auto's skip fractions")
     parser.add_argument("--singles", action="store_true", help="also every single sublayer skipped alone")
-    parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from specdec import Speculator
     from specdec.atomic import atomic_write_json
