@@ -18,6 +18,7 @@ REGISTRY = {
     "medusa": "specdec.strategies.medusa",
     "eagle": "specdec.strategies.eagle",
     "early_exit": "specdec.strategies.early_exit",
+    "layer_skip": "specdec.strategies.layer_skip",
     "mtp": "specdec.strategies.mtp",
     "auto": "specdec.strategies.auto",
 }

@@ -41,8 +41,8 @@ from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
-DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "mtp", "token_recycling", "lookahead",
-            "rest")   # auto.drafter's choices
+DRAFTERS = (None, "none", "draft_model", "medusa", "eagle", "early_exit", "layer_skip", "mtp", "token_recycling",
+            "lookahead", "rest")   # auto.drafter's choices
 
 
 @dataclass
@@ -52,8 +52,9 @@ class AutoConfig:
     planner from the verify costs measured on this machine (specdec/costmodel.py)."""
     max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
     drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
-    #                                     with a path; "none" = lookup only; early_exit / mtp: the target's own layers
-    #                                     or MTP modules; token_recycling: the target's own top-k table (needs no path;
+    #                                     with a path; "none" = lookup only; early_exit / layer_skip / mtp: the
+    #                                     target's own layers (its first, or all but skipped sublayers) or MTP
+    #                                     modules; token_recycling: the target's own top-k table (needs no path;
     #                                     the token_recycling: section configures it); lookahead: its Jacobi window
     #                                     and n-gram pool, verified whole (the lookahead: section configures it); rest:
     #                                     a corpus datastore (rest.datastore=DIR, from `specdec index`)

@@ -49,7 +49,7 @@ def num_layers(model) -> int:
     return int(model.config.get_text_config(decoder=True).num_hidden_layers)
 
 
-def decoder_layers(model) -> str:
+def decoder_layers(model, strategy: str = "early_exit") -> str:
     """The dotted path from `model` to the nn.ModuleList of its decoder's layers: the one ModuleList of
     exactly L modules in the model (`model.layers` of Llama, Qwen2, Mistral, GPT-NeoX; `transformer.h`
     of GPT-2; `model.decoder.layers` of OPT). Anything else is refused: an architecture whose layers
@@ -58,14 +58,14 @@ def decoder_layers(model) -> str:
     found = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module) == count]
     if len(found) != 1:
         raise IncompatibleModelsError(
-            f"early_exit: the target ({type(model).__name__}, model_type {model.config.model_type!r}) has "
+            f"{strategy}: the target ({type(model).__name__}, model_type {model.config.model_type!r}) has "
             f"{'no' if not found else len(found)} lists of exactly its {count} decoder layers "
-            f"({', '.join(found) or 'none found'}), not one, so its first layers cannot be run apart from the rest; "
+            f"({', '.join(found) or 'none found'}), not one, so its layers cannot be run apart; "
             f"use another strategy (draft_model, eagle)")
     return found[0]
 
 
-def _shallow_module(module: nn.Module) -> nn.Module:
+def shallow_module(module: nn.Module) -> nn.Module:
     """A copy of `module` that shares its submodules, parameters and buffers but whose own registries
     (submodules, hooks) are new dicts: a change to the copy never reaches the original."""
     twin = copy.copy(module)
@@ -95,22 +95,31 @@ def exit_view(target, exit_layer: int) -> nn.Module:
     if not 1 <= exit_layer <= count - 1:
         raise ConfigError(f"early_exit.exit_layer must be in 1 .. {count - 1} (the target has {count} decoder "
                           f"layers; E = {count} would draft with the whole target), got {exit_layer}")
-    path = decoder_layers(target).split(".")
-    layers = list(target.get_submodule(".".join(path)))
-    config = _exit_config(target.config, exit_layer)
-    configs = {id(target.config): config,
-               id(target.config.get_text_config(decoder=True)): config.get_text_config(decoder=True)}
-    view = _shallow_module(target)
-    on_path = [view]                       # the view and every module on the way to the layers: copies
-    for name in path[:-1]:
-        on_path.append(_shallow_module(on_path[-1]._modules[name]))
-        on_path[-2]._modules[name] = on_path[-1]
-    on_path[-1]._modules[path[-1]] = nn.ModuleList(layers[:exit_layer])
-    for module in on_path:                 # they read E layers; the layers themselves keep the target's config
-        if id(getattr(module, "config", None)) in configs:
-            module.config = configs[id(module.config)]
+    layers = list(target.get_submodule(decoder_layers(target)))
+    view = view_with_layers(target, layers[:exit_layer], _exit_config(target.config, exit_layer))
     _check_runs_its_layers(view, layers, exit_layer)
     return view.eval()
+
+
+def view_with_layers(target, layers: list[nn.Module], config=None) -> nn.Module:
+    """A shallow copy of `target` whose decoder runs `layers` (modules, the target's own or stand-ins for
+    them) in place of its own list: the target and every module on the way to its layer list are
+    copied (shallow_module), the rest shared. `config`: a config for the modules on that way (their
+    layer count), or None to keep the target's. The target is never changed."""
+    path = decoder_layers(target).split(".")
+    configs = {} if config is None else {
+        id(target.config): config,
+        id(target.config.get_text_config(decoder=True)): config.get_text_config(decoder=True)}
+    view = shallow_module(target)
+    on_path = [view]                       # the view and every module on the way to the layers: copies
+    for name in path[:-1]:
+        on_path.append(shallow_module(on_path[-1]._modules[name]))
+        on_path[-2]._modules[name] = on_path[-1]
+    on_path[-1]._modules[path[-1]] = nn.ModuleList(layers)
+    for module in on_path:                 # they read the new count; the layers themselves keep the target's config
+        if id(getattr(module, "config", None)) in configs:
+            module.config = configs[id(module.config)]
+    return view
 
 
 @torch.inference_mode()

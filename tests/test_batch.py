@@ -18,6 +18,7 @@ from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.early_exit import EarlyExit
+from specdec.strategies.layer_skip import LayerSkip
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
@@ -52,6 +53,8 @@ def strategy(name: str, target):
         "suffix": lambda: Suffix(),
         "early_exit_chain": lambda: EarlyExit(1, num_tokens=3),
         "early_exit_tree": lambda: EarlyExit(1, branching=[2, 2, 1]),
+        "layer_skip_chain": lambda: LayerSkip(attention=[0], mlp=[1], num_tokens=3),
+        "layer_skip_auto": lambda: LayerSkip(auto=True, every=2, branching=[2, 2, 1]),
         "token_recycling": lambda: TokenRecycling(profile=False),
         "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
     }[name]()
@@ -59,8 +62,8 @@ def strategy(name: str, target):
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
               "medusa", "eagle",
-              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree", "token_recycling",
-              "lookahead"]
+              "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree", "layer_skip_chain", "layer_skip_auto",
+              "token_recycling", "lookahead"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:

@@ -124,7 +124,8 @@ def test_readme_section_is_replaced_not_duplicated(tmp_path):
     assert text.count("<!-- bench:full:start -->") == 1
 
 
-@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees", "eagle", "repeat", "specbench"])
+@pytest.mark.parametrize("preset", ["quick", "full", "medusa_trees", "eagle", "repeat", "specbench", "early_exit",
+                                    "layer_skip", "lookahead", "step_cost"])
 def test_shipped_presets_load_and_name_known_strategy_configs(preset):
     from specdec.config import load_spec_config
     cfg = load_bench_config(preset, [])

@@ -13,19 +13,17 @@ Parity with Hugging Face's own `generate(assistant_early_exit=E)` is tests/test_
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from functools import lru_cache
-from unittest import mock
 
 import pytest
 import torch
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
-from law import always_accept, generation_law, laws_close, model_dist, sequence_law, token_law, total_variation
+from self_draft import (LAW_CASES, check_a_lying_drafter_breaks_the_law, check_always_accept_breaks_the_law,
+                        check_coupled_reproduces_autoregressive, check_hooks_stay_apart, check_output_law,
+                        check_the_rejection_sampler_gives_other_texts, lying)
 from specdec import Speculator
 from specdec.errors import ConfigError, IncompatibleModelsError
-from specdec.sampling import SamplingParams, logits_to_probs
-from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.early_exit import EarlyExit, _check_runs_its_layers, exit_view
 
 N = 24
@@ -62,13 +60,7 @@ def test_the_view_shares_the_targets_modules_and_leaves_it_alone():
     assert {name: p.data_ptr() for name, p in target.named_parameters()} == before
     shared = {p.data_ptr() for p in view.parameters()}
     assert shared <= set(before.values())           # nothing copied
-    # a hook on the view never fires on the target
-    calls = []
-    handle = view.register_forward_hook(lambda *args: calls.append(1))
-    with torch.no_grad():
-        target(torch.tensor([PROMPT]))
-    handle.remove()
-    assert calls == []
+    check_hooks_stay_apart(view, target, PROMPT)
 
 
 def test_the_view_is_the_targets_first_layers_then_its_norm_and_head():
@@ -163,70 +155,27 @@ def test_a_forward_that_runs_every_layer_is_refused():
 
 
 # ---------------------------------------------------------------------- the law
-V = 5
-LAW_TARGET = tiny_model("llama", seed=0, vocab=V, hidden=16, layers=2, sharpen=20.0)
-LAW_PROMPT = [3, 4, 1, 0]
-TOP2 = SamplingParams(1.0, top_k=2)
-
-
-def target_law(params, length: int = 3) -> dict:
-    return sequence_law(model_dist(LAW_TARGET, LAW_PROMPT, params), length)
-
-
-@pytest.mark.parametrize("shape, params", [(dict(num_tokens=2), TOP2), (dict(num_tokens=2), SamplingParams(0.8, top_p=0.6)),
-                                            (dict(branching=[2]), TOP2), (dict(branching=[1, 2]), TOP2)])
+@pytest.mark.parametrize("shape, params", LAW_CASES)
 def test_output_law_is_the_targets(shape, params):
-    law = generation_law(Speculator(LAW_TARGET, None, EarlyExit(1, **shape)), LAW_PROMPT, 3, params)
-    tokens, expected = token_law(law), target_law(params)
-    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
-    assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.05      # drafts were kept
-    assert sum(p for (_, accepted), p in law.items() if accepted[0] == 0) > 0.01     # and rejected
+    check_output_law(EarlyExit(1, **shape), params)
 
 
 def test_negative_control_always_accept():
-    sd = Speculator(LAW_TARGET, None, EarlyExit(1, num_tokens=2))
-    with mock.patch("specdec.loop.accept_sampling", always_accept):
-        tokens = token_law(generation_law(sd, LAW_PROMPT, 3, TOP2))
-    assert total_variation(tokens, target_law(TOP2)) > 0.05
-
-
-class LyingExit(EarlyExit):
-    """Samples from its exit distribution but reports a flatter one to the verifier."""
-
-    def _pick(self, logits, widths, state, position):
-        tokens, counts, _true_probs = super()._pick(logits, widths, state, position)
-        return tokens, counts, logits_to_probs(logits / 4, state.sampling)
+    check_always_accept_breaks_the_law(EarlyExit(1, num_tokens=2))
 
 
 def test_negative_control_a_drafter_that_lies_about_its_distribution():
-    tokens = token_law(generation_law(Speculator(LAW_TARGET, None, LyingExit(1, num_tokens=2)), LAW_PROMPT, 3, TOP2))
-    assert total_variation(tokens, target_law(TOP2)) > 0.02
+    check_a_lying_drafter_breaks_the_law(lying(EarlyExit)(1, num_tokens=2))
 
 
 # ---------------------------------------------------------------------- the coupled sampler
-def coupled(target, strategy, seed: int) -> list[int]:
-    return Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=seed,
-                                                       ignore_eos=True, sampler="coupled").token_ids
-
-
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_coupled_reproduces_autoregressive(arch, shape):
-    target = target_of(arch)
-    accepted = Counter()
-    for seed in (0, 1):
-        strategy = EarlyExit(1, **SHAPES[shape])
-        sd = Speculator(target, None, strategy)
-        out = sd.generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True, sampler="coupled")
-        assert out.token_ids == coupled(target, Autoregressive(), seed)
-        accepted.update(out.stats.accepted_lengths)
-    assert sum(count for length, count in accepted.items() if length > 0) > 0
+    check_coupled_reproduces_autoregressive(target_of(arch), lambda: EarlyExit(1, **SHAPES[shape]), PROMPT, N)
 
 
 def test_negative_control_the_rejection_sampler_gives_other_texts():
-    target = target_of("llama")
-    texts = {tuple(Speculator(target, None, EarlyExit(1, num_tokens=4)).generate(
-        PROMPT, max_new_tokens=N, temperature=0.8, seed=seed, ignore_eos=True).token_ids) for seed in (0, 1, 2)}
-    assert texts != {tuple(coupled(target, Autoregressive(), seed)) for seed in (0, 1, 2)}
+    check_the_rejection_sampler_gives_other_texts(target_of("llama"), lambda: EarlyExit(1, num_tokens=4), PROMPT, N)
 
 
 # ---------------------------------------------------------------------- in auto's menu

@@ -25,6 +25,7 @@ from specdec.strategies.base import BaseStrategy, BatchDrafter, DraftRows, Looku
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.early_exit import EarlyExit
+from specdec.strategies.layer_skip import LayerSkip
 from specdec.strategies.medusa import Medusa
 from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
@@ -177,6 +178,8 @@ CASES = {
                                                   max_nodes=6, top_k=2, depth=3)),
     "early_exit_chain": ("early_exit", lambda target, log: EarlyExit(1, num_tokens=3)),
     "early_exit_tree": ("early_exit", lambda target, log: EarlyExit(1, branching=[2, 1])),
+    "layer_skip_chain": ("layer_skip", lambda target, log: LayerSkip(attention=[0], mlp=[1], num_tokens=3)),
+    "layer_skip_auto": ("layer_skip", lambda target, log: LayerSkip(auto=True, every=2, branching=[2, 1])),
     "mtp": ("mtp", lambda target, log: random_mtp(target)),
     "auto_draft": ("auto", lambda target, log: Auto(
         Watched(PromptLookup(min_ngram=1, max_ngram=2), LOOKUP, log, "auto.lookup"),
@@ -248,7 +251,7 @@ def test_the_engine_calls_only_declared_hooks(case, target, references):
     assert alone == references[0] and batch == references
     if case == "bare":
         assert strategy.finished[:1] == [N]           # its own hook, reached through the defaults' view
-    if case in ("draft_chain", "draft_tree", "early_exit_chain", "early_exit_tree", "eagle", "eagle3", "auto_draft", "auto_eagle_suffix"):
+    if case in ("draft_chain", "draft_tree", "early_exit_chain", "early_exit_tree", "layer_skip_chain", "eagle", "eagle3", "auto_draft", "auto_eagle_suffix"):
         drafted_together = {name.rsplit(".", 1)[1] for name in log.seen if "batch_drafter()" in name}
         assert {"batch_key", "new_batch", "propose_many", "release"} <= drafted_together
     if case.startswith("auto_"):

@@ -29,6 +29,7 @@ def strategies(target):
     from specdec.strategies.draft_model import DraftModel
     from specdec.strategies.eagle import Eagle
     from specdec.strategies.early_exit import EarlyExit
+    from specdec.strategies.layer_skip import LayerSkip
     from specdec.strategies.medusa import Medusa
     from specdec.strategies.prompt_lookup import PromptLookup
     from specdec.strategies.suffix import Suffix
@@ -54,6 +55,8 @@ def strategies(target):
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=16, top_k=4, depth=6),
         "early_exit chain": lambda: EarlyExit(1, num_tokens=4),
         "early_exit tree": lambda: EarlyExit(1, branching=[3, 2, 1, 1]),
+        "layer_skip chain": lambda: LayerSkip(attention=[0], num_tokens=4),
+        "layer_skip auto": lambda: LayerSkip(auto=True, every=4, branching=[3, 2, 1, 1]),
         "auto": lambda: Auto(PromptLookup(), DraftModel(draft, num_tokens=4), costs=CostProfile((0, 64), (1.0, 1.5), 0),
                              adapt_costs=False, draft_cost_s=0.0),
     }

@@ -19,8 +19,10 @@ import sys
 import torch
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def held_out_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of an acceptance measurement on held-out code: --target, --split, --prompts, --prompt-tokens,
+    --new, --tokens (drafted per step), --out; described by the script's docstring."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
     parser.add_argument("--prompts", type=int, default=4)
@@ -28,30 +30,48 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--new", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--baseline", help="an earlier run's layers.json to plot beside this one (before / after)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def held_out_code(target_dir: str, split: str | None, count: int, prompt_tokens: int):
+    """(target in fp32 on the CPU, its tokenizer, `count` held-out code prompts of `prompt_tokens` tokens)."""
     from omegaconf import OmegaConf
     from specdec.benchmarks.config import PromptsConfig
     from specdec.benchmarks.prompts import build_prompt_sets
-    from specdec import Speculator
     from specdec.models import load_model, load_tokenizer
-    from specdec.strategies.early_exit import EarlyExit, num_layers
     torch.set_num_threads(1)
-    target = load_model(args.target, "target", torch.device("cpu"), torch.float32)
-    tokenizer = load_tokenizer(args.target)
-    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens, split=args.split))
-    prompts = [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
+    target = load_model(target_dir, "target", torch.device("cpu"), torch.float32)
+    tokenizer = load_tokenizer(target_dir)
+    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=count, tokens=prompt_tokens, split=split))
+    return target, tokenizer, [p.token_ids for p in build_prompt_sets(cfg, tokenizer, prompt_tokens)["code"]]
+
+
+def acceptance(sd, prompts: list[list[int]], new: int, after_each=None) -> dict:
+    """Greedy generations of `new` tokens from each prompt: drafted tokens accepted, tokens per target forward
+    and the counts behind them. after_each(): called after each prompt (what the strategy chose)."""
+    new_tokens = forwards = accepted = proposed = 0
+    for prompt in prompts:
+        stats = sd.generate(prompt, max_new_tokens=new, ignore_eos=True).stats
+        new_tokens, forwards = new_tokens + stats.new_tokens, forwards + stats.target_forwards
+        accepted, proposed = accepted + sum(stats.accepted_lengths), proposed + stats.proposed_nodes
+        if after_each is not None:
+            after_each()
+    return {"acceptance": accepted / max(proposed, 1), "tokens_per_forward": new_tokens / forwards,
+            "new_tokens": new_tokens, "target_forwards": forwards, "accepted": accepted, "proposed": proposed}
+
+
+def main(argv: list[str]) -> int:
+    parser = held_out_arguments(__doc__)
+    parser.add_argument("--baseline", help="an earlier run's layers.json to plot beside this one (before / after)")
+    args = parser.parse_args(argv)
+    from specdec import Speculator
+    from specdec.strategies.early_exit import EarlyExit, num_layers
+    target, tokenizer, prompts = held_out_code(args.target, args.split, args.prompts, args.prompt_tokens)
     rows = []
     for exit_layer in range(1, num_layers(target)):
         sd = Speculator(target, tokenizer, EarlyExit(exit_layer, num_tokens=args.tokens))
-        new = forwards = accepted = proposed = 0
-        for prompt in prompts:
-            stats = sd.generate(prompt, max_new_tokens=args.new, ignore_eos=True).stats
-            new, forwards = new + stats.new_tokens, forwards + stats.target_forwards
-            accepted, proposed = accepted + sum(stats.accepted_lengths), proposed + stats.proposed_nodes
-        rows.append({"exit_layer": exit_layer, "acceptance": accepted / proposed, "tokens_per_forward": new / forwards,
-                     "new_tokens": new, "target_forwards": forwards, "accepted": accepted, "proposed": proposed})
-        print(f"| {exit_layer} | {accepted / proposed:.3f} | {new / forwards:.3f} |", flush=True)
+        rows.append({"exit_layer": exit_layer, **acceptance(sd, prompts, args.new)})
+        print(f"| {exit_layer} | {rows[-1]['acceptance']:.3f} | {rows[-1]['tokens_per_forward']:.3f} |", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "layers.json"), "w") as fh:
         json.dump({"args": vars(args), "rows": rows}, fh, indent=1)
