@@ -9,20 +9,34 @@ The view drafts exactly as a separate draft model would: `EarlyExit` is a `Draft
 is the view, so chains, trees, batches, the coupled sampler, adaptive length and the target's logits
 processing all come from strategies/draft_model.py. The view keeps a KV cache of its own (its first E
 layers' entries for the committed text), as Hugging Face's assistant does.
+
+KV reuse (`reuse_kv`, LayerSkip's own scheme): the layers < E KV of a drafted token is exactly the
+target's, so a chain of one sequence drafts on the target's own cache instead (the prompt then passes
+layers < E once, in the prefill). Drafting writes layers < E for the pending token and each fed drafted
+token and keeps their exit states; the chain goes to the verify with them (CandidateTree.lower_run), and
+the verify runs layers < E for the chain's last token only, then layers >= E on every row's exit state
+(strategies/exit_split.py); the verify's commit then crops the rejected rows from every layer. Trees,
+batch rows and the compiled verifier draft on a cache of their own as before.
 """
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
 from torch import nn
 
+from specdec.cache import commit_rows
 from specdec.config import setting
 from specdec.errors import ConfigError, IncompatibleModelsError
+from specdec.tree import CandidateTree, LowerRun, host_to_device
+from specdec.types import DecodeState, StepResult
 
-from .draft_model import DraftConfig, DraftModel
+from .draft_model import DraftConfig, DraftModel, chains
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,6 +53,9 @@ class EarlyExitConfig:
     #                                         length; None = E / L (the share of the layers it runs)
     min_confidence: float = setting(0.0, min=0.0, max=1.0)  # chains stop where the draft's own token prob < this
     batch_rows: bool = True                 # generate(list): all rows' drafts in one forward per position
+    reuse_kv: bool = True                   # chains of one sequence draft on the target's own KV cache: the verify
+    #                                         runs layers < E only for the last drafted token (LayerSkip); false:
+    #                                         the draft keeps a cache of its own (trees and batches always do)
 
 
 CONFIG_SECTIONS = {"early_exit": EarlyExitConfig}
@@ -75,14 +92,14 @@ def _shallow_module(module: nn.Module) -> nn.Module:
     return twin
 
 
-def _exit_config(config, exit_layer: int):
-    """A copy of the target's config for a decoder of its first `exit_layer` layers."""
+def _part_config(config, layers: slice):
+    """A copy of the target's config for a decoder of its layers `layers` (a slice of 0 .. L)."""
     config = copy.deepcopy(config)
     text = config.get_text_config(decoder=True)
     layer_types = getattr(text, "layer_types", None)
     if layer_types is not None:
-        text.layer_types = list(layer_types)[:exit_layer]
-    text.num_hidden_layers = exit_layer
+        text.layer_types = list(layer_types)[layers]
+    text.num_hidden_layers = len(range(int(text.num_hidden_layers))[layers])
     return config
 
 
@@ -95,9 +112,19 @@ def exit_view(target, exit_layer: int) -> nn.Module:
     if not 1 <= exit_layer <= count - 1:
         raise ConfigError(f"early_exit.exit_layer must be in 1 .. {count - 1} (the target has {count} decoder "
                           f"layers; E = {count} would draft with the whole target), got {exit_layer}")
+    view = part_view(target, slice(0, exit_layer))
+    _check_runs_its_layers(view, list(target.get_submodule(decoder_layers(target))), exit_layer)
+    return view
+
+
+def part_view(target, layers: slice) -> nn.Module:
+    """The target as a causal LM of its own whose decoder runs only its layer modules `layers` (a slice
+    of 0 .. L), then its final norm and lm_head: a shallow copy of the model object and of every module
+    on the way to the layer list, sharing every weight; the target itself is never changed. Each layer
+    keeps its own index into the KV cache (its attention module's layer_idx)."""
     path = decoder_layers(target).split(".")
-    layers = list(target.get_submodule(".".join(path)))
-    config = _exit_config(target.config, exit_layer)
+    all_layers = list(target.get_submodule(".".join(path)))
+    config = _part_config(target.config, layers)
     configs = {id(target.config): config,
                id(target.config.get_text_config(decoder=True)): config.get_text_config(decoder=True)}
     view = _shallow_module(target)
@@ -105,11 +132,10 @@ def exit_view(target, exit_layer: int) -> nn.Module:
     for name in path[:-1]:
         on_path.append(_shallow_module(on_path[-1]._modules[name]))
         on_path[-2]._modules[name] = on_path[-1]
-    on_path[-1]._modules[path[-1]] = nn.ModuleList(layers[:exit_layer])
-    for module in on_path:                 # they read E layers; the layers themselves keep the target's config
+    on_path[-1]._modules[path[-1]] = nn.ModuleList(all_layers[layers])
+    for module in on_path:                 # they read the part's layers; the layers keep the target's config
         if id(getattr(module, "config", None)) in configs:
             module.config = configs[id(module.config)]
-    _check_runs_its_layers(view, layers, exit_layer)
     return view.eval()
 
 
@@ -136,7 +162,8 @@ def _check_runs_its_layers(view, layers: list[nn.Module], exit_layer: int) -> No
 
 
 class EarlyExit(DraftModel):
-    """A DraftModel whose draft is exit_view(target, exit_layer), made at bind."""
+    """A DraftModel whose draft is exit_view(target, exit_layer), made at bind. With reuse_kv, a chain
+    of one sequence drafts on the target's own cache instead (see the module's docstring)."""
     name = "early_exit"
 
     def __init__(self, exit_layer: int = EarlyExitConfig.exit_layer, *, num_tokens: int = EarlyExitConfig.num_tokens,
@@ -144,7 +171,7 @@ class EarlyExit(DraftModel):
                  adaptive: bool = EarlyExitConfig.adaptive, min_tokens: int = EarlyExitConfig.min_tokens,
                  max_tokens: int = EarlyExitConfig.max_tokens, draft_cost: float | None = EarlyExitConfig.draft_cost,
                  min_confidence: float = EarlyExitConfig.min_confidence,
-                 batch_rows: bool = EarlyExitConfig.batch_rows):
+                 batch_rows: bool = EarlyExitConfig.batch_rows, reuse_kv: bool = EarlyExitConfig.reuse_kv):
         if int(exit_layer) < 1:
             raise ConfigError(f"early_exit.exit_layer must be >= 1 (the decoder layers the draft runs), got {exit_layer}")
         super().__init__(None, num_tokens=num_tokens, branching=branching, max_nodes=max_nodes, adaptive=adaptive,
@@ -153,16 +180,83 @@ class EarlyExit(DraftModel):
                          min_confidence=min_confidence, batch_rows=batch_rows)
         self.exit_layer = int(exit_layer)
         self.given_draft_cost = draft_cost
+        self.reuse_kv = bool(reuse_kv)
+        self.split = None              # the target in two parts over its cache (SplitTarget), where reuse applies
+        self.reuse_off = "early_exit.reuse_kv is false" if not self.reuse_kv else None   # why not, where it does not
 
     def bind(self, target, tokenizer) -> None:
         self.use_draft(exit_view(target, self.exit_layer))
         if self.given_draft_cost is None:
             self.draft_cost = self.exit_layer / num_layers(target)
         super().bind(target, tokenizer)
+        if self.reuse_kv:
+            self._split_target(target)
+
+    def _split_target(self, target) -> None:
+        """Set `split` where the KV reuse applies to this target and shape, else say why in `reuse_off`."""
+        from .exit_split import SplitTarget
+        if self.branching is not None:
+            self.reuse_off = "trees draft on a KV cache of their own (the reuse covers chains)"
+            log.info("early_exit: %s", self.reuse_off)
+            return
+        try:
+            split = SplitTarget(target, self.exit_layer)
+            split.check()
+        except IncompatibleModelsError as exc:
+            self.reuse_off = str(exc)
+            log.warning("%s; drafting on a KV cache of its own instead", exc)
+            return
+        self.split, self.reuse_off = split, None
+
+    def reset(self, state: DecodeState) -> None:
+        super().reset(state)
+        # one sequence on the eager verifier: draft on the target's cache; a batch row, or under compile, on its own
+        self.sharing = self.split is not None and state.target_cache is not None
+        self.exit_states: list[torch.Tensor] = []      # per fed row: [1, H] its exit state (sharing)
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> CandidateTree:
+        if not self.sharing:
+            return super().propose(state)
+        depth = min(self.gamma, state.max_depth)
+        if depth <= 0:
+            return CandidateTree.empty(self.draft.device)
+        # every layer holds the prefix; rows of a chain of ours that no verify took (auto verified another
+        # tree, or none) are dropped so that the chain's lower KV sits right after the prefix
+        self.prefix_len = len(state.token_ids) - 1
+        commit_rows(state.target_cache, self.prefix_len, [])
+        self.exit_states = []
+        pending = state.pending if state.pending is not None else host_to_device(state.token_ids[-1:], self.draft.device)
+        logits = self._at_pending(self._exit_logits(pending.view(1, 1), state.target_cache), state)     # [V]
+        tree = chains([self], [state], [depth], [logits],
+                      lambda fed: [self._exit_logits(token.view(1, 1), state.target_cache) for _, token in fed])[0]
+        run = LowerRun(len(self.exit_states), torch.cat(self.exit_states), self.split)      # states [rows, H]
+        return CandidateTree(tree.tokens, tree.parents, tree.draft_probs, tree.siblings, lower_run=run)
+
+    def _exit_logits(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """[V] the early-exit logits after `token` [1, 1], the next row of the chain: its layers < E run
+        on the target's cache (their KV written there), its exit state kept for the verify."""
+        position = self.prefix_len + len(self.exit_states)
+        positions = torch.full((1, 1), position, dtype=torch.long, device=token.device)
+        states = self.split.lower(token, positions, cache)                                          # [1, H]
+        self.exit_states.append(states)
+        return self.fit_vocab(self.split.head(states))[-1]
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        if not self.sharing:
+            return super().observe(state, result)
+        # the verify committed the accepted rows in every layer of the target's cache: nothing to keep here
+        self.fed_nodes, self.exit_states = [], []
+        if self.adaptive:
+            self._adapt(result.num_accepted, result.tree.num_nodes)
+
+    def drafting_modules(self) -> list[nn.Module]:
+        return super().drafting_modules() + ([self.split.lower_model] if self.split is not None else [])
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
     e = cfg.early_exit
     return EarlyExit(e.exit_layer, num_tokens=e.num_tokens, branching=list(e.branching) if e.branching else None,
                      max_nodes=e.max_nodes, adaptive=e.adaptive, min_tokens=e.min_tokens, max_tokens=e.max_tokens,
-                     draft_cost=e.draft_cost, min_confidence=e.min_confidence, batch_rows=e.batch_rows)
+                     draft_cost=e.draft_cost, min_confidence=e.min_confidence, batch_rows=e.batch_rows,
+                     reuse_kv=e.reuse_kv)
