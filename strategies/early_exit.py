@@ -250,9 +250,6 @@ class EarlyExit(DraftModel):
         if self.adaptive:
             self._adapt(result.num_accepted, result.tree.num_nodes)
 
-    def drafting_modules(self) -> list[nn.Module]:
-        return super().drafting_modules() + ([self.split.lower_model] if self.split is not None else [])
-
 
 def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
     e = cfg.early_exit
