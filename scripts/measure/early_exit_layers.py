@@ -15,27 +15,38 @@ import sys
 import torch
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def chain_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments of a measure of greedy early_exit chains on held-out code prompts."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--target", required=True)
     parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def target_and_prompts(args) -> tuple:
+    """(target in float32 on the CPU, its tokenizer, the held-out code prompts' token ids), one torch thread."""
     from omegaconf import OmegaConf
     from specdec.benchmarks.config import PromptsConfig
     from specdec.benchmarks.prompts import build_prompt_sets
-    from specdec import Speculator
     from specdec.models import load_model, load_tokenizer
-    from specdec.strategies.early_exit import EarlyExit, num_layers
     torch.set_num_threads(1)
     target = load_model(args.target, "target", torch.device("cpu"), torch.float32)
     tokenizer = load_tokenizer(args.target)
     cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens, split=args.split))
-    prompts = [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
+    return target, tokenizer, [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
+
+
+def main(argv: list[str]) -> int:
+    parser = chain_arguments(__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    from specdec import Speculator
+    from specdec.strategies.early_exit import EarlyExit, num_layers
+    target, tokenizer, prompts = target_and_prompts(args)
     rows = []
     for exit_layer in range(1, num_layers(target)):
         sd = Speculator(target, tokenizer, EarlyExit(exit_layer, num_tokens=args.tokens))

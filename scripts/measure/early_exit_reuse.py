@@ -8,11 +8,10 @@ markdown table and writes the counts as JSON. The counts do not depend on the ma
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 
-import torch
+from early_exit_layers import chain_arguments, target_and_prompts   # this folder's sibling script
 
 
 def count_rows(speculator, layers, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -35,28 +34,14 @@ def count_rows(speculator, layers, prompts: list[list[int]], new_tokens: int) ->
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--split", help="JSON with a 'heldout' list of files (the family's split)")
+    parser = chain_arguments(__doc__.split("\n\n")[0])
     parser.add_argument("--exit", type=int, required=True, help="exit layer E")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--new", type=int, default=48)
-    parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--out", required=True, help="JSON file of the counts")
     args = parser.parse_args(argv)
-    from omegaconf import OmegaConf
     from specdec import Speculator
     from specdec.atomic import atomic_write_json
-    from specdec.benchmarks.config import PromptsConfig
-    from specdec.benchmarks.prompts import build_prompt_sets
-    from specdec.models import load_model, load_tokenizer
     from specdec.strategies.early_exit import EarlyExit, decoder_layers
-    torch.set_num_threads(1)
-    target = load_model(args.target, "target", torch.device("cpu"), torch.float32)
-    tokenizer = load_tokenizer(args.target)
-    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens, split=args.split))
-    prompts = [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
+    target, tokenizer, prompts = target_and_prompts(args)
     layers = list(target.get_submodule(decoder_layers(target)))
     runs = {}
     for reuse in (False, True):
@@ -68,15 +53,15 @@ def main(argv: list[str]) -> int:
         raise SystemExit("reuse on and off gave different texts: a bug, not a measurement")
     prompt_rows = sum(len(p) - 1 for p in prompts)           # the prefill's rows per layer (all but the pending token)
     print(f"| reuse_kv | steps | new tokens | rows in layers < {args.exit} | rows in layers >= {args.exit} | "
-          f"layer-rows | layer-rows per step | layer-rows per new token after the prefill |")
+          f"layer-rows | layer-rows per step | layer-rows per new token beyond the target prefill |")
     print("|---|---|---|---|---|---|---|---|")
     for name, run in runs.items():
         lower, upper = sum(run["layer_rows"][: args.exit]), sum(run["layer_rows"][args.exit:])
         after = lower + upper - prompt_rows * len(layers)
         run.update(lower_rows=lower, upper_rows=upper, per_step=(lower + upper) / run["steps"],
-                   per_new_token_after_prefill=after / run["new_tokens"])
+                   per_new_token_beyond_target_prefill=after / run["new_tokens"])
         print(f"| {name} | {run['steps']} | {run['new_tokens']} | {lower} | {upper} | {lower + upper} | "
-              f"{run['per_step']:.1f} | {run['per_new_token_after_prefill']:.2f} |")
+              f"{run['per_step']:.1f} | {run['per_new_token_beyond_target_prefill']:.2f} |")
     print(f"plain decoding: {len(layers)} layer-rows per new token after the prefill ({prompt_rows} prompt rows "
           f"per layer in the prefill)")
     atomic_write_json(args.out, {"args": vars(args), "prompt_rows_per_layer": prompt_rows, "layers": len(layers),
