@@ -6,13 +6,14 @@ verify runs layers < E only for what drafting did not feed.
 * nothing runs twice: with reuse every layer runs the same token rows, the prompt included (without,
   the layers < E run more); the verify resumes every chain that drafting fed;
 * greedy identity to Hugging Face generate(do_sample=False) with reuse on, adaptive and confidence-cut
-  chains included; the exact law (rejection sampler) and the coupled sampler are tests/test_early_exit.py's,
+  chains, a one-token prompt, budgets too short to draft and the target's logits processing included; the exact law (rejection sampler) and the coupled sampler are tests/test_early_exit.py's,
   which run with reuse on (its default) for chains;
 * where reuse does not apply (trees, a split the probe refutes) the strategy drafts on a cache of its own,
   says why, and stays identical.
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from functools import lru_cache
 
@@ -209,3 +210,26 @@ def test_the_config_key_reaches_the_strategy():
         strategy = build_strategy(cfg, target, None, target.device, target.dtype)
         Speculator(target, None, strategy)
         assert strategy.reuse_kv is sharing and (strategy.split is not None) is sharing
+
+
+@pytest.mark.parametrize("prompt, new_tokens", [([5], N), (PROMPT, 1), (PROMPT, 2)])
+def test_a_one_token_prompt_and_budgets_too_short_to_draft(prompt, new_tokens):
+    """A one-token prompt leaves the target's cache empty before the first chain; a budget of one token
+    leaves no room to draft (an empty tree, nothing written below E), one of two a single-token chain."""
+    target = target_of("llama")
+    strategy = EarlyExit(1, num_tokens=4)
+    out = Speculator(target, None, strategy).generate(prompt, max_new_tokens=new_tokens, ignore_eos=True)
+    assert strategy.sharing
+    assert out.token_ids == hf_greedy(target, prompt, new_tokens, eos_token_id=None)
+
+
+def test_the_targets_logits_processing_with_reuse():
+    """A generation_config that penalises repetition: the drafts are processed as the target's logits
+    are, and the output is still generate()'s."""
+    target = copy.deepcopy(target_of("llama"))
+    target.generation_config.repetition_penalty = 1.5
+    strategy = EarlyExit(1, num_tokens=4)
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert strategy.sharing and sum(out.stats.accepted_lengths) > 0
+    assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
+    assert out.token_ids != hf_greedy(target_of("llama"), PROMPT, N, eos_token_id=None)    # the penalty acted
