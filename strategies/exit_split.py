@@ -43,12 +43,12 @@ class _ZeroEmbedding(nn.Module):
     """An embedding of width `width` that adds nothing: the upper part's absolute position embedding
     (GPT-2's wpe), which the exit states already hold from the lower part."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, dtype: torch.dtype):
         super().__init__()
-        self.width = width
+        self.width, self.dtype = width, dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(*ids.shape, self.width, device=ids.device)
+        return torch.zeros(*ids.shape, self.width, dtype=self.dtype, device=ids.device)   # [..., width]
 
 
 def _final_norm(target, layers_path: str) -> tuple[str, nn.Module]:
@@ -87,7 +87,7 @@ class SplitTarget:
         for name in names[: names.index(path.rpartition(".")[2])]:
             module = upper_model._modules[name]
             if isinstance(module, nn.Embedding) and module is not embedding:
-                upper_model._modules[name] = _ZeroEmbedding(module.embedding_dim)
+                upper_model._modules[name] = _ZeroEmbedding(module.embedding_dim, module.weight.dtype)
 
     def lower(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
         """[n, H] exit states of `input_ids` [1, n] at `positions` [1, n], after the cache's fill of

@@ -233,3 +233,9 @@ def test_the_targets_logits_processing_with_reuse():
     assert strategy.sharing and sum(out.stats.accepted_lengths) > 0
     assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
     assert out.token_ids != hf_greedy(target_of("llama"), PROMPT, N, eos_token_id=None)    # the penalty acted
+
+
+def test_the_split_holds_in_bfloat16(arch):
+    """The upper part adds nothing of another dtype to the exit states (GPT-2's zeroed position
+    embedding is of the model's dtype): the probe passes on a bfloat16 target."""
+    SplitTarget(copy.deepcopy(target_of(arch)).to(torch.bfloat16), 1).check()
