@@ -2,7 +2,7 @@
 exit states, which the target's final norm and lm_head turn into early-exit logits), then layers >= E
 on exit states (LayerSkip's self-speculation with KV reuse).
 
-Both parts are views of the target (strategies/early_exit.part_view): Hugging Face model objects that
+Both parts are views of the target (strategies/layer_views.part_view): Hugging Face model objects that
 run a slice of the target's own layer modules, so every mask, rotary embedding and position rule is
 the model's own. A layer writes its KV at its own index (its attention module's layer_idx): the lower
 part writes layers 0 .. E - 1 of the target's cache directly, the upper part goes through
@@ -22,7 +22,7 @@ from specdec.cache import new_cache
 from specdec.errors import IncompatibleModelsError
 from specdec.models import cache_kwargs
 
-from .early_exit import decoder_layers, exit_view, num_layers, part_view
+from .layer_views import decoder_layers, exit_view, num_layers, part_view
 
 
 class UpperCache(Cache):
