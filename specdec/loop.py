@@ -60,19 +60,20 @@ class Decoding:
     decode() runs one; specdec.batch runs many side by side over one batched forward. `tables`: the
     shape tables of the verifier that runs its forwards (the commit's path index and the rejection
     index are read there; None: tables of its own). prompt_top_ids: the prefill's top-k ids
-    (DecodeState.prompt_top_ids), for a strategy with top_k_ids."""
+    (DecodeState.prompt_top_ids), for a strategy with top_k_ids. target_cache: the verifier's eager
+    KV cache where this sequence decodes alone (DecodeState.target_cache)."""
 
     def __init__(self, strategy, prompt_ids: list[int], prompt_hidden, sampling: SamplingParams, stop: StopRules,
                  rng: TorchRandom, stats: Stats, noise: GumbelNoise | None, processing: LogitsProcessing,
                  clock: _Clock, start: float, cache_scope: str | None = None, tables: ShapeTables | None = None,
-                 prompt_top_ids: torch.Tensor | None = None):
+                 prompt_top_ids: torch.Tensor | None = None, target_cache=None):
         self.tables = tables if tables is not None else ShapeTables()
         self.strategy, self.sampling, self.stop, self.stats = strategy, sampling, stop, stats
         self.noise, self.processing, self.rng, self.clock, self.start = noise, processing, rng, clock, start
         self.state = DecodeState(token_ids=list(prompt_ids), prompt_len=len(prompt_ids), sampling=sampling,
                                  rng=rng, max_depth=stop.max_new_tokens - 1,
                                  eos_token_ids=stop.eos_token_ids, prompt_hidden=prompt_hidden, noise=noise,
-                                 cache_scope=cache_scope, prompt_top_ids=prompt_top_ids)
+                                 cache_scope=cache_scope, prompt_top_ids=prompt_top_ids, target_cache=target_cache)
         t = clock()
         strategy.reset(self.state)
         stats.draft_time_s += clock() - t
@@ -226,7 +227,8 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     sequence = Decoding(strategy, prompt_ids, prefilled.hidden, sampling, stop, rng, stats, noise, processing, clock,
-                        start, cache_scope, verifier.tables, prefilled.top_ids)
+                        start, cache_scope, verifier.tables, prefilled.top_ids,
+                        verifier.cache if verifier.static is None else None)
     sequence.pending = pending_ids(prompt_ids[-1], verifier.device)     # staged once, with the call's setup
     while True:
         tree = sequence.propose()                                          # the strategy's guesses

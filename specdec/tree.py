@@ -24,12 +24,27 @@ SIBLING_MODES = (INDEPENDENT, WITHOUT_REPLACEMENT)
 
 
 @dataclass(frozen=True)
+class LowerRun:
+    """The first `rows` rows of the forward over [pending] + tree (the pending token, then nodes 0 ..
+    rows - 2 of a chain) already ran through the target's layers below a split, on the target's own
+    cache: their KV there sits right after the prefix, their exit states are `states` [rows, H].
+    `split` runs the rest: split.lower(ids [1, n], positions [1, n], cache) -> exit states [n, H] (the
+    layers below, writing their KV), split.upper_logits(states [n, H], positions, cache) -> logits [n, V]
+    (the layers above, writing theirs). early_exit's KV reuse hands it with its chain."""
+    rows: int
+    states: torch.Tensor
+    split: object
+
+
+@dataclass(frozen=True)
 class CandidateTree:
     tokens: torch.Tensor                      # [N] long: candidate token of each node
     parents: tuple[int, ...]                  # [N]: parent node index, -1 = child of the pending token
     draft_probs: torch.Tensor | None = None   # [N, V] fp32: distribution node i's token was drawn from,
     #                                           None = deterministic proposals (point masses)
     siblings: str = INDEPENDENT               # how siblings were drawn from their shared distribution
+    lower_run: LowerRun | None = field(default=None, repr=False, compare=False)   # rows whose lower layers ran
+    #                                           already (None: the verifier runs the whole target on every row)
     _children: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self):

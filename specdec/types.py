@@ -43,6 +43,11 @@ class DecodeState:
     prompt_top_ids: torch.Tensor | None = None   # [P - 1, k] long on the device: the target's top-k next
     #   tokens after each committed prompt token but the pending one, from the prefill; set before reset()
     #   for strategies with top_k_ids = k > 0, None otherwise (row i follows token_ids[i])
+    target_cache: object | None = None    # the target's KV cache of this call (a transformers Cache) where one
+    #   sequence decodes on the eager verifier; None in batches and under compile. Before each proposal every
+    #   layer holds the committed tokens but the pending one. A strategy that runs the target's own lower
+    #   layers (early_exit's KV reuse) writes their KV for its chain there and hands it to the verify in
+    #   CandidateTree.lower_run; rows it writes that no lower_run claims are dropped before the verify
 
     @property
     def num_generated(self) -> int:

@@ -19,7 +19,7 @@ from .cache import commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
 from .tables import ShapeTables
-from .tree import CandidateTree, tree_masks, tree_position_ids, with_pending_root, host_to_device
+from .tree import CandidateTree, LowerRun, tree_masks, tree_position_ids, with_pending_root, host_to_device
 
 
 @dataclass
@@ -178,6 +178,9 @@ class Verifier:
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
         if self.static is not None:
             return self._static_forward(input_ids, tree, feature_layers)
+        run = self._lower_run(tree, feature_layers)
+        if run is not None:
+            return self._resumed_forward(input_ids, run)
         if tree.is_chain:   # a chain is causal: the model builds its own mask(s), windows included
             # with explicit positions, as generate() passes them: given none, some models derive other
             # positions (RoBERTa: from the input ids). No 2-D mask: an all-ones one costs a host read
@@ -193,6 +196,30 @@ class Verifier:
                          output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden, None if tree.is_chain else parents)
+
+    def _lower_run(self, tree: CandidateTree, feature_layers: Sequence[int] | None) -> LowerRun | None:
+        """The tree's LowerRun where this forward can resume it: a chain, no features asked (the parts
+        give logits only), and the cache's first layer holding exactly the prefix and the run's rows.
+        Anything a strategy wrote past the prefix that the forward does not resume is dropped first, so
+        the whole forward then writes every layer's rows after the prefix, as usual."""
+        run = tree.lower_run
+        if run is not None and tree.is_chain and feature_layers is None \
+                and self.cache.layers[0].get_seq_length() == self.prefix_len + run.rows:
+            return run
+        if any(layer.get_seq_length() > self.prefix_len for layer in self.cache.layers):
+            commit_rows(self.cache, self.prefix_len, [])
+        return None
+
+    def _resumed_forward(self, input_ids: torch.Tensor, run: LowerRun) -> TreeOutput:
+        """The target's logits for input_ids [1, 1 + N] (a chain) whose first run.rows rows already ran
+        through the layers below the split: the layers below run on the other rows only (their KV
+        appended after the run's), then the layers above on every row's exit states. The same logits
+        and the same cache as the whole forward, up to rounding (tests/test_early_exit_reuse.py)."""
+        positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
+        states = run.states                                                         # [rows, H]
+        if input_ids.shape[1] > run.rows:        # the chain's last node: drafted, never fed to the draft
+            states = torch.cat([states, run.split.lower(input_ids[:, run.rows:], positions[:, run.rows:], self.cache)])
+        return TreeOutput(run.split.upper_logits(states, positions, self.cache), None, None)   # [1 + N, V]
 
     def _static_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
                         feature_layers: Sequence[int] | None) -> TreeOutput:

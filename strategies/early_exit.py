@@ -9,20 +9,35 @@ The view drafts exactly as a separate draft model would: `EarlyExit` is a `Draft
 is the view, so chains, trees, batches, the coupled sampler, adaptive length and the target's logits
 processing all come from strategies/draft_model.py. The view keeps a KV cache of its own (its first E
 layers' entries for the committed text), as Hugging Face's assistant does.
+
+KV reuse (`reuse_kv`, LayerSkip's own scheme): the layers < E KV of a drafted token is exactly the
+target's, so a chain of one sequence drafts on the target's own cache instead (the prompt then passes
+layers < E once, in the prefill). Drafting writes layers < E for the pending token and each fed drafted
+token and keeps their exit states; the chain goes to the verify with them (CandidateTree.lower_run), and
+the verify runs layers < E for the chain's last token only, then layers >= E on every row's exit state
+(strategies/exit_split.py); the verify's commit then crops the rejected rows from every layer. Trees,
+batch rows and the compiled verifier draft on a cache of their own as before.
 """
 from __future__ import annotations
 
-import copy
+import logging
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
-from torch import nn
 
+from specdec.cache import commit_rows
 from specdec.config import setting
 from specdec.errors import ConfigError, IncompatibleModelsError
+from specdec.tree import CandidateTree, LowerRun, host_to_device
+from specdec.types import DecodeState, StepResult
 
-from .draft_model import DraftConfig, DraftModel
+from .draft_model import DraftConfig, DraftModel, chains
+from .exit_split import SplitTarget
+# the views, read from here too by the tests and scripts/measure
+from .layer_views import _check_runs_its_layers, decoder_layers, exit_view, num_layers, part_view  # noqa: F401
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,113 +54,17 @@ class EarlyExitConfig:
     #                                         length; None = E / L (the share of the layers it runs)
     min_confidence: float = setting(0.0, min=0.0, max=1.0)  # chains stop where the draft's own token prob < this
     batch_rows: bool = True                 # generate(list): all rows' drafts in one forward per position
+    reuse_kv: bool = True                   # chains of one sequence draft on the target's own KV cache: the verify
+    #                                         runs layers < E only for the last drafted token (LayerSkip); false:
+    #                                         the draft keeps a cache of its own (trees and batches always do)
 
 
 CONFIG_SECTIONS = {"early_exit": EarlyExitConfig}
 
 
-def num_layers(model) -> int:
-    """L: the decoder layers of `model` (its text config's num_hidden_layers)."""
-    return int(model.config.get_text_config(decoder=True).num_hidden_layers)
-
-
-def decoder_layers(model, strategy: str = "early_exit") -> str:
-    """The dotted path from `model` to the nn.ModuleList of its decoder's layers: the one ModuleList of
-    exactly L modules in the model (`model.layers` of Llama, Qwen2, Mistral, GPT-NeoX; `transformer.h`
-    of GPT-2; `model.decoder.layers` of OPT). Anything else is refused: an architecture whose layers
-    cannot be run apart."""
-    count = num_layers(model)
-    found = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module) == count]
-    if len(found) != 1:
-        raise IncompatibleModelsError(
-            f"{strategy}: the target ({type(model).__name__}, model_type {model.config.model_type!r}) has "
-            f"{'no' if not found else len(found)} lists of exactly its {count} decoder layers "
-            f"({', '.join(found) or 'none found'}), not one, so its layers cannot be run apart; "
-            f"use another strategy (draft_model, eagle)")
-    return found[0]
-
-
-def shallow_module(module: nn.Module) -> nn.Module:
-    """A copy of `module` that shares its submodules, parameters and buffers but whose own registries
-    (submodules, hooks) are new dicts: a change to the copy never reaches the original."""
-    twin = copy.copy(module)
-    for key, value in vars(module).items():
-        if key.startswith("_") and isinstance(value, dict):
-            setattr(twin, key, type(value)(value))
-    return twin
-
-
-def _exit_config(config, exit_layer: int):
-    """A copy of the target's config for a decoder of its first `exit_layer` layers."""
-    config = copy.deepcopy(config)
-    text = config.get_text_config(decoder=True)
-    layer_types = getattr(text, "layer_types", None)
-    if layer_types is not None:
-        text.layer_types = list(layer_types)[:exit_layer]
-    text.num_hidden_layers = exit_layer
-    return config
-
-
-def exit_view(target, exit_layer: int) -> nn.Module:
-    """The target's first `exit_layer` decoder layers, then its final norm and lm_head, as a causal LM
-    of its own (a Hugging Face model object): the same modules, so the same weights, nothing copied.
-    Refused (ConfigError) outside 1 .. L - 1, and (IncompatibleModelsError) where the decoder's layers
-    cannot be run apart: then a probe forward of the view must run exactly its first `exit_layer` layers."""
-    count = num_layers(target)
-    if not 1 <= exit_layer <= count - 1:
-        raise ConfigError(f"early_exit.exit_layer must be in 1 .. {count - 1} (the target has {count} decoder "
-                          f"layers; E = {count} would draft with the whole target), got {exit_layer}")
-    layers = list(target.get_submodule(decoder_layers(target)))
-    view = view_with_layers(target, layers[:exit_layer], _exit_config(target.config, exit_layer))
-    _check_runs_its_layers(view, layers, exit_layer)
-    return view.eval()
-
-
-def view_with_layers(target, layers: list[nn.Module], config=None) -> nn.Module:
-    """A shallow copy of `target` whose decoder runs `layers` (modules, the target's own or stand-ins for
-    them) in place of its own list: the target and every module on the way to its layer list are
-    copied (shallow_module), the rest shared. `config`: a config for the modules on that way (their
-    layer count), or None to keep the target's. The target is never changed."""
-    path = decoder_layers(target).split(".")
-    configs = {} if config is None else {
-        id(target.config): config,
-        id(target.config.get_text_config(decoder=True)): config.get_text_config(decoder=True)}
-    view = shallow_module(target)
-    on_path = [view]                       # the view and every module on the way to the layers: copies
-    for name in path[:-1]:
-        on_path.append(shallow_module(on_path[-1]._modules[name]))
-        on_path[-2]._modules[name] = on_path[-1]
-    on_path[-1]._modules[path[-1]] = nn.ModuleList(layers)
-    for module in on_path:                 # they read the new count; the layers themselves keep the target's config
-        if id(getattr(module, "config", None)) in configs:
-            module.config = configs[id(module.config)]
-    return view
-
-
-@torch.inference_mode()
-def _check_runs_its_layers(view, layers: list[nn.Module], exit_layer: int) -> None:
-    """One forward of the view over a token: the first `exit_layer` layers run once each, the others
-    never (a decoder that indexes its layers by a count of its own is refused here)."""
-    ran: list[int] = []
-    handles = [layer.register_forward_pre_hook(lambda module, args, i=i: ran.append(i))
-               for i, layer in enumerate(layers)]
-    what = f"early_exit: the target ({type(view).__name__}) cannot run its first {exit_layer} layers apart"
-    try:
-        ids = torch.zeros(1, 1, dtype=torch.long, device=next(view.parameters()).device)
-        view(input_ids=ids, use_cache=False)
-    except Exception as exc:  # noqa: BLE001 - re-raised as what the architecture lacks
-        raise IncompatibleModelsError(f"{what} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
-                                      f"use another strategy") from exc
-    finally:
-        for handle in handles:
-            handle.remove()
-    if ran != list(range(exit_layer)):
-        raise IncompatibleModelsError(f"{what}: a forward of the view ran layers {ran}, not 0 .. {exit_layer - 1}; "
-                                      f"use another strategy")
-
-
 class EarlyExit(DraftModel):
-    """A DraftModel whose draft is exit_view(target, exit_layer), made at bind."""
+    """A DraftModel whose draft is exit_view(target, exit_layer), made at bind. With reuse_kv, a chain
+    of one sequence drafts on the target's own cache instead (see the module's docstring)."""
     name = "early_exit"
 
     def __init__(self, exit_layer: int = EarlyExitConfig.exit_layer, *, num_tokens: int = EarlyExitConfig.num_tokens,
@@ -153,7 +72,7 @@ class EarlyExit(DraftModel):
                  adaptive: bool = EarlyExitConfig.adaptive, min_tokens: int = EarlyExitConfig.min_tokens,
                  max_tokens: int = EarlyExitConfig.max_tokens, draft_cost: float | None = EarlyExitConfig.draft_cost,
                  min_confidence: float = EarlyExitConfig.min_confidence,
-                 batch_rows: bool = EarlyExitConfig.batch_rows):
+                 batch_rows: bool = EarlyExitConfig.batch_rows, reuse_kv: bool = EarlyExitConfig.reuse_kv):
         if int(exit_layer) < 1:
             raise ConfigError(f"early_exit.exit_layer must be >= 1 (the decoder layers the draft runs), got {exit_layer}")
         super().__init__(None, num_tokens=num_tokens, branching=branching, max_nodes=max_nodes, adaptive=adaptive,
@@ -162,16 +81,79 @@ class EarlyExit(DraftModel):
                          min_confidence=min_confidence, batch_rows=batch_rows)
         self.exit_layer = int(exit_layer)
         self.given_draft_cost = draft_cost
+        self.reuse_kv = bool(reuse_kv)
+        self.split = None              # the target in two parts over its cache (SplitTarget), where reuse applies
+        self.reuse_off = "early_exit.reuse_kv is false" if not self.reuse_kv else None   # why not, where it does not
 
     def bind(self, target, tokenizer) -> None:
         self.use_draft(exit_view(target, self.exit_layer))
         if self.given_draft_cost is None:
             self.draft_cost = self.exit_layer / num_layers(target)
         super().bind(target, tokenizer)
+        if self.reuse_kv:
+            self._split_target(target)
+
+    def _split_target(self, target) -> None:
+        """Set `split` where the KV reuse applies to this target and shape, else say why in `reuse_off`."""
+        if self.branching is not None:
+            self.reuse_off = "trees draft on a KV cache of their own (the reuse covers chains)"
+            log.info("early_exit: %s", self.reuse_off)
+            return
+        try:
+            split = SplitTarget(target, self.exit_layer)
+            split.check()
+        except IncompatibleModelsError as exc:
+            self.reuse_off = str(exc)
+            log.warning("%s; drafting on a KV cache of its own instead", exc)
+            return
+        self.split, self.reuse_off = split, None
+
+    def reset(self, state: DecodeState) -> None:
+        super().reset(state)
+        # one sequence on the eager verifier: draft on the target's cache; a batch row, or under compile, on its own
+        self.sharing = self.split is not None and state.target_cache is not None
+        self.exit_states: list[torch.Tensor] = []      # per fed row: [1, H] its exit state (sharing)
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> CandidateTree:
+        if not self.sharing:
+            return super().propose(state)
+        depth = min(self.gamma, state.max_depth)
+        if depth <= 0:
+            return CandidateTree.empty(self.draft.device)
+        # every layer holds the prefix; rows of a chain of ours that no verify took (auto verified another
+        # tree, or none) are dropped so that the chain's lower KV sits right after the prefix
+        self.prefix_len = len(state.token_ids) - 1
+        commit_rows(state.target_cache, self.prefix_len, [])
+        self.exit_states = []
+        pending = state.pending if state.pending is not None else host_to_device(state.token_ids[-1:], self.draft.device)
+        logits = self._at_pending(self._exit_logits(pending.view(1, 1), state.target_cache), state)     # [V]
+        tree = chains([self], [state], [depth], [logits],
+                      lambda fed: [self._exit_logits(token.view(1, 1), state.target_cache) for _, token in fed])[0]
+        run = LowerRun(len(self.exit_states), torch.cat(self.exit_states), self.split)      # states [rows, H]
+        return CandidateTree(tree.tokens, tree.parents, tree.draft_probs, tree.siblings, lower_run=run)
+
+    def _exit_logits(self, token: torch.Tensor, cache) -> torch.Tensor:
+        """[V] the early-exit logits after `token` [1, 1], the next row of the chain: its layers < E run
+        on the target's cache (their KV written there), its exit state kept for the verify."""
+        position = self.prefix_len + len(self.exit_states)
+        positions = torch.full((1, 1), position, dtype=torch.long, device=token.device)
+        states = self.split.lower(token, positions, cache)                                          # [1, H]
+        self.exit_states.append(states)
+        return self.fit_vocab(self.split.head(states))[-1]
+
+    def observe(self, state: DecodeState, result: StepResult) -> None:
+        if not self.sharing:
+            return super().observe(state, result)
+        # the verify committed the accepted rows in every layer of the target's cache: nothing to keep here
+        self.fed_nodes, self.exit_states = [], []
+        if self.adaptive:
+            self._adapt(result.num_accepted, result.tree.num_nodes)
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
     e = cfg.early_exit
     return EarlyExit(e.exit_layer, num_tokens=e.num_tokens, branching=list(e.branching) if e.branching else None,
                      max_nodes=e.max_nodes, adaptive=e.adaptive, min_tokens=e.min_tokens, max_tokens=e.max_tokens,
-                     draft_cost=e.draft_cost, min_confidence=e.min_confidence, batch_rows=e.batch_rows)
+                     draft_cost=e.draft_cost, min_confidence=e.min_confidence, batch_rows=e.batch_rows,
+                     reuse_kv=e.reuse_kv)

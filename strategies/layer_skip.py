@@ -49,7 +49,7 @@ from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState
 
 from .draft_model import DraftModel
-from .early_exit import decoder_layers, num_layers, shallow_module, view_with_layers
+from .layer_views import decoder_layers, num_layers, shallow_module, view_with_layers
 
 LOG = logging.getLogger(__name__)
 

@@ -2,13 +2,15 @@
 
 * the view: it shares the target's modules (no weight copied), runs exactly layers 0 .. E - 1 and
   leaves the target untouched (its config, its hooks, its forward);
-* greedy identity to Hugging Face generate(do_sample=False), chains and trees, on every identity
-  architecture (tests/conftest.py), one sequence and a ragged batch; a target whose upper layers add
-  nothing accepts every drafted token;
+* greedy identity to Hugging Face generate(do_sample=False), chains (reusing the target's KV, the
+  default, and not) and trees, on every identity architecture (tests/conftest.py), one sequence and a
+  ragged batch (whose rows draft on caches of their own); a target whose upper layers add nothing
+  accepts every drafted token;
 * the exact output law (rejection sampler) and the coupled sampler's same-seed-same-text, with
-  negative controls;
+  negative controls (chains reusing the target's KV, as by default);
 * refusals: E outside 1 .. L - 1, an architecture whose layers cannot be run apart.
-Parity with Hugging Face's own `generate(assistant_early_exit=E)` is tests/test_early_exit_hf.py.
+Parity with Hugging Face's own `generate(assistant_early_exit=E)` is tests/test_early_exit_hf.py; the KV
+reuse's own checks (the cache after each step, nothing run twice) are tests/test_early_exit_reuse.py.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
-from self_draft import (LAW_CASES, check_a_lying_drafter_breaks_the_law, check_always_accept_breaks_the_law,
+from self_draft import (LAW_CASES, TOP2, check_a_lying_drafter_breaks_the_law, check_always_accept_breaks_the_law,
                         check_coupled_reproduces_autoregressive, check_hooks_stay_apart, check_output_law,
                         check_the_rejection_sampler_gives_other_texts, lying)
 from specdec import Speculator
@@ -74,12 +76,13 @@ def test_the_view_is_the_targets_first_layers_then_its_norm_and_head():
 
 
 # ---------------------------------------------------------------------- greedy identity
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape, reuse_kv", [("chain", True), ("chain", False), ("tree", True)])
 @pytest.mark.parametrize("exit_layer", [1, 2])
-def test_greedy_identity(arch, shape, exit_layer):
+def test_greedy_identity(arch, shape, reuse_kv, exit_layer):
     target = target_of(arch)
-    out = Speculator(target, None, EarlyExit(exit_layer, **SHAPES[shape])).generate(PROMPT, max_new_tokens=N,
-                                                                                     ignore_eos=True)
+    strategy = EarlyExit(exit_layer, **SHAPES[shape], reuse_kv=reuse_kv)
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert (strategy.split is not None) == (reuse_kv and shape == "chain")     # chains reuse the target's KV
     assert out.token_ids == hf_greedy(target, PROMPT, N, eos_token_id=None)
     assert out.stats.proposed_nodes > 0
 
@@ -155,7 +158,7 @@ def test_a_forward_that_runs_every_layer_is_refused():
 
 
 # ---------------------------------------------------------------------- the law
-@pytest.mark.parametrize("shape, params", LAW_CASES)
+@pytest.mark.parametrize("shape, params", LAW_CASES + [(dict(num_tokens=2, reuse_kv=False), TOP2)])
 def test_output_law_is_the_targets(shape, params):
     check_output_law(EarlyExit(1, **shape), params)
 
