@@ -49,7 +49,7 @@ from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState
 
 from .draft_model import DraftModel
-from .layer_views import decoder_layers, num_layers, shallow_module, view_with_layers
+from .layer_views import decoder_layers, num_layers, probe_forward, shallow_module, view_with_layers
 
 LOG = logging.getLogger(__name__)
 
@@ -258,11 +258,7 @@ class Skipper:
         cache = new_cache(view)
         what = f"layer_skip: the target ({type(self.target).__name__}) cannot run with {describe(skipped)} skipped"
         try:
-            ids = torch.zeros(1, 2, dtype=torch.long, device=next(view.parameters()).device)
-            view(input_ids=ids, use_cache=True, **cache_kwargs(view, cache))
-        except Exception as exc:  # noqa: BLE001 - re-raised as what the architecture lacks
-            raise IncompatibleModelsError(f"{what} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
-                                          f"use another strategy") from exc
+            probe_forward(view, what, 2, use_cache=True, **cache_kwargs(view, cache))
         finally:
             for handle in handles:
                 handle.remove()

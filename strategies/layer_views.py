@@ -97,6 +97,17 @@ def view_with_layers(target, layers: list[nn.Module], config=None) -> nn.Module:
     return view
 
 
+def probe_forward(view, what: str, tokens: int, **kwargs) -> None:
+    """One forward of `view` over `tokens` token ids (0), as a check that it runs; whatever it raises is
+    re-raised as an IncompatibleModelsError that starts with `what` (what the architecture lacks)."""
+    try:
+        ids = torch.zeros(1, tokens, dtype=torch.long, device=next(view.parameters()).device)
+        view(input_ids=ids, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - re-raised as what the architecture lacks
+        raise IncompatibleModelsError(f"{what} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                                      f"use another strategy") from exc
+
+
 @torch.inference_mode()
 def _check_runs_its_layers(view, layers: list[nn.Module], exit_layer: int) -> None:
     """One forward of the view over a token: the first `exit_layer` layers run once each, the others
@@ -106,11 +117,7 @@ def _check_runs_its_layers(view, layers: list[nn.Module], exit_layer: int) -> No
                for i, layer in enumerate(layers)]
     what = f"early_exit: the target ({type(view).__name__}) cannot run its first {exit_layer} layers apart"
     try:
-        ids = torch.zeros(1, 1, dtype=torch.long, device=next(view.parameters()).device)
-        view(input_ids=ids, use_cache=False)
-    except Exception as exc:  # noqa: BLE001 - re-raised as what the architecture lacks
-        raise IncompatibleModelsError(f"{what} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
-                                      f"use another strategy") from exc
+        probe_forward(view, what, 1, use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
