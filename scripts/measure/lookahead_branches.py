@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
+from early_exit_layers import held_out_code   # this folder's sibling script: target, tokenizer, held-out prompts
 
 SETTINGS = ((5, 4, 5, False), (3, 3, 3, False), (7, 5, 7, False), (5, 4, 5, True))
 
@@ -28,11 +28,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--auto", action="store_true", help="also auto.drafter=lookahead: how often auto calls it")
     parser.add_argument("--skip-settings", action="store_true", help="only the --auto row")
     args = parser.parse_args(argv)
-    from omegaconf import OmegaConf
     from specdec import Speculator
-    from specdec.benchmarks.config import PromptsConfig
-    from specdec.benchmarks.prompts import build_prompt_sets
-    from specdec.models import load_model, load_tokenizer
     from specdec.strategies.lookahead import Lookahead
 
     class Recorded(Lookahead):
@@ -53,12 +49,7 @@ def main(argv: list[str]) -> int:
                 c["kept_window"] += sum(1 for node in result.accepted if node not in on_guess)
             super().observe(state, result)
 
-    torch.set_num_threads(1)
-    target = load_model(args.target, "target", torch.device("cpu"), torch.float32)
-    tokenizer = load_tokenizer(args.target)
-    cfg = OmegaConf.structured(PromptsConfig(sets=["code"], num=args.prompts, tokens=args.prompt_tokens,
-                                             split=args.split))
-    prompts = [p.token_ids for p in build_prompt_sets(cfg, tokenizer, args.prompt_tokens)["code"]]
+    target, tokenizer, prompts = held_out_code(args.target, args.split, args.prompts, args.prompt_tokens)
     print("| W, N, G | context pool | tok/fwd | nodes per step: window / verification | accepted per step: "
           "window / verification |")
     print("|---|---|---|---|---|")
