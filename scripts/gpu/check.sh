@@ -64,7 +64,8 @@ else
   COMPILE_ROWS=()
   IDENTITY=(--prompts 3 --prompt-tokens 256 --new 96)
   if [ "$QUICK" = 1 ]; then
-    SIZE=(prompts.num=1 max_new_tokens=64)
+    # greedy rows only: the full bench's two temperatures outran the step's limit on an H100
+    SIZE=(prompts.num=1 max_new_tokens=64 'temperatures=[0.0]')
     IDENTITY=(--prompts 2 --prompt-tokens 256 --new 64)
   fi
 fi
@@ -138,6 +139,19 @@ if [[ "$DRY" = 0 && "$STEPS" != all && "$STEPS" != *",train_eagle,"* && -d gpu-p
   EAGLE="$(pwd)/gpu-pack/models/eagle"
 fi
 
+# The machine's pace while the steps run, sampled each second: the GPU's clocks, load, power and
+# throttle reasons, and the host's CPU counters (/proc/stat: steal is the 8th number). Both H100
+# leases saw the same forward run 10-30x slower for a minute and then fast again, in Hugging Face's
+# rows as in ours; these logs say whether the GPU or the host was slowed.
+MONITORS=()
+if [ "$DRY" = 0 ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,utilization.gpu,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -l 1 >"$WORK/monitor_gpu.csv" 2>&1 &
+  MONITORS+=($!)
+fi
+(while :; do echo "$(date -u +%H:%M:%S) $(head -1 /proc/stat)"; sleep 1; done) >"$WORK/monitor_cpu.txt" 2>/dev/null &
+MONITORS+=($!)
+
 # (1) environment
 step environment 60 bash -c "$RUN scripts/gpu/env_report.py > '$WORK/environment.json'; cat '$WORK/environment.json'; nvidia-smi || true"
 
@@ -153,16 +167,16 @@ step train_eagle 90 $RUN -m specdec.cli train-heads train_eagle target="$TARGET"
   split_file="$SPLIT" device=$DEVICE bf16=null progress=false "${TRAIN[@]}"
 
 # (4) bf16 greedy identity, ties counted
-step bf16_identity 50 bash -c "$RUN scripts/gpu/bf16_identity.py --target '$TARGET' --draft '$DRAFT' \
+step bf16_identity 120 bash -c "$RUN scripts/gpu/bf16_identity.py --target '$TARGET' --draft '$DRAFT' \
   --eagle '$EAGLE' --split '$SPLIT' --device $DEVICE --dtype $DTYPE ${IDENTITY[*]} > '$WORK/bf16_identity.jsonl'"
 
 # (5) the bench, one sequence
 MODEL_ARGS=(models.target="$TARGET" models.draft="$DRAFT" models.eagle="$EAGLE" models.device=$DEVICE
             models.dtype=$DTYPE prompts.split="$SPLIT")
-step bench 120 $RUN -m specdec.cli bench scripts/gpu/bench.yaml "${MODEL_ARGS[@]}" output_dir="$WORK/bench" \
+step bench 200 $RUN -m specdec.cli bench scripts/gpu/bench.yaml "${MODEL_ARGS[@]}" output_dir="$WORK/bench" \
   progress=false "${SIZE[@]}"
 # (6) peak memory against Hugging Face's plain generate()
-step memory 50 bash -c "SPECDEC_PYCODE_TARGET='$TARGET' $RUN scripts/measure/prefill_memory.py --device $DEVICE \
+step memory 90 bash -c "SPECDEC_PYCODE_TARGET='$TARGET' $RUN scripts/measure/prefill_memory.py --device $DEVICE \
   --runners hf autoregressive ${MEMORY[*]} > '$WORK/memory.txt'; cat '$WORK/memory.txt'"
 # (7) the bench at batch 1 and 8
 step bench_batch 80 $RUN -m specdec.cli bench scripts/gpu/bench_batch.yaml "${MODEL_ARGS[@]}" \
@@ -172,6 +186,7 @@ step bench_batch 80 $RUN -m specdec.cli bench scripts/gpu/bench_batch.yaml "${MO
 step bench_compile 100 $RUN -m specdec.cli bench scripts/gpu/bench_compile.yaml "${MODEL_ARGS[@]}" \
   output_dir="$WORK/bench_compile" progress=false "${SIZE[@]}" "${COMPILE_ROWS[@]}"
 
+kill "${MONITORS[@]}" 2>/dev/null
 rm -rf "$MODELS" "$EAGLE"/*checkpoint* 2>/dev/null
 tar -czf "$OUT/results.tar.gz" -C "$WORK" . && rm -rf "$WORK"
 cat "$SUMMARY"
