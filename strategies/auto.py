@@ -202,9 +202,13 @@ class Auto(BaseStrategy):
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
         # compiled forward, the one each step runs (use_compiled_verifier, called before bind)
         self.compiled_verifier = False
+        self.row_linear = 0                 # likewise the verifier's row_linear setting (use_row_linear)
 
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.compiled_verifier = bool(compiled)
+
+    def use_row_linear(self, rows: int) -> None:
+        self.row_linear = int(rows)
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile
@@ -218,7 +222,7 @@ class Auto(BaseStrategy):
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
             self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
-                                        self.compiled_verifier)
+                                        self.compiled_verifier, self.row_linear)
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
