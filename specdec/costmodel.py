@@ -127,7 +127,7 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
     if batch <= 1:
         forward, rollback = _single_forward(target, prompt, trees, compile, row_linear)
     else:
-        forward, rollback = _batched_forward(target, prompt, trees, batch)
+        forward, rollback = _batched_forward(target, prompt, trees, batch, row_linear)
     for n in (sizes if compile and batch <= 1 else [max(sizes)]):   # warm-up (compiled: every bucket)
         forward(n)
         rollback()
@@ -164,15 +164,15 @@ def _single_forward(target, prompt: list[int], trees: dict, compile: bool = Fals
     return (lambda n: verifier.forward(prompt[-1], trees[n])), rollback
 
 
-def _batched_forward(target, prompt: list[int], trees: dict, batch: int):
+def _batched_forward(target, prompt: list[int], trees: dict, batch: int, row_linear: int = 0):
     """(forward of n nodes per row, roll back) for `batch` rows (specdec.batch): one prompt
     prefilled, copied into every row; a forward writes after the rows' fills and commits nothing,
     so there is nothing to roll back."""
     from .batch import BatchVerifier
     from .verifier import Verifier
-    single = Verifier(target)
+    single = Verifier(target, row_linear=row_linear)
     single.prefill(prompt[:-1])
-    batched = BatchVerifier(target, single.layout)
+    batched = BatchVerifier(target, single.layout, row_model=single.row_model, row_linear=single.row_linear)
     room = len(prompt) + max(trees) + 1
     for row in range(batch):
         batched.set_row(row, single.cache.layers, 0, single.prefix_len, room)
@@ -194,7 +194,7 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
         parts.append(batch)
     if compile and batch <= 1:        # likewise eager keys (a batch runs eager whatever compile says)
         parts.append("compiled")
-    if row_linear and batch <= 1:     # likewise: the setting's forwards are the single-row verifier's
+    if row_linear:                    # likewise keys with the setting off
         parts.append(["row_linear", int(row_linear)])
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 

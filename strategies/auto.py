@@ -241,7 +241,7 @@ class Auto(BaseStrategy):
             while smaller <= bucket:
                 if smaller not in self.batch_costs:
                     self.batch_costs[smaller] = load_or_measure(self.target, sparse, context, self.profile_repeats,
-                                                                batch=smaller)
+                                                                batch=smaller, row_linear=self.row_linear)
                 smaller *= 2
         return self.batch_costs[bucket]
 

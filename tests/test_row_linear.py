@@ -137,3 +137,25 @@ def test_the_config_default_is_the_engines():
     from specdec.verifier import ROW_LINEAR
     assert EngineConfig().row_linear == ROW_LINEAR
     assert Speculator(tiny_model("llama"), None, Autoregressive()).verifier.row_linear == ROW_LINEAR
+
+
+@pytest.mark.parametrize("strategy", ["autoregressive", "prompt_lookup"])
+def test_batched_greedy_identity_with_row_linear(pad_every_row, strategy):
+    """A batch's forwards of at most row_linear rows in all go through the twin too: a batch of 2
+    plain rows (2 rows) and small trees take it, wide trees do not, and every row is still greedy's."""
+    target = tiny_model("llama", seed=0)
+    prompts = [PROMPT, [9, 8, 7, 9, 8, 7, 9, 8], [3, 4, 5, 6]]
+    make = {"autoregressive": Autoregressive, "prompt_lookup": lambda: PromptLookup(max_ngram=3, num_tokens=3)}[strategy]
+    sd = Speculator(target, None, make(), row_linear=8)
+    used = []
+    forward = type(sd.verifier.row_model).forward
+    sd.verifier.row_model.forward = lambda *a, **k: used.append(1) or forward(sd.verifier.row_model, *a, **k)
+    outs = sd.generate(prompts, max_new_tokens=[N, N - 5, N], ignore_eos=True, batch_size=2)
+    assert [out.token_ids for out in outs] == [hf_greedy(target, p, n, eos_token_id=None)
+                                             for p, n in zip(prompts, [N, N - 5, N])]
+    assert used                                          # the batch's small forwards ran through the twin
+
+
+def test_batched_profiles_with_and_without_row_linear_are_kept_apart():
+    target = tiny_model("llama")
+    assert profile_key(target, (0, 1), 64, batch=4, row_linear=8) != profile_key(target, (0, 1), 64, batch=4)
