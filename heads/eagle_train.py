@@ -55,6 +55,7 @@ LEGACY_CHECKPOINT_FILE = "eagle_checkpoint.pt"    # a pickle, written before; re
 LOG_FILE = "eagle_train.json"
 LAYOUTS = ("eagle1", "eagle3", "mtp")
 RUN = Run("eagle", "train-eagle", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_FILE)
+MTP_RUN = Run("eagle", "train-mtp", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_FILE)   # the same run, named so
 
 
 def validate(cfg) -> None:
@@ -324,7 +325,7 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(TrainEagleConfig), OmegaConf.structured(cfg))
     validate(cfg)
-    return train(cfg, RUN, eagle_drafter, on_step)
+    return train(cfg, MTP_RUN if cfg.layout == "mtp" else RUN, eagle_drafter, on_step)
 
 
 def main(argv: list[str] | None = None, cli: str = "specdec train-heads") -> int:

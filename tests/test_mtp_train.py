@@ -23,7 +23,8 @@ from test_eagle_train import SHARPEN, _cfg, tiny_target  # noqa: F401 - tiny_tar
 from specdec import Speculator
 from specdec.cache import BufferedLayer
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
-from specdec.heads.eagle_train import LOG_FILE, load_train_mtp_config, train_eagle, ttt_visible
+from specdec.heads.checkpoint import read_checkpoint
+from specdec.heads.eagle_train import CHECKPOINT_FILE, LOG_FILE, load_train_mtp_config, train_eagle, ttt_visible
 from specdec.heads.mtp import CONFIG_FILE, WEIGHTS_FILE, MtpDrafter, mtp_model_for
 from specdec.strategies.mtp import Mtp
 
@@ -89,6 +90,8 @@ def test_training_lowers_the_step_losses_and_saves_the_layout(trained):
         "enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "input_layernorm.weight",
         "self_attn.q_proj.weight", "mlp.down_proj.weight")} <= names
     assert not any("embed_tokens" in name or "shared_head.head" in name for name in names)   # the target's
+    checkpointed = read_checkpoint(os.path.join(folder, CHECKPOINT_FILE))["module"]      # the module's own, only
+    assert "0.eh_proj.weight" in checkpointed and not any("embed" in name or "lm_head" in name for name in checkpointed)
 
 
 def test_the_strategy_reads_the_trained_module(trained):
