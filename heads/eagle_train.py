@@ -45,10 +45,10 @@ from .data import fixed_windows
 from .eagle import EagleDrafter, eagle3_layers, layout_for_target
 from .eagle3 import Eagle3Drafter, eagle3_layout_for_target, most_frequent_tokens
 from .eagle_io import save_eagle
-from .mtp import MtpDrafter, mtp_model_for, save_mtp
 from .help import help_text
 from .interrupt import training_main
 from .loop import Drafter, Run, Setup, fmt, train
+from .mtp import MtpDrafter, mtp_model_for, save_mtp
 
 CHECKPOINT_FILE = "eagle_checkpoint.safetensors"
 LEGACY_CHECKPOINT_FILE = "eagle_checkpoint.pt"    # a pickle, written before; refused, never read
@@ -333,6 +333,7 @@ def main(argv: list[str] | None = None, cli: str = "specdec train-heads") -> int
     return training_main(argv, show_help=lambda name: print(help_text(name, eagle=True)),
                          load_config=load_train_eagle_config, train=train_eagle, cli=cli,
                          module="specdec.heads.eagle_train", saved="EAGLE drafter saved in {folder}")
+
 
 def load_train_mtp_config(name_or_path: str | None = None, overrides=None):
     """The EAGLE trainer's config with layout=mtp (the default when no config file is named); a config or

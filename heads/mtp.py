@@ -229,8 +229,6 @@ class MtpLayout:
     modules: int
     feature_layers: tuple[int, ...] = (-1,)     # the target's last hidden state, after its final norm
 
-    name = "mtp"
-
     def __post_init__(self):
         object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
 
