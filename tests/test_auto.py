@@ -148,11 +148,12 @@ def test_the_drafter_is_called_by_lookup_context():
     state = type("State", (), {"max_depth": 8})()
     # planned (expected tokens, nodes) with the drafter / with lookup alone, per context; every tree
     # costs 1 (FREE), drafting nothing: planned tokens/s 2 vs 1 in context 0, 1 vs 3 in context 2
-    strategy.plan_with = {0: (2.0, 3), 2: (1.0, 3)}
-    strategy.plan_without = {0: (1.0, 0), 2: (3.0, 4)}
-    calls = {context: sum(strategy._call_drafter(state, context) for _ in range(40)) for context in (0, 2)}
-    assert calls[0] == 40
-    assert 1 <= calls[2] <= 40 // strategy.explore_every        # gaps that double: a few looks only
+    nothing, long_match = ("greedy", 0), ("greedy", 2)      # (temperature kind, what lookup offers)
+    strategy.plan_with = {nothing: (2.0, 3), long_match: (1.0, 3)}
+    strategy.plan_without = {nothing: (1.0, 0), long_match: (3.0, 4)}
+    calls = {context: sum(strategy._call_drafter(state, context) for _ in range(40)) for context in (nothing, long_match)}
+    assert calls[nothing] == 40
+    assert 1 <= calls[long_match] <= 40 // strategy.explore_every        # gaps that double: a few looks only
     # contexts: nothing kept / expected lookup gain under one token / more
     parents, accept = (-1, 0, 1), [0.9, 0.9, 0.9]
     assert _lookup_context(parents, accept, []) == 0
@@ -167,17 +168,18 @@ def test_planned_rates_are_priced_at_the_costs_known_when_deciding():
     target = target_of("llama")
     strategy = auto(DraftModel(target, num_tokens=4))
     state = type("State", (), {"max_depth": 8})()
-    strategy.plan_with, strategy.plan_without = {0: (2.0, 3)}, {0: (1.0, 0)}
+    context = ("greedy", 0)
+    strategy.plan_with, strategy.plan_without = {context: (2.0, 3)}, {context: (1.0, 0)}
     strategy.draft_cost_s = 3.0                                         # 2 tokens / (1 + 3): 0.5 < 1
-    assert strategy.planned_rates(0) == pytest.approx((0.5, 1.0))
-    assert sum(strategy._call_drafter(state, 0) for _ in range(40)) <= 40 // strategy.explore_every
+    assert strategy.planned_rates(context) == pytest.approx((0.5, 1.0))
+    assert sum(strategy._call_drafter(state, context) for _ in range(40)) <= 40 // strategy.explore_every
     strategy.draft_cost_s = 0.0                                         # the same plan, drafting now free
-    strategy.explore_gap[0] = strategy.since_look[0] = 0
-    assert strategy.planned_rates(0) == pytest.approx((2.0, 1.0))
-    assert all(strategy._call_drafter(state, 0) for _ in range(20))
+    strategy.context_looks.clear()
+    assert strategy.planned_rates(context) == pytest.approx((2.0, 1.0))
+    assert all(strategy._call_drafter(state, context) for _ in range(20))
     slow = CostProfile((0, 64), (1.0, 65.0), 0, "slow")                 # a node costs a plain step
     strategy.costs = slow
-    assert strategy.planned_rates(0) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
+    assert strategy.planned_rates(context) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
 
 
 def test_the_drafter_cost_is_timed_on_a_steady_call():
@@ -302,7 +304,9 @@ def test_a_drafter_priced_out_is_timed_again_on_its_looks():
     strategy = Auto(PromptLookup(min_ngram=1, max_ngram=3), DraftModel(target, num_tokens=4), costs=FREE,
                     explore_every=2, draft_cost_s=100.0)
     strategy.draft_times.extend([100.0] * 9)            # 100 s a call: rate 5 / 101 against lookup's 1 / 1
-    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=120, ignore_eos=True)
+    # once its calls are measured losing, the looks follow one schedule (not one per lookup context): a
+    # generation long enough for five of them
+    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=240, ignore_eos=True)
     timed = [t for t in strategy.draft_times if t < 100.0]
     assert len(timed) >= 5 and strategy.draft_cost_s < 1.0
 
