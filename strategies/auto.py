@@ -97,8 +97,9 @@ MAX_EXPLORE_GAP = 64
 # a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
 # estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
 # pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
-# same step, is no estimate. The last CALL_MEMORY calls per temperature kind are kept (measured_rates);
-# with fewer than MIN_CALLS_MEASURED the plan decides alone.
+# same step, is no estimate. The last CALL_MEMORY calls per context are kept (measured_rates); a context
+# with fewer than MIN_CALLS_MEASURED is judged by all calls at its temperature kind, and with fewer than
+# that by its plan alone.
 CALL_MEMORY = 16
 MIN_CALLS_MEASURED = 4
 # looks at a drafter that does not pay are spaced by what its calls lose: at most LOOK_SHARE of the steps'
@@ -209,19 +210,19 @@ class Auto(BaseStrategy):
         # the drafter is not called while it looks dear, would never be corrected.
         self.plan_with: dict[tuple, tuple[float, float]] = {}
         self.plan_without: dict[tuple, tuple[float, float]] = {}
-        # per temperature kind, the drafter's last calls as (tokens the step kept, nodes verified, tokens lookup
-        # alone would have kept on that step, the nodes it had planned): what calling it did (measured_rates);
+        # per context, the drafter's last calls as (tokens the step kept, nodes verified, tokens lookup alone
+        # would have kept on that step, the nodes it had planned): what calling it did (measured_rates);
         # shared like the plans, so its own lock
-        self.call_values: dict[str, deque] = {}
+        self.call_values: dict[tuple, deque] = {}
         self.call_values_lock = threading.Lock()
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
-        # look schedules, (steps since the last look, gap before the next), at a drafter that has not paid: per
-        # lookup context where its plans lose there, per temperature kind where what its calls did lost
-        self.context_looks: dict[tuple, tuple[int, int]] = {}
-        self.kind_looks: dict[str, tuple[int, int]] = {}
+        # per temperature kind: (steps since the last look, gap before the next look) at a drafter that loses in
+        # the step's context; one schedule for all contexts, so a drafter that loses everywhere is looked at
+        # as rarely whatever lookup offers
+        self.looks: dict[str, tuple[int, int]] = {}
         self.steps_since_call = 0
         self.steady_call = False
         self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
@@ -509,7 +510,7 @@ class Auto(BaseStrategy):
             self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, keys, keep, accepted)
         if lookup_alone is not None:
-            self._record_call(state, result, len(keep), lookup_alone, context[0])
+            self._record_call(state, result, len(keep), lookup_alone, context)
         if self.lookup is not None:           # the verified tree is auto's, not lookup's: lookup only indexes
             self.lookup.catch_up(state.token_ids)
         if self.drafter is not None:
@@ -541,11 +542,14 @@ class Auto(BaseStrategy):
         return rate_with, rate_without or 0.0
 
     def measured_rates(self, context) -> tuple[float, float, float, float] | None:
-        """What the drafter's last calls did at this context's temperature kind, priced at the costs known
-        now: (tokens/s of those steps, tokens/s lookup alone would have made on the same steps, seconds of
-        such a step with the drafter, without it); None before MIN_CALLS_MEASURED calls."""
+        """What the drafter's last calls in this context did (all its calls at the context's temperature kind
+        while it has fewer than MIN_CALLS_MEASURED), priced at the costs known now: (tokens/s of those steps,
+        tokens/s lookup alone would have made on the same steps, seconds of such a step with the drafter,
+        without it); None before MIN_CALLS_MEASURED calls."""
         with self.call_values_lock:
-            values = list(self.call_values.get(context[0], ()))
+            values = list(self.call_values.get(context, ()))
+            if len(values) < MIN_CALLS_MEASURED:
+                values = [value for key, kept in self.call_values.items() if key[0] == context[0] for value in kept]
         if len(values) < MIN_CALLS_MEASURED:
             return None
         draft_cost = self.draft_cost_s or 0.0
@@ -574,13 +578,12 @@ class Auto(BaseStrategy):
         return (1.0 - rate_with / rate_alone) * seconds_with / seconds_alone
 
     def _call_drafter(self, state: DecodeState, context) -> bool:
-        """Call the drafter where it pays: where neither what its last calls did (measured_rates, at this
-        temperature kind) nor its recent planned rate in this lookup context (planned_rates: a drafter that
-        pays where lookup has nothing may not pay beside a long lookup match) loses to lookup alone.
-        Otherwise only look again, after a gap that doubles each look that does not pay, up to
-        MAX_EXPLORE_GAP or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time
-        (priced_gap): a useless or dear drafter costs next to nothing, and one that starts paying comes
-        back. Where its calls lost, the temperature kind has one look schedule, not one per lookup context."""
+        """Call the drafter where it pays: where neither its recent planned rate in this lookup context
+        (planned_rates: a drafter that pays where lookup has nothing may not pay beside a long lookup match)
+        nor what its last calls did there (measured_rates) loses to lookup alone. Otherwise only look again,
+        on the temperature kind's one schedule, after a gap that doubles each look, up to MAX_EXPLORE_GAP
+        or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time (priced_gap): a useless
+        or dear drafter costs next to nothing, and one that starts paying comes back."""
         if self.drafter is None or state.max_depth <= 0:
             return False
         if self.explore_every <= 1:                          # every step
@@ -589,30 +592,19 @@ class Auto(BaseStrategy):
             # the last step called after a gap (a catch-up, not what a call costs): call once more, so
             # every look times a steady call; else a cost once measured high would never be measured again
             return True
-        kind = context[0]
-        loss = self.measured_loss(context)
-        if loss is not None:
-            return self._look(self.kind_looks, kind, loss)
-        self.kind_looks.pop(kind, None)
-        loss = self.planned_loss(context)
-        if loss is not None:
-            return self._look(self.context_looks, context, loss)
-        self.context_looks.pop(context, None)
-        return True
-
-    def _look(self, looks: dict, key, loss: float) -> bool:
-        """Whether this step looks at a drafter that loses `loss` steps a call, by the look schedule
-        looks[key] = (steps since its last look, gap before the next one)."""
-        since, gap = looks.get(key, (0, self.explore_every))
+        losses = [loss for loss in (self.planned_loss(context), self.measured_loss(context)) if loss is not None]
+        if not losses:
+            return True
+        since, gap = self.looks.get(context[0], (0, self.explore_every))
         since += 1
         if since < gap:
-            looks[key] = (since, gap)
+            self.looks[context[0]] = (since, gap)
             return False
-        looks[key] = (0, min(2 * gap, max(MAX_EXPLORE_GAP, priced_gap(loss))))
+        self.looks[context[0]] = (0, min(2 * gap, max(MAX_EXPLORE_GAP, priced_gap(max(losses)))))
         return True
 
     def _record_call(self, state: DecodeState, result: StepResult, verified: int, lookup_alone: tuple,
-                     kind: str) -> None:
+                     context: tuple) -> None:
         """Keep what a call did (call_values): the tokens this step kept over `verified` nodes, beside the
         tokens lookup's own plan (lookup_alone: its paths, node budget and kept nodes) would have kept."""
         paths, lookup_nodes, lookup_keep = lookup_alone
@@ -621,7 +613,7 @@ class Auto(BaseStrategy):
         tokens, parents = merge_into_trie([], [], paths, lookup_nodes)          # lookup's tree as propose_start built it
         alone = 1 + matched_length(tokens, parents, lookup_keep, committed)
         with self.call_values_lock:
-            values = self.call_values.setdefault(kind, deque(maxlen=CALL_MEMORY))
+            values = self.call_values.setdefault(context, deque(maxlen=CALL_MEMORY))
             values.append((len(committed), verified, alone, len(lookup_keep)))
 
     def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[tuple]:

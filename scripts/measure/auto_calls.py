@@ -25,12 +25,15 @@ def traced_reasons(auto_class) -> Counter:
     decide = auto_class._call_drafter
 
     def traced(self, state, context):
-        second = self.steps_since_call == 1 and not self.steady_call
-        rate_with, rate_without = self.planned_rates(context)
+        look = (self.steps_since_call == 1 and not self.steady_call) or context not in self.plan_with
+        if hasattr(self, "measured_loss"):       # judged by its plans and by what its calls did
+            pays = self.planned_loss(context) is None and self.measured_loss(context) is None
+        else:                                     # a checkout before that: by its plans alone
+            rate_with, rate_without = self.planned_rates(context)
+            pays = rate_with is not None and rate_with >= rate_without
         called = decide(self, state, context)
         if called:
-            pays = not second and rate_with is not None and rate_with >= rate_without
-            reasons["pays" if pays else "look"] += 1
+            reasons["pays" if pays and not look else "look"] += 1
         return called
     auto_class._call_drafter = traced
     return reasons
