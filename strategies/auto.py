@@ -73,7 +73,8 @@ class AutoConfig:
     profile_context: int = setting(128, min=1)  # context length of the measurement
     profile_repeats: int = setting(5, min=1)    # rounds over every tree size; the median of each size is kept
     explore_every: int = setting(8, min=1)      # look at a drafter that has not paid lately after this many steps
-    #                                     (the gap doubles while it keeps not paying, up to 64); 1 = every step
+    #                                     (the gap doubles while it keeps not paying, up to 64, or for a dear drafter
+    #                                     up to what keeps its looks to a small share of the time); 1 = every step
     calibration_prior: float = setting(4.0, above=0.0)   # pseudo-observations pulling a calibration bucket
     #                                     towards its raw confidence
     sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
