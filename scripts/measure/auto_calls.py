@@ -39,6 +39,19 @@ def traced_reasons(auto_class) -> Counter:
     return reasons
 
 
+def count_calls(sd, prompts: list[list[int]], new: int) -> tuple[int, int, int]:
+    """(drafter calls, verify steps, new tokens) of greedy generations of `new` tokens from each prompt by
+    sd, a Speculator running auto."""
+    calls = forwards = made = 0
+    for prompt in prompts:
+        before = sd.strategy.neural_calls
+        out = sd.generate(prompt, max_new_tokens=new, ignore_eos=True)
+        calls += sd.strategy.neural_calls - before
+        forwards += out.stats.target_forwards
+        made += len(out.token_ids)
+    return calls, forwards, made
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True)
@@ -60,14 +73,7 @@ def main(argv: list[str]) -> int:
         reasons.clear()
         cfg = load_spec_config("auto", [f"auto.drafter={name}", f"target.path={args.target}", *args.set])
         strategy = from_config(cfg, target, tokenizer, target.device, target.dtype)
-        sd = Speculator(target, tokenizer, strategy)
-        calls = forwards = new = 0
-        for prompt in prompts:
-            before = strategy.neural_calls
-            out = sd.generate(prompt, max_new_tokens=args.new, ignore_eos=True)
-            calls += strategy.neural_calls - before
-            forwards += out.stats.target_forwards
-            new += len(out.token_ids)
+        calls, forwards, new = count_calls(Speculator(target, tokenizer, strategy), prompts, args.new)
         print(f"| {name} | {forwards} | {calls} | {calls / forwards:.1%} | {reasons['look']} | {reasons['pays']} | "
               f"{new / forwards:.2f} |", flush=True)
     return 0
