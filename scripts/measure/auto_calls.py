@@ -9,6 +9,10 @@ machine can move them a little; no time is printed.
         [--set early_exit.exit_layer=7 ...]
 
 --set: dotted config overrides given to every auto (e.g. eagle.path=DIR for --drafters eagle).
+--profile-threads N: plan with the verify-cost profile stored for N torch threads (under SPECDEC_HOME),
+read while auto binds, then generate with one thread. On a loaded machine a profile measured in the run
+is noise that moves every decision (and is not stored): two checkouts compared should plan with one
+profile measured on a quiet machine. auto still scales it by the step times it observes.
 """
 from __future__ import annotations
 
@@ -61,7 +65,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=384)
     parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--profile-threads", type=int, help="plan with the stored profile of this many threads")
     args = parser.parse_args(argv)
+    import torch
     from specdec import Speculator
     from specdec.config import load_spec_config
     from specdec.strategies.auto import Auto, from_config
@@ -73,7 +79,11 @@ def main(argv: list[str]) -> int:
         reasons.clear()
         cfg = load_spec_config("auto", [f"auto.drafter={name}", f"target.path={args.target}", *args.set])
         strategy = from_config(cfg, target, tokenizer, target.device, target.dtype)
-        calls, forwards, new = count_calls(Speculator(target, tokenizer, strategy), prompts, args.new)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(args.profile_threads or threads)      # the profile's key names its thread count
+        sd = Speculator(target, tokenizer, strategy)
+        torch.set_num_threads(threads)
+        calls, forwards, new = count_calls(sd, prompts, args.new)
         print(f"| {name} | {forwards} | {calls} | {calls / forwards:.1%} | {reasons['look']} | {reasons['pays']} | "
               f"{new / forwards:.2f} |", flush=True)
     return 0
