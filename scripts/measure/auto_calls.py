@@ -73,19 +73,19 @@ def main(argv: list[str]) -> int:
     from specdec.strategies.auto import Auto, from_config
     target, tokenizer, prompts = held_out_code(args.target, args.split, args.prompts, args.prompt_tokens)
     reasons = traced_reasons(Auto)
-    print("| auto.drafter | steps | drafter called | share | looks | priced as paying | tok/fwd |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| auto.drafter | steps | drafter called | share | looks | priced as paying | tok/fwd | profile's wait |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.drafters.split(","):
         reasons.clear()
         cfg = load_spec_config("auto", [f"auto.drafter={name}", f"target.path={args.target}", *args.set])
         strategy = from_config(cfg, target, tokenizer, target.device, target.dtype)
         threads = torch.get_num_threads()
         torch.set_num_threads(args.profile_threads or threads)      # the profile's key names its thread count
-        sd = Speculator(target, tokenizer, strategy)
+        sd = Speculator(target, tokenizer, strategy, config=cfg)      # engine settings too (e.g. row_linear)
         torch.set_num_threads(threads)
         calls, forwards, new = count_calls(sd, prompts, args.new)
         print(f"| {name} | {forwards} | {calls} | {calls / forwards:.1%} | {reasons['look']} | {reasons['pays']} | "
-              f"{new / forwards:.2f} |", flush=True)
+              f"{new / forwards:.2f} | {strategy.costs.cpu_wait} |", flush=True)
     return 0
 
 
