@@ -67,15 +67,11 @@ def main(argv: list[str]) -> int:
               f"{totals['new'] / totals['forwards']:.2f} | "
               f"{totals['window'] / steps:.1f} / {totals['verification'] / steps:.1f} | "
               f"{totals['kept_window'] / steps:.2f} / {totals['kept_verification'] / steps:.2f} |", flush=True)
-    if args.auto:
-        import specdec
-        from auto_calls import count_calls, traced_reasons     # this folder's sibling script
-        from specdec.strategies.auto import Auto
-        reasons = traced_reasons(Auto)
-        sd = specdec.load("auto", **{"target.path": args.target, "auto.drafter": "lookahead"})
-        calls, forwards, new = count_calls(sd, prompts, args.new)
-        print(f"\nauto + lookahead (defaults): lookahead called on {calls} of {forwards} steps ({reasons['look']} "
-              f"looks, {reasons['pays']} because it paid); {new / forwards:.2f} tokens per forward", flush=True)
+    if args.auto:        # auto_calls.py, this folder's sibling script, counts auto's calls of lookahead
+        from auto_calls import main as count_auto_calls
+        count_auto_calls(["--target", args.target, "--drafters", "lookahead", "--prompts", str(args.prompts),
+                          "--prompt-tokens", str(args.prompt_tokens), "--new", str(args.new)]
+                         + (["--split", args.split] if args.split else []))
     return 0
 
 
