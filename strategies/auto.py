@@ -15,7 +15,7 @@ the tree of a drafter that says verify_whole (lookahead: its window learns from 
 priced whole against lookup alone. The drafter is called (or not) before it drafts, from the rates
 planned on earlier steps and from what its last calls did: the tokens those steps kept against the
 tokens lookup's own plan would have kept on them, both priced at the verify costs and the drafter's
-measured cost per call (Auto.call_loss). Where it loses, it is called only on looks, spaced by what a
+measured cost per call (Auto.planned_loss, Auto.measured_loss). Where it loses, it is called only on looks, spaced by what a
 call loses (priced_gap), so a dear drafter (early_exit or layer_skip on a shallow target, lookahead's
 rows on a CPU) costs a few calls, and one that starts paying comes back.
 
@@ -108,7 +108,7 @@ MIN_CALLS_MEASURED = 4
 # that loses a few percent (the doubling gap alone looked at both every MAX_EXPLORE_GAP steps)
 LOOK_SHARE = 0.05
 LOOK_CALLS = 2            # calls a look makes: the one after the gap (a catch-up), then a steady, timed one
-MAX_PRICED_GAP = 1024     # steps: a drafter that starts paying is still found, a few looks a long call
+MAX_PRICED_GAP = 1024     # steps: however dear, a drafter that starts paying is found again within a long call
 # steady drafter calls whose median is its cost: one slow call (the OS, a collection) must not price
 # the drafter out, because a drafter that looks dear is called only on looks, far apart
 DRAFT_TIMES = 9
@@ -696,8 +696,8 @@ def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
 
 
 def priced_gap(loss: float) -> int:
-    """Steps between looks at a drafter whose call loses `loss` steps (call_loss) for its looks to cost at most
-    LOOK_SHARE of the time, up to MAX_PRICED_GAP."""
+    """Steps between looks at a drafter whose call loses `loss` steps of lookup alone (Auto.planned_loss,
+    Auto.measured_loss) for its looks to cost at most LOOK_SHARE of the time, up to MAX_PRICED_GAP."""
     return min(math.ceil(LOOK_CALLS * loss / LOOK_SHARE), MAX_PRICED_GAP)
 
 
