@@ -222,7 +222,7 @@ class Speculator:
         self._calls_lock = threading.RLock()    # who holds self.verifier / self.strategy
         self._own_in_use = False
         strategy.use_compiled_verifier(bool(compile))
-        strategy.use_row_linear(self.verifier.row_linear if self.verifier.row_model is not None else 0)
+        strategy.use_row_linear(self.verifier.row_linear)
         strategy.bind(self.target, tokenizer)
 
     # ------------------------------------------------------------------ per-call state

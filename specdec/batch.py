@@ -96,8 +96,8 @@ class BatchVerifier:
                  row_model=None, row_linear: int = 0):
         self.model, self.layout = model, layout
         # forwards of at most row_linear rows in all (batch x width) run through row_model, the model's
-        # RowLinear twin (specdec.row_linear), as the single-row verifier's do
-        self.row_model, self.row_linear = row_model, int(row_linear)
+        # RowLinear twin (specdec.row_linear), as the single-row verifier's do (0: none)
+        self.row_model, self.row_linear = row_model, int(row_linear) if row_model is not None else 0
         self.tables = tables if tables is not None else ShapeTables()
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
@@ -257,7 +257,7 @@ class BatchVerifier:
         write_at = self.fills_on_device                                                    # [B]
         for layer in self.cache.layers:
             layer.write_at, layer.width = write_at, width
-        small = self.row_model is not None and not prefill and input_ids.numel() <= self.row_linear
+        small = not prefill and input_ids.numel() <= self.row_linear
         out = (self.row_model if small else self.model)(
             input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
             **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=logits_to_keep,

@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     # the very profile the strategy plans with (auto); else the one auto would read with this config
     sizes, context = sd.strategy.profile_setup(sd.target) or (profile_sizes(auto.max_nodes), auto.profile_context)
     compiled = sd.verifier.static is not None          # `compile: true`: time the compiled forward
-    row_linear = sd.verifier.row_linear if sd.verifier.row_model is not None else 0
+    row_linear = sd.verifier.row_linear                # the setting in effect (0: no RowLinear twin)
     profile, path, not_stored = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled,
                                                   row_linear=row_linear)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}{', compiled' if compiled else ''}), "

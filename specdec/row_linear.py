@@ -66,11 +66,8 @@ def row_twin(model: nn.Module) -> nn.Module | None:
     module is a plain copy, so hooks put on the model later (a forward meter's) see the twin's
     forwards too; every module below has registries of its own (specdec.models.shallow_module), so
     what Hugging Face hooks into the layers it calls for recorded outputs is installed once in each."""
-    found = [False]
-
     def twin(module: nn.Module, top: bool = False) -> nn.Module:
         if qualifies(module):
-            found[0] = True
             layer = shallow_module(module)
             layer.__class__ = RowLinear
             return layer
@@ -79,4 +76,4 @@ def row_twin(model: nn.Module) -> nn.Module | None:
         return shell
 
     result = twin(model, top=True)
-    return result if found[0] else None
+    return result if any(isinstance(module, RowLinear) for module in result.modules()) else None

@@ -108,9 +108,10 @@ class Verifier:
         # calls' twins): freed with it, bounded (specdec.tables)
         self.tables = ShapeTables()
         self.static = StaticForward(model, self.layout, tables=self.tables) if compile else None
-        # forwards of at most row_linear rows run through the model's RowLinear twin (specdec.row_linear)
-        self.row_linear = int(row_linear)
-        self.row_model = row_twin(model) if self.row_linear > 0 and self.static is None else None
+        # forwards of at most row_linear rows run through the model's RowLinear twin (specdec.row_linear);
+        # row_linear is the setting in effect: 0 where the model has no twin (compiled, no float32 CPU linear)
+        self.row_model = row_twin(model) if int(row_linear) > 0 and self.static is None else None
+        self.row_linear = int(row_linear) if self.row_model is not None else 0
 
     def for_call(self) -> "Verifier":
         """A verifier for a call that overlaps another: the same model, attention layout and shape
@@ -196,7 +197,7 @@ class Verifier:
             parents = with_pending_root(tree.parents)
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device, tables=self.tables)
             positions = tree_position_ids(parents, self.prefix_len, self.device, self.tables)
-        model = self.row_model if self.row_model is not None and input_ids.shape[1] <= self.row_linear else self.model
+        model = self.row_model if input_ids.shape[1] <= self.row_linear else self.model
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                     **cache_kwargs(self.model, self.cache), use_cache=True,
                     output_hidden_states=hidden_request(feature_layers))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from specdec.errors import ConfigError, IncompatibleModelsError
-from specdec.models import shallow_module  # noqa: F401 - layer_skip imports it from here
+from specdec.models import shallow_module
 
 
 def num_layers(model) -> int:
