@@ -80,7 +80,8 @@ class AutoConfig:
     sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
     #                                     per depth (an optimistic prior the first calls correct)
     batch_gate: bool = True             # in a batch (generate(list)), measure the batch's tokens/s with speculation
-    #                                     on and off at each batch size and keep the faster (strategies/batch_gate.py)
+    #                                     on and off at each batch size and keep the faster, and on speculating steps
+    #                                     the drafter's calls against lookup alone (strategies/batch_gate.py)
 
 
 CONFIG_SECTIONS = {"auto": AutoConfig}
@@ -193,6 +194,8 @@ class Auto(BaseStrategy):
         self.use_batch_gate = batch_gate
         self.batch_gates: dict[tuple, BatchGate] = {}   # (batch bucket, temperature kind) -> speculate or not; shared
         #                                                 by the rows of a call and by later calls (what auto learns)
+        self.drafter_gates: dict[tuple, BatchGate] = {}  # the same keys -> on speculating steps, call the drafter, or
+        #                                                 let lookup speculate alone (auto with both lookup and a drafter)
         self.target = None
         self.max_nodes = int(max_nodes)
         self.explore_every = int(explore_every)
@@ -310,8 +313,9 @@ class Auto(BaseStrategy):
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
         self.full_rows = 0                    # the most rows this row's batch has run with: its full batch
-        self.gate_mark = None                 # (gate, speculated, perf_counter, batch_setup_s, committed length, rows,
-        #                                       first step of its mode) at the last proposal
+        self.gate_mark = None                 # (gate, speculated, drafter gate, drafter allowed, perf_counter,
+        #                                       batch_setup_s, committed length, rows, (first step of its mode, of its
+        #                                       drafter mode)) at the last proposal
 
     def verify_cost(self, num_nodes: int) -> float:
         """This row's share of a verify forward with num_nodes nodes per row: the forward of
@@ -336,7 +340,8 @@ class Auto(BaseStrategy):
         """Lookup's paths and their plan; whether the drafter is called this step."""
         self.batch_size = state.batch_size
         self.started = None                   # what phase two needs (None: a plain step)
-        if not self._gate_speculates(state):
+        speculate, drafter_allowed = self._gate_modes(state)
+        if not speculate:
             return False
         self.step += 1
         paths, lookup_nodes = [], 0
@@ -354,7 +359,7 @@ class Auto(BaseStrategy):
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
         self.steps_since_call += 1
         self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept)
-        return self._call_drafter(state, context)
+        return drafter_allowed and self._call_drafter(state, context)
 
     def propose_end(self, state: DecodeState, neural_tree: CandidateTree | None,
                     drafted_s: float | None) -> CandidateTree:
@@ -432,43 +437,57 @@ class Auto(BaseStrategy):
         self.tree_sizes[-1] = len(keep)
         return step.merged.select(keep)
 
-    def _gate_speculates(self, state: DecodeState) -> bool:
-        """In a batch: whether this step speculates (the batch gate of this batch size), after giving
-        the gate this row's last step (its new tokens over the wall time since its last proposal, less
-        the time the batch spent starting prompts meanwhile: DecodeState.batch_setup_s)."""
+    def _gate_modes(self, state: DecodeState) -> tuple[bool, bool]:
+        """In a batch: (whether this step speculates, whether it may call the drafter), from this batch
+        size's gates, after giving them this row's last step (its new tokens over the wall time since its
+        last proposal, less the time the batch spent starting prompts meanwhile: DecodeState.batch_setup_s).
+        The first gate weighs speculation against plain decoding. With both lookup and a drafter, a second
+        one weighs, on speculating steps, calling the drafter against lookup speculating alone: a batch
+        pays its rows' drafter forwards one row after another, while lookup's copies cost next to nothing,
+        so in a batch lookup alone may pay where lookup with the drafter does not."""
         if state.batch_size <= 1 or not self.use_batch_gate:
-            if self.gate_mark is not None:        # a batch that shrank to one row: nothing to measure against
-                self.gate_mark = None
-            return True
+            self.gate_mark = None                 # a batch that shrank to one row: nothing to measure against
+            return True, True
         now = time.perf_counter()
-        bucket = batch_bucket(state.batch_size)
-        key = (bucket, temperature_key(state.sampling.temperature))
-        gate = self.batch_gates.get(key) or self.batch_gates.setdefault(key, BatchGate(
-            speculate_first=self._speculates_below(key)))
+        key = (batch_bucket(state.batch_size), temperature_key(state.sampling.temperature))
+        draining = state.batch_waiting == 0
+        gate = self._gate(self.batch_gates, key)
         # first: a new step closes the last one's samples
-        speculate = gate.mode(self.gate_row, draining=state.batch_waiting == 0)
-        switched = True                           # this step's mode differs from the row's last step's
+        speculate = gate.mode(self.gate_row, draining=draining)
+        drafter_gate = None
+        if speculate and self.lookup is not None and self.drafter is not None:
+            drafter_gate = self._gate(self.drafter_gates, key)
+        drafter_allowed = True if drafter_gate is None else drafter_gate.mode(self.gate_row, draining=draining)
+        switched = (True, True)                   # this step's modes differ from the row's last step's
         if self.gate_mark is not None:            # then this row's sample of the last step
-            last_gate, speculated, at, setup_at, length, rows, last_switched = self.gate_mark
-            switched = speculated != speculate
+            last_gate, speculated, last_drafter_gate, allowed, at, setup_at, length, rows, last_switched = self.gate_mark
+            switched = (speculated != speculate, speculated != speculate or allowed != drafter_allowed)
             # a mode's first step pays for the switch (the drafter catches up on the tokens it skipped):
             # not the mode's rate (a probe would mostly be it), but part of what the probe cost; the
             # prompts the batch started meanwhile are neither mode's cost
             seconds = now - at - (state.batch_setup_s - setup_at)
-            last_gate.record(speculated, len(state.token_ids) - length, seconds, rows, switch=last_switched,
-                             full=rows >= self.full_rows)
+            tokens, full = len(state.token_ids) - length, rows >= self.full_rows
+            last_gate.record(speculated, tokens, seconds, rows, switch=last_switched[0], full=full)
+            if last_drafter_gate is not None:
+                last_drafter_gate.record(allowed, tokens, seconds, rows, switch=last_switched[1], full=full)
         self.full_rows = max(self.full_rows, state.batch_size)
-        self.gate_mark = (gate, speculate, now, state.batch_setup_s, len(state.token_ids), state.batch_size, switched)
-        return speculate
+        self.gate_mark = (gate, speculate, drafter_gate, drafter_allowed, now, state.batch_setup_s,
+                          len(state.token_ids), state.batch_size, switched)
+        return speculate, drafter_allowed
 
-    def _speculates_below(self, key: tuple) -> bool:
-        """Whether speculation beat plain decoding by the gate's margin at the largest smaller batch
-        size (bucket) that measured both at this temperature kind (True where none did): a new batch
-        size starts in that mode. Speculation pays less as the batch grows (the verify forward turns
-        compute-bound), so where it did not clearly pay at a smaller batch a larger one starts in
-        plain decoding, not with speculating steps it would lose."""
+    def _gate(self, gates: dict, key: tuple) -> BatchGate:
+        """The gate of `key` in `gates` (batch_gates or drafter_gates), made on first use."""
+        return gates.get(key) or gates.setdefault(key, BatchGate(speculate_first=self._speculates_below(gates, key)))
+
+    def _speculates_below(self, gates: dict, key: tuple) -> bool:
+        """Whether, in `gates`, the mode that costs more (speculation; the drafter's calls) beat the other
+        by the gate's margin at the largest smaller batch size (bucket) that measured both at this
+        temperature kind (True where none did): a new batch size starts in that mode. Speculation, and a
+        drafter's calls most, pay less as the batch grows (the verify forward turns compute-bound, and the
+        rows' drafting adds up), so where it did not clearly pay at a smaller batch a larger one starts
+        without it, not with steps it would lose."""
         bucket, kind = key
-        below = [(size, gate) for (size, size_kind), gate in list(self.batch_gates.items())
+        below = [(size, gate) for (size, size_kind), gate in list(gates.items())
                  if size_kind == kind and size < bucket and gate.measured()]
         if not below:
             return True

@@ -1,4 +1,8 @@
-"""Whether `auto` speculates at all in a batch of B rows: measured, not predicted.
+"""Whether `auto` speculates at all in a batch of B rows, and whether it calls its drafter there:
+measured, not predicted. One gate of this class per (batch size bucket, temperature kind) weighs
+speculation against plain decoding; with both lookup and a drafter, a second one weighs, on the
+speculating steps, the drafter's calls against lookup speculating alone (Auto._gate_modes). Below,
+"speculation" is the costlier mode of either gate.
 
 In a batch every row's tree widens ONE forward: the forward is [B, 1 + the largest tree], so a row
 that drafts 8 nodes makes the 15 others pay for them, and as B grows the forward turns compute-bound

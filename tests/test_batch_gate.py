@@ -118,7 +118,7 @@ def test_a_new_batch_size_starts_as_the_largest_smaller_one_measured():
         state = DecodeState(token_ids=[1, 2, 3], prompt_len=3, sampling=SamplingParams(temperature=temperature),
                             rng=None, max_depth=4, batch_size=batch_size)
         strategy.reset(state)                                  # a row's first step
-        return strategy._gate_speculates(state)
+        return strategy._gate_modes(state)[0]
 
     assert first_mode(32, 0.8) is True                     # nothing measured: speculate first
     strategy.batch_gates = {(4, "mid"): gate_measured(True), (16, "mid"): gate_measured(False),
@@ -257,13 +257,13 @@ def test_gate_leaves_out_the_time_the_batch_spent_starting_prompts(monkeypatch):
     # it joined after the batch started others
     strategy, state, now, recorded = clocked_row(monkeypatch, batch_size=4, batch_setup_s=3.0)
     for step in range(3):
-        strategy._gate_speculates(state)
+        strategy._gate_modes(state)
         state.token_ids += [7, 8]                     # two tokens a step
         now[0] += 1.0                                 # one second of decoding a step...
         if step == 1:
             now[0] += 5.0                             # ... and the batch started a prompt for five more
             state.batch_setup_s += 5.0
-    strategy._gate_speculates(state)
+    strategy._gate_modes(state)
     assert [(step["tokens"], step["seconds"]) for step in recorded] == [(2, 1.0), (2, 1.0), (2, 1.0)]
 
 
@@ -273,7 +273,7 @@ def test_gate_rates_come_from_full_batch_steps_only(monkeypatch):
     strategy, state, now, recorded = clocked_row(monkeypatch, batch_size=4)
     for rows in (4, 4, 3, 2, 2):                     # two full steps, then rows finish
         state.batch_size = rows
-        strategy._gate_speculates(state)
+        strategy._gate_modes(state)
         state.token_ids += [7]
         now[0] += 1.0
     assert [(step["rows"], step["full"]) for step in recorded] == [(4, True), (4, True), (3, False), (2, False)]
@@ -367,3 +367,59 @@ def test_drop_rows_moves_the_last_rows_into_the_freed_slots():
     for new, old in enumerate(order):
         alone = target(torch.tensor([prompts[old] + [pending[new]]])).logits[0, -1]
         torch.testing.assert_close(logits[new, 0], alone, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_with_the_drafter_gated_off_speculates_with_lookup_alone_and_stays_identical(monkeypatch):
+    """A drafter gate that measured lookup alone faster: speculating batch steps still verify lookup's
+    nodes, the drafter is never called, and each row is still HF's greedy output."""
+    sd, strategy = auto_speculator(gate=True)
+    calls = []                                        # per row step in a batch: whether the drafter's tree came in
+    real_end = Auto.propose_end
+
+    def propose_end(self, state, tree, seconds):
+        if state.batch_size > 1:                      # (one row left is no batch: no gate there)
+            calls.append(tree is not None)
+        return real_end(self, state, tree, seconds)
+
+    monkeypatch.setattr(Auto, "propose_end", propose_end)
+    for table, best in ((strategy.batch_gates, True), (strategy.drafter_gates, False)):
+        for bucket in (2, 4):                         # the batch, and its drain once rows end at other steps
+            table[(bucket, "greedy")] = gate_measured(best)
+    prompts = [p * 3 for p in PROMPTS]                # text that repeats: lookup has something to copy
+    outs = sd.generate(prompts, max_new_tokens=24, ignore_eos=True, batch_size=4)
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], 24, eos_token_id=None)
+    assert sum(out.stats.proposed_nodes for out in outs) > 0
+    assert strategy.drafter_gates[(4, "greedy")].best is False and calls and not any(calls)
+
+
+def test_drafter_gate_measures_both_modes_in_a_real_batch():
+    """With both lookup and a drafter, the speculating steps of a batch measure the drafter's calls
+    against lookup alone; with lookup only (or a drafter only) there is nothing to weigh."""
+    sd, strategy = auto_speculator(gate=True)
+    strategy.batch_gates[(4, "greedy")] = gate_measured(True)     # every step speculates
+    outs = sd.generate(PROMPTS * 2, max_new_tokens=40, ignore_eos=True, batch_size=4)
+    for prompt, out in zip(PROMPTS * 2, outs):
+        assert out.token_ids == hf_greedy(sd.target, sd.tokenizer(prompt)["input_ids"], 40, eos_token_id=None)
+    gate = strategy.drafter_gates[(4, "greedy")]
+    assert gate.rate(True) is not None and gate.rate(False) is not None
+    target = tiny_model("llama", seed=1, sharpen=4.0)
+    for lookup, drafter in ((PromptLookup(), None), (None, DraftModel(noisy_copy(target), num_tokens=3))):
+        alone = Auto(lookup, drafter, profile=False)
+        Speculator(target, char_tokenizer(), alone).generate(PROMPTS, max_new_tokens=8, ignore_eos=True, batch_size=4)
+        assert alone.batch_gates and not alone.drafter_gates
+
+
+def test_a_new_batch_size_starts_with_the_drafter_as_the_largest_smaller_one_measured():
+    """The drafter gate of a new batch size starts without the drafter where a smaller batch size measured
+    lookup alone faster, as the speculation gate does with plain decoding."""
+    strategy = Auto(PromptLookup(), DraftModel(tiny_model("llama", seed=1), num_tokens=3), profile=False)
+    strategy.batch_gates = {(size, "greedy"): gate_measured(True) for size in (4, 8, 16)}
+    strategy.drafter_gates = {(4, "greedy"): gate_measured(False)}
+    state = DecodeState(token_ids=[1, 2, 3], prompt_len=3, sampling=SamplingParams(temperature=0.0),
+                        rng=None, max_depth=4, batch_size=8)
+    strategy.reset(state)
+    assert strategy._gate_modes(state) == (True, False)
+    strategy.drafter_gates = {(4, "greedy"): gate_measured(True)}
+    strategy.reset(state)
+    assert strategy._gate_modes(state) == (True, True)
