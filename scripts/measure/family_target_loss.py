@@ -2,7 +2,7 @@
 built by different checkouts (each family's own train.json measures 8 windows of its own choosing):
 every held-out file of the family's split (tokenizer/split.json), 256 evenly spaced windows of 129
 tokens (128 predictions each), one torch thread. Prints one JSON line per family folder, with its
-target's train.json beside.
+target's train.json (if any) beside.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/measure/family_target_loss.py CACHE/default-<hash> ...
 
@@ -33,8 +33,10 @@ def heldout_loss(folder: str) -> dict:
     windows = fixed_windows(stream, WINDOW_TOKENS, WINDOWS)                           # [n, 129]
     model = AutoModelForCausalLM.from_pretrained(target).eval()
     losses = [float(window_loss(model, windows[i: i + BATCH])) for i in range(0, len(windows), BATCH)]
-    with open(os.path.join(target, "train.json")) as f:
-        record = json.load(f)
+    record = None                                   # a target made outside the builder has no train.json
+    if os.path.isfile(os.path.join(target, "train.json")):
+        with open(os.path.join(target, "train.json")) as f:
+            record = json.load(f)
     return {"folder": folder, "heldout_tokens": int(stream.numel()), "windows": len(windows),
             "heldout_loss": sum(losses) / len(losses), "train_json": record}
 
