@@ -1,4 +1,4 @@
-"""`specdec train medusa|eagle|draft|early-exit [CONFIG] [key=value ...]`: one command for every drafter's
+"""`specdec train medusa|eagle|draft|early-exit|mtp [CONFIG] [key=value ...]`: one command for every drafter's
 trainer (they share one loop, heads/loop.py), and `--help` listing each one's keys.
 
 The older commands stay as aliases: `specdec train-heads [CONFIG]` (Medusa heads, or an EAGLE
@@ -32,8 +32,10 @@ TRAINERS = {
                      distill.main),
     "early-exit": Trainer("the target itself, fine-tuned to draft from its first layers (early_exit)",
                           early_exit_train.TrainEarlyExitConfig, "train_early_exit", early_exit_train.main),
+    "mtp": Trainer("an MTP module in DeepSeek-V3's layout for a target that ships none (the EAGLE trainer, "
+                   "layout=mtp: cross-entropy only)", TrainEagleConfig, "train_mtp", eagle_train.mtp_main),
 }
-USAGE = ("usage: specdec train {medusa,eagle,draft,early-exit} [CONFIG] [key=value ...]\n"
+USAGE = ("usage: specdec train {medusa,eagle,draft,early-exit,mtp} [CONFIG] [key=value ...]\n"
          "CONFIG: a shipped training config or a YAML path (none: the keys' defaults); values are YAML: "
          "corpus=[json, email] split_file=null;\nre-running with the same output_dir resumes. With no target "
          "it trains on the embedded default family. Aliases: `specdec train-heads` (medusa, or eagle for a\n"
@@ -71,7 +73,7 @@ def train_main(argv: list[str]) -> int:
     if any(arg in HELP_FLAGS for arg in rest):
         print(kind_help(kind, name))
         return 0
-    if name is not None and kind != "eagle" and is_eagle_config(name):
+    if name is not None and kind not in ("eagle", "mtp") and is_eagle_config(name):
         raise ConfigError(f"{name!r} is an EAGLE training config (drafter: eagle): run it with "
                           f"`specdec train eagle {name}`")
     return TRAINERS[kind].main(with_default_family(TRAINERS[kind].schema, rest), cli=f"specdec train {kind}")

@@ -81,7 +81,8 @@ class TrainEagleConfig:
     split_file: Optional[str] = None    # JSON with "train" / "heldout" file lists
     # drafter
     layout: str = "eagle3"              # eagle1 (last hidden state, the target's lm_head) | eagle3 (the standard
-    #   EAGLE-3 drafter: low, middle and high layer fused, its own lm_head over draft_vocab_size tokens)
+    #   EAGLE-3 drafter: low, middle and high layer fused, its own lm_head over draft_vocab_size tokens) | mtp
+    #   (one MTP module in DeepSeek-V3's layout, cross-entropy only: `specdec train mtp`)
     feature_layers: Optional[List[int]] = None   # override the layers read (hidden_states indices)
     draft_vocab_size: Optional[int] = None   # eagle3: the drafter's vocabulary, the corpus's most frequent
     #   target tokens (None = the whole target vocabulary)

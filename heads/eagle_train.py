@@ -12,6 +12,12 @@ exactly what a depth-(j - 1) tree node sees. Every step's row s learns the targe
 of token s + 2 (soft cross-entropy, weight decay ** (j - 1)); the EAGLE-1 layout also regresses
 its output onto f_{s+1} (smooth L1, feature_loss_weight).
 
+layout=mtp (`specdec train mtp`) trains one multi-token-prediction module in DeepSeek-V3's layout for a
+target that ships none (heads/mtp.py: enorm, hnorm, eh_proj, one decoder layer of the target's own class and
+shape, a post norm; the target's embedding and head shared), fed the target's last hidden state as EAGLE-1
+is, on the cross-entropy alone: EAGLE without its feature loss. It is saved as the `mtp` strategy reads it
+(mtp.path=output_dir: mtp.json + mtp.safetensors under the checkpoint's tensor names).
+
 Held-out evaluation is the acceptance at inference: held-out windows whose tail is replaced by
 the target's own greedy continuation, the drafter chained on its own features from each position
 of that tail; acceptance[d] = the fraction of positions whose first d + 1 drafted tokens all equal
@@ -42,11 +48,14 @@ from .eagle_io import save_eagle
 from .help import help_text
 from .interrupt import training_main
 from .loop import Drafter, Run, Setup, fmt, train
+from .mtp import MtpDrafter, mtp_model_for, save_mtp
 
 CHECKPOINT_FILE = "eagle_checkpoint.safetensors"
 LEGACY_CHECKPOINT_FILE = "eagle_checkpoint.pt"    # a pickle, written before; refused, never read
 LOG_FILE = "eagle_train.json"
+LAYOUTS = ("eagle1", "eagle3", "mtp")
 RUN = Run("eagle", "train-eagle", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_FILE)
+MTP_RUN = Run("eagle", "train-mtp", CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE, LOG_FILE)   # the same run, named so
 
 
 def validate(cfg) -> None:
@@ -54,8 +63,10 @@ def validate(cfg) -> None:
         raise ConfigError("no target given: set target=/path/to/a/huggingface/checkpoint (e.g. `specdec train "
                           "eagle train_eagle target=... output_dir=...`); the command, given none, trains for the "
                           "default family")
-    if cfg.layout not in ("eagle1", "eagle3"):
-        raise ConfigError(f"layout must be eagle1 or eagle3, got {cfg.layout!r}")
+    if cfg.layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {cfg.layout!r}")
+    if cfg.layout == "mtp":
+        validate_mtp(cfg)
     for name in ("ttt_steps", "seq_len", "batch_size", "steps", "eval_windows", "eval_interval",
                  "checkpoint_interval", "eval_depth", "eval_new_tokens"):
         if getattr(cfg, name) < 1:
@@ -77,6 +88,19 @@ def validate(cfg) -> None:
         raise ConfigError(f"lr must be > 0, got {cfg.lr}")
     if cfg.max_minutes is not None and not cfg.max_minutes > 0:
         raise ConfigError(f"max_minutes must be > 0 (or null: no time budget), got {cfg.max_minutes}")
+
+
+def validate_mtp(cfg) -> None:
+    """An MTP module is a decoder layer of the target's own shape, fed its last hidden state, trained in float32."""
+    if cfg.feature_layers not in (None, [-1]):
+        raise ConfigError(f"an MTP module reads the target's last hidden state (feature_layers null or [-1]), got "
+                          f"feature_layers={list(cfg.feature_layers)}: use layout=eagle3 to fuse other layers")
+    if cfg.intermediate_size is not None:
+        raise ConfigError(f"an MTP module's decoder layer has the target's own shape (DeepSeek-V3's layout, as "
+                          f"transformers' MtpModel builds it): leave intermediate_size null, got {cfg.intermediate_size}")
+    if cfg.dtype != "float32":
+        raise ConfigError(f"layout=mtp trains beside a float32 target (it shares the target's embedding and head; "
+                          f"bf16=true runs the forwards in bfloat16): set dtype=float32, got {cfg.dtype!r}")
 
 
 def load_train_eagle_config(name_or_path: str | None = None, overrides=None):
@@ -198,15 +222,20 @@ class HeldOutAcceptance:
 def feature_layers_for(cfg, target) -> tuple[int, ...]:
     if cfg.feature_layers:
         return tuple(int(i) for i in cfg.feature_layers)
-    if cfg.layout == "eagle1":
+    if cfg.layout in ("eagle1", "mtp"):
         return (-1,)
     return eagle3_layers(int(target.config.num_hidden_layers))
 
 
-def build_drafter(cfg, target, stream: torch.Tensor | None = None) -> EagleDrafter | Eagle3Drafter:
+def build_drafter(cfg, target, stream: torch.Tensor | None = None) -> EagleDrafter | Eagle3Drafter | MtpDrafter:
     """A fresh fp32 drafter on the target's device with fp32 frozen copies of the target modules it
-    reads; eagle3 with a reduced vocabulary: the `draft_vocab_size` tokens most frequent in `stream`."""
+    reads; eagle3 with a reduced vocabulary: the `draft_vocab_size` tokens most frequent in `stream`;
+    mtp: one fresh MTP module sharing the (float32, frozen) target's own embedding and head."""
     layers = feature_layers_for(cfg, target)
+    if cfg.layout == "mtp":
+        mtp = mtp_model_for(target, 1)
+        mtp.layers.to(device=target.device, dtype=torch.float32)
+        return MtpDrafter(mtp, id(target))
     if cfg.layout == "eagle1" and len(layers) != 1:
         raise ConfigError(f"layout eagle1 reads one layer, got feature_layers={list(layers)}: use layout=eagle3")
     if cfg.layout == "eagle3" and len(set(layers)) != len(layers):
@@ -252,7 +281,7 @@ def eagle_drafter(setup: Setup) -> Drafter:
     cfg, target, ddp = setup.cfg, setup.target, setup.ddp
     drafter = build_drafter(cfg, target, setup.train_stream)
     layers = drafter.layout.feature_layers
-    feature_loss = not drafter.layout.fused and cfg.feature_loss_weight > 0
+    feature_loss = cfg.layout == "eagle1" and cfg.feature_loss_weight > 0
     heldout = None
     if ddp.main:
         heldout = HeldOutAcceptance(target, fixed_windows(setup.heldout_stream, cfg.seq_len, cfg.eval_windows),
@@ -277,11 +306,14 @@ def eagle_drafter(setup: Setup) -> Drafter:
         return result
 
     def finish(steps: int, final: dict, elapsed: float) -> None:
-        save_eagle(cfg.output_dir, drafter, target, training={
+        save = save_mtp if cfg.layout == "mtp" else save_eagle
+        save(cfg.output_dir, drafter, target, training={
             "steps": steps, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "ttt_steps": cfg.ttt_steps,
             "layout": cfg.layout, "heldout": {k: final[k] for k in ("acceptance", "chain_tau", "step_loss")}})
 
-    return Drafter(module=drafter, loss=loss, evaluate=evaluate, finish=finish, layout=drafter.layout.as_dict(),
+    # an MTP module's own weights are its layers (the embedding and head it holds are the target's, not saved)
+    trained = drafter.mtp.layers if cfg.layout == "mtp" else drafter
+    return Drafter(module=trained, loss=loss, evaluate=evaluate, finish=finish, layout=drafter.layout.as_dict(),
                    describe=lambda r: (f"held-out acceptance per depth {fmt(r['acceptance'])} (chain tau "
                                        f"{r['chain_tau']:.2f}) | step losses {fmt(r['step_loss'])}"),
                    postfix=lambda m, last: f"loss {m['loss']:.3f} top1/step {fmt(m['top1'])}",
@@ -293,7 +325,7 @@ def train_eagle(cfg, on_step: Callable[[int, dict], None] | None = None) -> str:
     if not OmegaConf.is_config(cfg):
         cfg = OmegaConf.merge(OmegaConf.structured(TrainEagleConfig), OmegaConf.structured(cfg))
     validate(cfg)
-    return train(cfg, RUN, eagle_drafter, on_step)
+    return train(cfg, MTP_RUN if cfg.layout == "mtp" else RUN, eagle_drafter, on_step)
 
 
 def main(argv: list[str] | None = None, cli: str = "specdec train-heads") -> int:
@@ -301,6 +333,27 @@ def main(argv: list[str] | None = None, cli: str = "specdec train-heads") -> int
     return training_main(argv, show_help=lambda name: print(help_text(name, eagle=True)),
                          load_config=load_train_eagle_config, train=train_eagle, cli=cli,
                          module="specdec.heads.eagle_train", saved="EAGLE drafter saved in {folder}")
+
+
+def load_train_mtp_config(name_or_path: str | None = None, overrides=None):
+    """The EAGLE trainer's config with layout=mtp (the default when no config file is named); a config or
+    override that sets another layout is refused."""
+    overrides = list(overrides or [])
+    cfg = build_config(TrainEagleConfig, name_or_path, overrides if name_or_path else ["layout=mtp"] + overrides)
+    if cfg.layout != "mtp":
+        raise ConfigError(f"`specdec train mtp` trains layout=mtp, and this config sets layout={cfg.layout}: run it "
+                          f"with `specdec train eagle`, or use the shipped train_mtp")
+    validate(cfg)
+    return cfg
+
+
+def mtp_main(argv: list[str] | None = None, cli: str = "specdec train mtp") -> int:
+    """specdec train mtp [CONFIG] [key=value ...]: one MTP module for a target that ships none (layout=mtp)."""
+    return training_main(argv, show_help=lambda name: print(help_text(name, eagle=True)),
+                         load_config=load_train_mtp_config, train=train_eagle, cli=cli,
+                         module="specdec.heads.eagle_train", saved="MTP module saved in {folder} (draft with it: "
+                                                                   "specdec generate mtp mtp.path={folder} ...)")
+
 
 if __name__ == "__main__":
     sys.exit(main())

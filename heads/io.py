@@ -120,10 +120,12 @@ def check_heads_fit_target(info: dict, target, where: str = "these heads") -> No
 
 
 # ---------------------------------------------------------------------- save / load
-def save_drafter(files: DrafterFiles, folder: str, module, target, training: dict | None = None) -> str:
-    """Write the weights, then the config (the config last: a folder with a config has weights
-    that go with it)."""
-    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in module.state_dict().items()}
+def save_drafter(files: DrafterFiles, folder: str, module, target, training: dict | None = None,
+                 state: dict[str, torch.Tensor] | None = None) -> str:
+    """Write the weights (`state`, default: the module's state_dict), then the config (the config last: a
+    folder with a config has weights that go with it)."""
+    if state is None:
+        state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in module.state_dict().items()}
     atomic_write(os.path.join(folder, files.weights_file),
                  lambda tmp: save_file(state, tmp, metadata={"format": files.format}))
     atomic_write_json(os.path.join(folder, files.config_file), {

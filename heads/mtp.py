@@ -10,7 +10,17 @@ embedding that is not the target's, is refused with a message naming the tensor.
 eagle strategy's chains, trees and sampling drive it: row t reads the target's feature at t (the last
 hidden state, after the final norm: what Hugging Face's `use_mtp` feeds) and token t + 1, and its
 output (after the module's post norm) is both the next row's feature and, through the shared head,
-the guess for token t + 2.
+the guess for token t + 2. The same interface trains it (`specdec train mtp`, the EAGLE trainer with
+layout=mtp: heads/eagle_train.py).
+
+A target that ships no MTP modules can be given trained ones apart: a folder with `mtp.json` (the
+target it was trained for, as the heads record it: heads/io.py) and `mtp.safetensors`, whose tensors
+carry the checkpoint names above (model.layers.{L + i}.*; the shared head and embedding are the
+target's and not stored). `load_mtp(target, modules=folder)` reads it with the same checks.
+
+    mtp.json = {"format": "specdec-mtp-modules", "version": 1,
+                "layout": {hidden_size, modules, feature_layers},
+                "target": {architecture, hidden_size, vocab_size, fingerprint}, "training": {...}}
 """
 from __future__ import annotations
 
@@ -20,11 +30,18 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import ModelLoadError
 
+from .io import DrafterFiles, check_fits_target, read_drafter_config, save_drafter
+
 CHECKPOINT_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 SHARED = {"shared_head.head.weight": "lm_head", "embed_tokens.weight": "input embedding"}
+WEIGHTS_FILE = "mtp.safetensors"
+CONFIG_FILE = "mtp.json"
+FORMAT = "specdec-mtp-modules"
+TRAIN_HINT = "`specdec train mtp train_mtp target=/path/to/it output_dir=...`"
 
 
 def mtp_count(target) -> int:
@@ -66,27 +83,58 @@ def _modules_in(tensors: dict[str, str], layers: int, count: int, folder: str) -
     return by_module
 
 
-@torch.no_grad()
-def load_mtp(target, folder: str | None = None):
-    """The target's MTP modules (a transformers MtpModel sharing the target's embedding, head and rotary
-    embedding), read from `folder` (default: the folder the target was loaded from)."""
-    from transformers.core_model_loading import convert_and_load_state_dict_in_model
+def mtp_model_for(target, count: int):
+    """A transformers MtpModel of `count` fresh modules (random weights) sharing `target`'s embedding, head and
+    rotary embedding. A target whose config announces no MTP modules (a Llama) gets them all the same:
+    MtpModel reads their number from the config, so it is given a copy of the config that announces them."""
     from transformers.modeling_layers import MtpModel
-    from transformers.modeling_utils import LoadStateDictConfig
+    announced = target
+    if mtp_count(target) != count:
+        announced = _Announcing(target, count)
+    mtp = MtpModel(announced, count)
+    mtp.tie_with_main_model(target)
+    return mtp
+
+
+class _Announcing:
+    """`target` seen through a copy of its config that announces `count` MTP modules (for MtpModel's
+    constructor, which reads them from the config; the target itself is left as it is)."""
+
+    def __init__(self, target, count: int):
+        import copy
+        self.config = copy.deepcopy(target.config)
+        self.config.get_text_config(decoder=True).num_mtp_layers = count
+        self._target = target
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+
+@torch.no_grad()
+def load_mtp(target, folder: str | None = None, modules: str | None = None):
+    """The target's MTP modules (a transformers MtpModel sharing the target's embedding, head and rotary
+    embedding), read from `folder` (default: the folder the target was loaded from); or, given `modules`,
+    from that folder of modules trained apart for this target (mtp.json + mtp.safetensors)."""
     from safetensors import safe_open
-    folder = folder or target.config.name_or_path
-    count = mtp_count(target)
-    if not count:
-        raise ModelLoadError(f"mtp: the target ({type(target).__name__}) announces no MTP modules (no "
-                             f"num_nextn_predict_layers in its config): use a checkpoint that ships them "
-                             f"(DeepSeek-V3/R1, GLM-4.5), or another strategy")
-    if not folder or not os.path.isdir(folder):
-        raise ModelLoadError(f"mtp: the MTP weights are read from the target's checkpoint folder, and {folder!r} is "
-                             f"not one: load the target from a folder (target.path)")
+    from transformers.core_model_loading import convert_and_load_state_dict_in_model
+    from transformers.modeling_utils import LoadStateDictConfig
     layers = int(target.config.get_text_config(decoder=True).num_hidden_layers)
-    tensors = checkpoint_tensors(folder)
+    if modules:
+        count, folder, tensors = _separate_modules(target, modules)
+    else:
+        folder = folder or target.config.name_or_path
+        count = mtp_count(target)
+        if not count:
+            raise ModelLoadError(f"mtp: the target ({type(target).__name__}) announces no MTP modules (no "
+                                 f"num_nextn_predict_layers in its config): use a checkpoint that ships them "
+                                 f"(DeepSeek-V3/R1, GLM-4.5), give modules trained for it (mtp.path=, made by "
+                                 f"{TRAIN_HINT}), or another strategy")
+        if not folder or not os.path.isdir(folder):
+            raise ModelLoadError(f"mtp: the MTP weights are read from the target's checkpoint folder, and {folder!r} "
+                                 f"is not one: load the target from a folder (target.path)")
+        tensors = checkpoint_tensors(folder)
     by_module = _modules_in(tensors, layers, count, folder)
-    mtp = MtpModel(target, count).to(device=target.device, dtype=target.dtype)
+    mtp = mtp_model_for(target, count).to(device=target.device, dtype=target.dtype)
     state_dict, handles = {}, {}
     for names in by_module.values():
         for name in names:
@@ -103,6 +151,36 @@ def load_mtp(target, folder: str | None = None):
     _refuse(info, folder, layers)
     mtp.tie_with_main_model(target)
     return mtp.eval()
+
+
+def _separate_modules(target, folder: str) -> tuple[int, str, dict[str, str]]:
+    """(module count, folder, {tensor name: file}) of a folder of MTP modules trained apart, after checking
+    that they were trained for this target."""
+    config = read_drafter_config(MTP_FILES, folder)
+    check_fits_target(MTP_FILES, config["target"], target, where=f"mtp: the MTP modules in {folder!r}")
+    if not os.path.isfile(os.path.join(folder, WEIGHTS_FILE)):
+        raise ModelLoadError(f"mtp: {folder!r} has {CONFIG_FILE} but no {WEIGHTS_FILE}: train again with {TRAIN_HINT}")
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(os.path.join(folder, WEIGHTS_FILE), framework="pt") as handle:
+            names = list(handle.keys())
+    except (SafetensorError, OSError) as exc:
+        raise ModelLoadError(f"mtp: {os.path.join(folder, WEIGHTS_FILE)} is corrupt or truncated ({exc}): train "
+                             f"again with {TRAIN_HINT}") from exc
+    strays = [name for name in names if not CHECKPOINT_LAYER.match(name)]
+    if strays:
+        raise ModelLoadError(f"mtp: {folder!r} holds tensor {strays[0]!r}, which is no MTP module's (their names are "
+                             f"model.layers.{{num_hidden_layers + i}}.*)")
+    return int(config["layout"]["modules"]), folder, dict.fromkeys(names, WEIGHTS_FILE)
+
+
+def save_mtp(folder: str, drafter: "MtpDrafter", target, training: dict | None = None) -> str:
+    """Write `drafter`'s modules to `folder` as load_mtp(target, modules=folder) reads them: their own tensors
+    under the checkpoint names (model.layers.{L + i}.*), then mtp.json."""
+    layers = int(target.config.get_text_config(decoder=True).num_hidden_layers)
+    state = {_checkpoint_name(f"layers.{name}", layers): tensor.detach().to("cpu").contiguous()
+             for name, tensor in drafter.mtp.layers.state_dict().items()}
+    return save_drafter(MTP_FILES, folder, drafter, target, training, state=state)
 
 
 def _check_shared(name: str, tensor: torch.Tensor, target, layers: int, folder: str) -> None:
@@ -146,10 +224,19 @@ def _checkpoint_name(name: str, layers: int) -> str:
 
 @dataclass(frozen=True)
 class MtpLayout:
-    """What the eagle strategy reads of a drafter's layout."""
+    """What the eagle strategy (and its trainer) reads of a drafter's layout."""
     hidden_size: int
     modules: int
     feature_layers: tuple[int, ...] = (-1,)     # the target's last hidden state, after its final norm
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+
+    def as_dict(self) -> dict:
+        return {"hidden_size": self.hidden_size, "modules": self.modules, "feature_layers": list(self.feature_layers)}
+
+
+MTP_FILES = DrafterFiles("MTP modules", "mtp.path", WEIGHTS_FILE, CONFIG_FILE, FORMAT, MtpLayout, TRAIN_HINT)
 
 
 class MtpDrafter(nn.Module):
@@ -175,23 +262,51 @@ class MtpDrafter(nn.Module):
 
     def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True,
                 cache=None, start: int = 0):
-        """g [1, n, H] features, tokens [1, n] the token after each feature's position, positions [1, n];
-        `cache` (a BufferedLayer) holds rows 0 .. start - 1 (rows after them, a rolled-back tree's, are
-        dropped) and gets the new rows; visible [1, n, start + n] bool (None: causal). Returns (out
-        [1, n, H], logits [1, n, V] or None, None, None)."""
+        """g [B, n, H] features, tokens [B, n] the token after each feature's position, positions [B, n].
+        Inference (B = 1): `cache` (a BufferedLayer) holds rows 0 .. start - 1 (rows after them, a rolled-back
+        tree's, are dropped) and gets the new rows. Training: no cache; past_k / past_v [B, kv_heads, L, d]
+        (or None) are the earlier rows' keys / values. visible [1, n, L + n] bool (None: causal). Returns
+        (out [B, n, H], logits [B, n, V] or None, and the new rows' keys and values [B, kv_heads, n, d] when
+        training, else None, None)."""
         from transformers.cache_utils import Cache
-        if cache is None:
-            raise ValueError("MtpDrafter runs on a cache (inference only)")
-        cache.keep(start, None, start)
-        embeds = self.mtp.embed_tokens(tokens).to(g.dtype)                                   # [1, n, H]
+        embeds = self.mtp.embed_tokens(tokens).to(g.dtype)                                   # [B, n, H]
         n = tokens.shape[1]
-        if visible is None:
-            visible = torch.ones(n, start + n, dtype=torch.bool, device=g.device).tril(start)[None]
-        mask = torch.zeros(visible.shape, dtype=g.dtype, device=g.device).masked_fill(~visible, torch.finfo(g.dtype).min)
+        if cache is None:
+            rows = _PastRows(past_k, past_v)
+            past = 0 if past_k is None else past_k.shape[2]
+            if visible is None:
+                visible = torch.ones(n, past + n, dtype=torch.bool, device=g.device).tril(past)[None]
+            mask = visible[:, None]                                      # [1, 1, n, L + n] bool
+        else:
+            rows = cache
+            cache.keep(start, None, start)
+            if visible is None:
+                visible = torch.ones(n, start + n, dtype=torch.bool, device=g.device).tril(start)[None]
+            mask = torch.zeros(visible.shape, dtype=g.dtype, device=g.device).masked_fill(
+                ~visible, torch.finfo(g.dtype).min)[:, None]
         rotary = self.mtp.rotary_emb
         position_embeddings = rotary(embeds, position_ids=positions) if rotary is not None else None
-        out = self.mtp.layers[0](embeds, g, position_embeddings=position_embeddings, attention_mask=mask[:, None],
-                                 position_ids=positions, cache=Cache(layers=[cache]))
+        out = self.mtp.layers[0](embeds, g, position_embeddings=position_embeddings, attention_mask=mask,
+                                 position_ids=positions, cache=Cache(layers=[rows]))
         if self.mtp.use_shared_post_norm:
             out = self.mtp.shared_post_norm(out)
-        return out, (self.logits(out) if with_logits else None), None, None
+        logits = self.logits(out) if with_logits else None
+        if cache is None:
+            return out, logits, *rows.new
+        return out, logits, None, None
+
+
+class _PastRows(DynamicLayer):
+    """A training forward's keys and values (heads/eagle_train.py unrolls the drafter and keeps them itself):
+    the new rows attend over the given past ones and their own, and their keys and values are kept in `new`."""
+
+    def __init__(self, past_k: torch.Tensor | None, past_v: torch.Tensor | None):
+        super().__init__()
+        self.past_k, self.past_v = past_k, past_v
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.new = (key_states, value_states)                                   # [B, kv_heads, n, d]
+        if self.past_k is None:
+            return key_states, value_states
+        return torch.cat([self.past_k, key_states], dim=2), torch.cat([self.past_v, value_states], dim=2)

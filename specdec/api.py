@@ -24,7 +24,7 @@ from .models import context_length, output_vocab_size
 from .sampling import SamplingParams, TorchRandom, make_generator, resolve_seed
 from .stopping import StopRules
 from .types import GenerationOutput, Stats
-from .verifier import PREFILL_CHUNK, Verifier
+from .verifier import PREFILL_CHUNK, ROW_LINEAR, Verifier
 
 
 class _Unset:
@@ -195,7 +195,8 @@ class Speculator:
     on per-call copies of them, which share the models and what a strategy learns across calls),
     and the steps of all calls run one at a time under one lock."""
 
-    def __init__(self, target, tokenizer, strategy, *, config=None, compile: bool | None = None):
+    def __init__(self, target, tokenizer, strategy, *, config=None, compile: bool | None = None,
+                 row_linear: int | None = None):
         from .strategies import Strategy, as_strategy
         if isinstance(strategy, str):
             strategy = _strategy_by_name(strategy, config)
@@ -213,12 +214,15 @@ class Speculator:
             compile = bool(config.compile) if config is not None else False
         compile = compile and compile_pays(self.target.device)
         prefill_chunk = int(config.prefill_chunk) if config is not None else PREFILL_CHUNK
-        self.verifier = Verifier(self.target, compile=compile, prefill_chunk=prefill_chunk)
+        if row_linear is None:  # `row_linear: N` in the config (specdec.row_linear)
+            row_linear = int(config.row_linear) if config is not None else ROW_LINEAR
+        self.verifier = Verifier(self.target, compile=compile, prefill_chunk=prefill_chunk, row_linear=row_linear)
         self.context = context_length(self.target, tokenizer)
         self._step_lock = threading.RLock()     # one verify step at a time (re-entrant: a stream dropped mid-step)
         self._calls_lock = threading.RLock()    # who holds self.verifier / self.strategy
         self._own_in_use = False
         strategy.use_compiled_verifier(bool(compile))
+        strategy.use_row_linear(self.verifier.row_linear)
         strategy.bind(self.target, tokenizer)
 
     # ------------------------------------------------------------------ per-call state

@@ -92,8 +92,12 @@ class BatchVerifier:
     one forward for all rows' [pending] + trees, each row's commit at its own fill. `tables`: where the
     rows' tree shape tables are kept (its verifier's; a chain row, a prefill's too, needs none)."""
 
-    def __init__(self, model, layout: AttentionLayout, tables: ShapeTables | None = None):
+    def __init__(self, model, layout: AttentionLayout, tables: ShapeTables | None = None,
+                 row_model=None, row_linear: int = 0):
         self.model, self.layout = model, layout
+        # forwards of at most row_linear rows in all (batch x width) run through row_model, the model's
+        # RowLinear twin (specdec.row_linear), as the single-row verifier's do (0: none)
+        self.row_model, self.row_linear = row_model, int(row_linear) if row_model is not None else 0
         self.tables = tables if tables is not None else ShapeTables()
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
@@ -253,9 +257,11 @@ class BatchVerifier:
         write_at = self.fills_on_device                                                    # [B]
         for layer in self.cache.layers:
             layer.write_at, layer.width = write_at, width
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
-                         **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=logits_to_keep,
-                         output_hidden_states=hidden_request(layers))
+        small = not prefill and input_ids.numel() <= self.row_linear
+        out = (self.row_model if small else self.model)(
+            input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
+            **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=logits_to_keep,
+            output_hidden_states=hidden_request(layers))
         hidden = None if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         return out.logits, hidden
 
@@ -302,7 +308,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job] | deque, batc
     generator ends when the queue and the batch are both empty. A job whose `cancelled` is set
     leaves the batch after the step it is in (finish reason "cancelled"), or never starts."""
     layers = feature_layers(strategy)
-    batch = BatchVerifier(verifier.model, verifier.layout, verifier.tables)
+    batch = BatchVerifier(verifier.model, verifier.layout, verifier.tables, verifier.row_model, verifier.row_linear)
     waiting = jobs if isinstance(jobs, deque) else deque(jobs)
     active: list[_Slot] = []
     draft_batches: dict = {}          # batch key -> the rows' batched drafter state (propose_rows)

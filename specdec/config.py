@@ -63,6 +63,9 @@ class EngineConfig:
     compile: bool = False               # verify forward compiled with static shapes (docs/gpu.md)
     prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
     #                                     long prompt is bounded by the chunk (greedy output unchanged)
+    row_linear: int = setting(8, min=0)   # verify forwards of at most this many rows (pending token + tree
+    #                                     nodes) compute float32 CPU linear layers as weight @ input.T, which
+    #                                     streams the weights on every core (specdec.row_linear); 0: off
     target: TargetConfig = field(default_factory=TargetConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around

@@ -105,14 +105,15 @@ def random_prompt_and_trees(target, sizes: Sequence[int], context_len: int):
 
 
 def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats: int,
-                         batch: int = 1, compile: bool = False) -> CostProfile:
+                         batch: int = 1, compile: bool = False, row_linear: int = 0) -> CostProfile:
     """Median seconds of one verify forward of each tree size in `sizes` (ascending), on top of a
     cache of context_len tokens, with the real Verifier; as measured (not monotone, see above).
     batch > 1: the batched forward (specdec.batch) of `batch` rows, each with a tree of that size:
     as the batch grows the forward turns compute-bound and tree nodes cost more.
     compile: time the verifier `compile: true` runs (specdec.compiled: static cache, one compiled
     graph per bucket of rows), each bucket compiled in an untimed round first; batches always run
-    the eager batched forward, which is what generate(list) runs."""
+    the eager batched forward, which is what generate(list) runs.
+    row_linear: time the verifier with that `row_linear` setting (specdec.row_linear), as the steps run it."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"measure_verify_costs: repeats={repeats!r}; it must be an integer >= 1 "
                           f"(rounds over every size, the median of each kept)")
@@ -124,9 +125,9 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
                           f"e.g. profile_sizes(max_nodes)")
     prompt, trees = random_prompt_and_trees(target, sizes, context_len)
     if batch <= 1:
-        forward, rollback = _single_forward(target, prompt, trees, compile)
+        forward, rollback = _single_forward(target, prompt, trees, compile, row_linear)
     else:
-        forward, rollback = _batched_forward(target, prompt, trees, batch)
+        forward, rollback = _batched_forward(target, prompt, trees, batch, row_linear)
     for n in (sizes if compile and batch <= 1 else [max(sizes)]):   # warm-up (compiled: every bucket)
         forward(n)
         rollback()
@@ -146,12 +147,12 @@ def measure_verify_costs(target, sizes: Sequence[int], context_len: int, repeats
     return CostProfile(tuple(sizes), tuple(seconds), context_len, cpu_wait=cpu_wait)
 
 
-def _single_forward(target, prompt: list[int], trees: dict, compile: bool = False):
+def _single_forward(target, prompt: list[int], trees: dict, compile: bool = False, row_linear: int = 0):
     """(forward of n nodes, roll back) with the real Verifier (compiled with `compile`, as
     Speculator(compile=True) builds it) over a prefill of the prompt; the cache is rolled back to
     the prefix after each forward."""
     from .verifier import Verifier
-    verifier = Verifier(target, compile=compile)
+    verifier = Verifier(target, compile=compile, row_linear=row_linear)
     if compile:
         verifier.reserve(len(prompt) + max(trees) + 1)
     verifier.prefill(prompt)
@@ -163,15 +164,15 @@ def _single_forward(target, prompt: list[int], trees: dict, compile: bool = Fals
     return (lambda n: verifier.forward(prompt[-1], trees[n])), rollback
 
 
-def _batched_forward(target, prompt: list[int], trees: dict, batch: int):
+def _batched_forward(target, prompt: list[int], trees: dict, batch: int, row_linear: int = 0):
     """(forward of n nodes per row, roll back) for `batch` rows (specdec.batch): one prompt
     prefilled, copied into every row; a forward writes after the rows' fills and commits nothing,
     so there is nothing to roll back."""
     from .batch import BatchVerifier
     from .verifier import Verifier
-    single = Verifier(target)
+    single = Verifier(target, row_linear=row_linear)
     single.prefill(prompt[:-1])
-    batched = BatchVerifier(target, single.layout)
+    batched = BatchVerifier(target, single.layout, row_model=single.row_model, row_linear=single.row_linear)
     room = len(prompt) + max(trees) + 1
     for row in range(batch):
         batched.set_row(row, single.cache.layers, 0, single.prefix_len, room)
@@ -179,9 +180,11 @@ def _batched_forward(target, prompt: list[int], trees: dict, batch: int):
     return (lambda n: batched.forward(pending, [trees[n]] * batch, None)), (lambda: None)
 
 
-def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, compile: bool = False) -> str:
+def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, compile: bool = False,
+                row_linear: int = 0) -> str:
     """What a profile depends on: the target's weights (heads.io's fingerprint), device, dtype,
-    torch threads, sizes, context length, batch and whether the verifier is compiled."""
+    torch threads, sizes, context length, batch, whether the verifier is compiled and its
+    row_linear setting."""
     from .heads.io import target_identity
     identity = target_identity(target)
     parts = [identity["architecture"], identity["hidden_size"], identity["vocab_size"],
@@ -191,6 +194,8 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
         parts.append(batch)
     if compile and batch <= 1:        # likewise eager keys (a batch runs eager whatever compile says)
         parts.append("compiled")
+    if row_linear:                    # likewise keys with the setting off
+        parts.append(["row_linear", int(row_linear)])
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -271,13 +276,13 @@ def store_profile(profile: CostProfile, path: str) -> None:
 
 
 def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: int, batch: int = 1,
-                      compile: bool = False) -> tuple[CostProfile, str, str | None]:
+                      compile: bool = False, row_linear: int = 0) -> tuple[CostProfile, str, str | None]:
     """Measure the profile now and store it where `load_or_measure` reads it: (profile, its path,
     why it was not stored, or None). A CPU profile measured while other work held the cores
     (cpu_wait > SHARED_CPU) is not stored; nor is one whose folder cannot be written."""
-    key = profile_key(target, sizes, context_len, batch, compile)
+    key = profile_key(target, sizes, context_len, batch, compile, row_linear)
     path = profile_path(key)
-    profile = measure_verify_costs(target, sizes, context_len, repeats, batch, compile)
+    profile = measure_verify_costs(target, sizes, context_len, repeats, batch, compile, row_linear)
     profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key, profile.cpu_wait)
     if profile.cpu_wait is not None and profile.cpu_wait > SHARED_CPU:
         return profile, path, (f"other work held the CPU while measuring ({cpu_wait_words(profile.cpu_wait)}), "
@@ -292,25 +297,26 @@ def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: i
 
 
 def planning_costs(target, profile: bool, sizes: Sequence[int], context_len: int, repeats: int,
-                   compile: bool = False) -> CostProfile:
+                   compile: bool = False, row_linear: int = 0) -> CostProfile:
     """The verify costs a planner (auto, token_recycling) plans with on `target`: the cached or measured
     profile (load_or_measure) when `profile`, else a guess (a tree node costs a tenth of a plain step)."""
     if profile:
-        return load_or_measure(target, sizes, context_len, repeats, compile=compile)
+        return load_or_measure(target, sizes, context_len, repeats, compile=compile, row_linear=row_linear)
     return CostProfile((0, 1), (1.0, 1.1), 0, "guess")
 
 
 def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int,
-                    refresh: bool = False, batch: int = 1, compile: bool = False) -> CostProfile:
+                    refresh: bool = False, batch: int = 1, compile: bool = False,
+                    row_linear: int = 0) -> CostProfile:
     """The cached profile of this target on this device (measured now when absent, not valid, or
     refresh), for verify forwards of `batch` rows, by the compiled verifier with `compile`. A
     profile that cannot be stored is used all the same, with one warning."""
     if not refresh:
-        key = profile_key(target, sizes, context_len, batch, compile)
+        key = profile_key(target, sizes, context_len, batch, compile, row_linear)
         cached = read_profile(profile_path(key), key, sizes)
         if cached is not None:
             return cached
-    profile, path, not_stored = measure_and_store(target, sizes, context_len, repeats, batch, compile)
+    profile, path, not_stored = measure_and_store(target, sizes, context_len, repeats, batch, compile, row_linear)
     if not_stored is not None:
         warnings.warn(f"could not store the cost profile in {path}: {not_stored}. Using the one measured now, "
                       f"for this process only (measured again at the next load)", stacklevel=2)

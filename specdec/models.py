@@ -1,6 +1,7 @@
 """Loading Hugging Face models and tokenizers, with errors that say what to do."""
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
@@ -302,3 +303,13 @@ def _takes_mask_per_type(model) -> bool:
         return False
     config = model.config.get_text_config(decoder=True)
     return "causal_mask_mapping" in source and "dict" in source and getattr(config, "layer_types", None) is not None
+
+
+def shallow_module(module: nn.Module) -> nn.Module:
+    """A copy of `module` that shares its submodules, parameters and buffers but whose own registries
+    (submodules, hooks) are new dicts: a change to the copy never reaches the original."""
+    twin = copy.copy(module)
+    for key, value in vars(module).items():
+        if key.startswith("_") and isinstance(value, dict):
+            setattr(twin, key, type(value)(value))
+    return twin

@@ -9,7 +9,8 @@ import sys
 import torch
 
 
-def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[tuple[int, float, float]]:
+def verify_against_plain(target, sizes, context_len: int, repeats: int,
+                         row_linear: int = 0) -> list[tuple[int, float, float]]:
     """[(n, verify s, plain s)]: our verify forward of an n-node tree against a plain Hugging Face
     forward of n + 1 tokens (a chain, its own causal mask, a DynamicCache) on caches of context_len
     tokens, timed in the same rounds (medians), so what the tree machinery adds shows apart from the
@@ -19,7 +20,7 @@ def verify_against_plain(target, sizes, context_len: int, repeats: int) -> list[
     from .models import cache_kwargs
     from .tree import host_to_device
     prompt, trees = random_prompt_and_trees(target, sizes, context_len)
-    verify, rollback = _single_forward(target, prompt, trees)
+    verify, rollback = _single_forward(target, prompt, trees, row_linear=row_linear)
     device = target.device
     cache = DynamicCache()
     with torch.inference_mode():
@@ -65,7 +66,9 @@ def main(argv: list[str]) -> int:
     # the very profile the strategy plans with (auto); else the one auto would read with this config
     sizes, context = sd.strategy.profile_setup(sd.target) or (profile_sizes(auto.max_nodes), auto.profile_context)
     compiled = sd.verifier.static is not None          # `compile: true`: time the compiled forward
-    profile, path, not_stored = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled)
+    row_linear = sd.verifier.row_linear                # the setting in effect (0: no RowLinear twin)
+    profile, path, not_stored = measure_and_store(sd.target, sizes, context, auto.profile_repeats, compile=compiled,
+                                                  row_linear=row_linear)
     print(f"verify cost on {sd.target.device} ({sd.target.dtype}{', compiled' if compiled else ''}), "
           f"context {profile.context_len} tokens, "
           f"profile {profile.key}:")
@@ -83,7 +86,7 @@ def main(argv: list[str]) -> int:
         print("verify against a plain Hugging Face forward of n + 1 tokens (same context, same rounds):")
         print("nodes  verify ms  plain ms  verify / plain")
         for n, verify_s, plain_s in verify_against_plain(sd.target, profile.sizes, profile.context_len,
-                                                         auto.profile_repeats):
+                                                         auto.profile_repeats, row_linear):
             print(f"{n:5d}  {verify_s * 1000:9.2f}  {plain_s * 1000:8.2f}  {verify_s / plain_s:14.2f}")
     sd.strategy.use_costs(profile)
     out = sd.generate(args.prompt, max_new_tokens=args.max_new_tokens)

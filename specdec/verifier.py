@@ -18,6 +18,7 @@ import torch
 from .cache import commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
+from .row_linear import row_twin
 from .tables import ShapeTables
 from .tree import CandidateTree, LowerRun, tree_masks, tree_position_ids, with_pending_root, host_to_device
 
@@ -46,6 +47,7 @@ def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
+ROW_LINEAR = 8           # EngineConfig.row_linear's default: the most rows a forward through the RowLinear twin has
 # prompt rows per drafter forward when a drafter catches up on a prompt (draft model, EAGLE): it runs
 # on top of the target's whole KV cache and the prompt's features, so with a quarter of the prefill's
 # chunk its activations stay below the target prefill's last chunk
@@ -93,7 +95,7 @@ def pending_ids(pending_token: int | torch.Tensor, device: torch.device) -> torc
 
 
 class Verifier:
-    def __init__(self, model, compile: bool = False, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, model, compile: bool = False, prefill_chunk: int = PREFILL_CHUNK, row_linear: int = ROW_LINEAR):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (prompt tokens per prefill forward), got {prefill_chunk}")
         self.model = model
@@ -106,6 +108,10 @@ class Verifier:
         # calls' twins): freed with it, bounded (specdec.tables)
         self.tables = ShapeTables()
         self.static = StaticForward(model, self.layout, tables=self.tables) if compile else None
+        # forwards of at most row_linear rows run through the model's RowLinear twin (specdec.row_linear);
+        # row_linear is the setting in effect: 0 where the model has no twin (compiled, no float32 CPU linear)
+        self.row_model = row_twin(model) if int(row_linear) > 0 and self.static is None else None
+        self.row_linear = int(row_linear) if self.row_model is not None else 0
 
     def for_call(self) -> "Verifier":
         """A verifier for a call that overlaps another: the same model, attention layout and shape
@@ -191,9 +197,10 @@ class Verifier:
             parents = with_pending_root(tree.parents)
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device, tables=self.tables)
             positions = tree_position_ids(parents, self.prefix_len, self.device, self.tables)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         **cache_kwargs(self.model, self.cache), use_cache=True,
-                         output_hidden_states=hidden_request(feature_layers))
+        model = self.row_model if input_ids.shape[1] <= self.row_linear else self.model
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                    **cache_kwargs(self.model, self.cache), use_cache=True,
+                    output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden, None if tree.is_chain else parents)
 

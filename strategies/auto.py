@@ -13,7 +13,11 @@ coupled sampler) are functions of the context, so any of them may be dropped. A 
 a sampled node because of the token it drew would change the law that node was drawn from. So is
 the tree of a drafter that says verify_whole (lookahead: its window learns from every node's row),
 priced whole against lookup alone. The drafter is called (or not) before it drafts, from the rates
-planned on earlier steps.
+planned on earlier steps and from what its last calls did: the tokens those steps kept against the
+tokens lookup's own plan would have kept on them, both priced at the verify costs and the drafter's
+measured cost per call (Auto.planned_loss, Auto.measured_loss). Where it loses, it is called only on looks, spaced by what a
+call loses (priced_gap), so a dear drafter (early_exit or layer_skip on a shallow target, lookahead's
+rows on a CPU) costs a few calls, and one that starts paying comes back.
 
 The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
 rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
@@ -25,13 +29,15 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 import copy
 import itertools
+import math
 import statistics
+import threading
 import time
 from typing import NamedTuple
 
 from specdec.config import setting
 from specdec.costmodel import CostProfile, load_or_measure, planning_costs, profile_sizes
-from specdec.tree import CandidateTree
+from specdec.tree import CandidateTree, merge_into_trie
 from specdec.types import DecodeState, StepResult
 
 from .base import BaseStrategy, as_strategy
@@ -67,7 +73,8 @@ class AutoConfig:
     profile_context: int = setting(128, min=1)  # context length of the measurement
     profile_repeats: int = setting(5, min=1)    # rounds over every tree size; the median of each size is kept
     explore_every: int = setting(8, min=1)      # look at a drafter that has not paid lately after this many steps
-    #                                     (the gap doubles while it keeps not paying, up to 64); 1 = every step
+    #                                     (the gap doubles while it keeps not paying, up to 64, or for a dear drafter
+    #                                     up to what keeps its looks to a small share of the time); 1 = every step
     calibration_prior: float = setting(4.0, above=0.0)   # pseudo-observations pulling a calibration bucket
     #                                     towards its raw confidence
     sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
@@ -88,6 +95,20 @@ PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # counted, and what the greedy prior cost).
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
+# a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
+# estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
+# pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
+# same step, is no estimate. The last CALL_MEMORY calls per context are kept (measured_rates); a context
+# with fewer than MIN_CALLS_MEASURED is judged by all calls at its temperature kind, and with fewer than
+# that by its plan alone.
+CALL_MEMORY = 16
+MIN_CALLS_MEASURED = 4
+# looks at a drafter that does not pay are spaced by what its calls lose: at most LOOK_SHARE of the steps'
+# time goes to them, so a drafter that costs several plain steps a call is looked at far more rarely than one
+# that loses a few percent (the doubling gap alone looked at both every MAX_EXPLORE_GAP steps)
+LOOK_SHARE = 0.05
+LOOK_CALLS = 2            # calls a look makes: the one after the gap (a catch-up), then a steady, timed one
+MAX_PRICED_GAP = 1024     # steps: however dear, a drafter that starts paying is found again within a long call
 # steady drafter calls whose median is its cost: one slow call (the OS, a collection) must not price
 # the drafter out, because a drafter that looks dear is called only on looks, far apart
 DRAFT_TIMES = 9
@@ -119,6 +140,8 @@ class _Step(NamedTuple):
     neural_tree: CandidateTree    # the drafter's own tree (empty when not called)
     proposed_at: float            # perf_counter when propose returned
     context: tuple                # (temperature key, lookup context: _lookup_context)
+    lookup_alone: tuple | None = None   # the drafter was called: (lookup's paths, their node budget, the lookup
+    #                                     nodes planned without it), what lookup alone would have verified
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
@@ -188,12 +211,19 @@ class Auto(BaseStrategy):
         # the drafter is not called while it looks dear, would never be corrected.
         self.plan_with: dict[tuple, tuple[float, float]] = {}
         self.plan_without: dict[tuple, tuple[float, float]] = {}
+        # per context, the drafter's last calls as (tokens the step kept, nodes verified, tokens lookup alone
+        # would have kept on that step, the nodes it had planned): what calling it did (measured_rates);
+        # shared like the plans, so its own lock
+        self.call_values: dict[tuple, deque] = {}
+        self.call_values_lock = threading.Lock()
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.neural_calls = 0
-        self.explore_gap: dict[tuple, int] = {}    # per context: steps between looks at a drafter that has not paid
-        self.since_look: dict[tuple, int] = {}     # per context: steps without a call
+        # per temperature kind: (steps since the last look, gap before the next look) at a drafter that loses in
+        # the step's context; one schedule for all contexts, so a drafter that loses everywhere is looked at
+        # as rarely whatever lookup offers
+        self.looks: dict[str, tuple[int, int]] = {}
         self.steps_since_call = 0
         self.steady_call = False
         self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
@@ -202,9 +232,13 @@ class Auto(BaseStrategy):
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
         # compiled forward, the one each step runs (use_compiled_verifier, called before bind)
         self.compiled_verifier = False
+        self.row_linear = 0                 # likewise the verifier's row_linear setting (use_row_linear)
 
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.compiled_verifier = bool(compiled)
+
+    def use_row_linear(self, rows: int) -> None:
+        self.row_linear = int(rows)
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile
@@ -218,7 +252,7 @@ class Auto(BaseStrategy):
             self.drafter.bind(target, tokenizer)
         if self.costs is None:
             self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
-                                        self.compiled_verifier)
+                                        self.compiled_verifier, self.row_linear)
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
@@ -237,7 +271,7 @@ class Auto(BaseStrategy):
             while smaller <= bucket:
                 if smaller not in self.batch_costs:
                     self.batch_costs[smaller] = load_or_measure(self.target, sparse, context, self.profile_repeats,
-                                                                batch=smaller)
+                                                                batch=smaller, row_linear=self.row_linear)
                 smaller *= 2
         return self.batch_costs[bucket]
 
@@ -329,8 +363,10 @@ class Auto(BaseStrategy):
             return self._plain()
         end_start = time.perf_counter()
         paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept = self.started
+        lookup_alone = None
         if neural_tree is not None:
             self.neural_calls += 1
+            lookup_alone = (paths, lookup_nodes, lookup_keep)
             # a call after a gap (or the first of a generation) also catches the drafter up on the
             # tokens it missed: not what a call costs while it keeps drafting
             self.steady_call = self.steps_since_call <= 1
@@ -354,7 +390,7 @@ class Auto(BaseStrategy):
         self._trim_order(merged.parents, accept, keep, forced)
         # what calling the drafter cost this step: its propose, and merging and planning its tree
         self.last_draft_s = None if drafted_s is None else drafted_s + time.perf_counter() - end_start
-        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context)
+        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context, lookup_alone)
         self.tree_sizes.append(tree.num_nodes)
         return tree
 
@@ -465,7 +501,7 @@ class Auto(BaseStrategy):
         return [] if self.drafter is None else self.drafter.drafting_modules()
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        merged, source, keys, keep, neural_tree, proposed_at, context = self.pending   # a _Step
+        merged, source, keys, keep, neural_tree, proposed_at, context, lookup_alone = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
         predicted = self.costs_at(self.batch_size).verify_cost(len(keep))
         if predicted > 0 and self.adapt_costs:
@@ -474,6 +510,8 @@ class Auto(BaseStrategy):
         for node in accepted:
             self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, keys, keep, accepted)
+        if lookup_alone is not None:
+            self._record_call(state, result, len(keep), lookup_alone, context)
         if self.lookup is not None:           # the verified tree is auto's, not lookup's: lookup only indexes
             self.lookup.catch_up(state.token_ids)
         if self.drafter is not None:
@@ -504,11 +542,49 @@ class Auto(BaseStrategy):
             rate_without = tokens / self.verify_cost(nodes)
         return rate_with, rate_without or 0.0
 
+    def measured_rates(self, context) -> tuple[float, float, float, float] | None:
+        """What the drafter's last calls in this context did (all its calls at the context's temperature kind
+        while it has fewer than MIN_CALLS_MEASURED), priced at the costs known now: (tokens/s of those steps,
+        tokens/s lookup alone would have made on the same steps, seconds of such a step with the drafter,
+        without it); None before MIN_CALLS_MEASURED calls."""
+        with self.call_values_lock:
+            values = list(self.call_values.get(context, ()))
+            if len(values) < MIN_CALLS_MEASURED:
+                values = [value for key, kept in self.call_values.items() if key[0] == context[0] for value in kept]
+        if len(values) < MIN_CALLS_MEASURED:
+            return None
+        draft_cost = self.draft_cost_s or 0.0
+        seconds_with = sum(self.verify_cost(nodes) + draft_cost for _, nodes, _, _ in values)
+        seconds_alone = sum(self.verify_cost(nodes) for _, _, _, nodes in values)
+        rate_with = sum(tokens for tokens, _, _, _ in values) / seconds_with
+        rate_alone = sum(tokens for _, _, tokens, _ in values) / seconds_alone
+        return rate_with, rate_alone, seconds_with / len(values), seconds_alone / len(values)
+
+    def planned_loss(self, context) -> float | None:
+        """What one call of the drafter loses in this lookup context by its recent plans (planned_rates), in
+        steps of lookup alone; None where it pays (or before its first call here)."""
+        rate_with, rate_without = self.planned_rates(context)
+        if rate_with is None or rate_with >= rate_without:
+            return None
+        seconds_with = self.verify_cost(self.plan_with[context][1]) + (self.draft_cost_s or 0.0)
+        return (1.0 - rate_with / rate_without) * seconds_with / self.verify_cost(self.plan_without[context][1])
+
+    def measured_loss(self, context) -> float | None:
+        """What one call of the drafter loses by what its last calls did (measured_rates), in steps of
+        lookup alone; None where they paid (or too few were made)."""
+        measured = self.measured_rates(context)
+        if measured is None or measured[0] >= measured[1]:
+            return None
+        rate_with, rate_alone, seconds_with, seconds_alone = measured
+        return (1.0 - rate_with / rate_alone) * seconds_with / seconds_alone
+
     def _call_drafter(self, state: DecodeState, context) -> bool:
-        """Call the drafter when its recent planned rate (planned_rates) beats lookup alone in the same lookup
-        context (a drafter that pays where lookup has nothing may not pay beside a long lookup
-        match); otherwise look again after a gap that doubles (up to MAX_EXPLORE_GAP) each look
-        that does not pay, so a useless drafter costs next to nothing on text it cannot predict."""
+        """Call the drafter where it pays: where neither its recent planned rate in this lookup context
+        (planned_rates: a drafter that pays where lookup has nothing may not pay beside a long lookup match)
+        nor what its last calls did there (measured_rates) loses to lookup alone. Otherwise only look again,
+        on the temperature kind's one schedule, after a gap that doubles each look, up to MAX_EXPLORE_GAP
+        or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time (priced_gap): a useless
+        or dear drafter costs next to nothing, and one that starts paying comes back."""
         if self.drafter is None or state.max_depth <= 0:
             return False
         if self.explore_every <= 1:                          # every step
@@ -517,16 +593,29 @@ class Auto(BaseStrategy):
             # the last step called after a gap (a catch-up, not what a call costs): call once more, so
             # every look times a steady call; else a cost once measured high would never be measured again
             return True
-        self.since_look[context] = self.since_look.get(context, 0) + 1
-        rate_with, rate_without = self.planned_rates(context)
-        if rate_with is None or rate_with >= rate_without:
-            self.explore_gap[context] = self.explore_every
-        elif self.since_look[context] >= self.explore_gap.get(context, self.explore_every):
-            self.explore_gap[context] = min(2 * self.explore_gap.get(context, self.explore_every), MAX_EXPLORE_GAP)
-        else:
+        losses = [loss for loss in (self.planned_loss(context), self.measured_loss(context)) if loss is not None]
+        if not losses:
+            return True
+        since, gap = self.looks.get(context[0], (0, self.explore_every))
+        since += 1
+        if since < gap:
+            self.looks[context[0]] = (since, gap)
             return False
-        self.since_look[context] = 0
+        self.looks[context[0]] = (0, min(2 * gap, max(MAX_EXPLORE_GAP, priced_gap(max(losses)))))
         return True
+
+    def _record_call(self, state: DecodeState, result: StepResult, verified: int, lookup_alone: tuple,
+                     context: tuple) -> None:
+        """Keep what a call did (call_values): the tokens this step kept over `verified` nodes, beside the
+        tokens lookup's own plan (lookup_alone: its paths, node budget and kept nodes) would have kept."""
+        paths, lookup_nodes, lookup_keep = lookup_alone
+        before = result.committed_before
+        committed = state.token_ids[before: before + result.num_accepted + 1]   # the accepted run, then the target's token
+        tokens, parents = merge_into_trie([], [], paths, lookup_nodes)          # lookup's tree as propose_start built it
+        alone = 1 + matched_length(tokens, parents, lookup_keep, committed)
+        with self.call_values_lock:
+            values = self.call_values.setdefault(context, deque(maxlen=CALL_MEMORY))
+            values.append((len(committed), verified, alone, len(lookup_keep)))
 
     def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[tuple]:
         """(calibration key, draft confidence or None) of every node."""
@@ -604,6 +693,26 @@ def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
         row = 1 + result.accepted[k - 1]     # that node's row in the verified tree
         steps.append(StepResult(empty, (), run[k], before + k, rows(k, k + 1), *top(row, row + 1)))
     return steps
+
+
+def priced_gap(loss: float) -> int:
+    """Steps between looks at a drafter whose call loses `loss` steps of lookup alone (Auto.planned_loss,
+    Auto.measured_loss) for its looks to cost at most LOOK_SHARE of the time, up to MAX_PRICED_GAP."""
+    return min(math.ceil(LOOK_CALLS * loss / LOOK_SHARE), MAX_PRICED_GAP)
+
+
+def matched_length(tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int], committed: Sequence[int]) -> int:
+    """Nodes of the part `keep` (closed under parents) of a point-mass tree that the committed tokens walk
+    down from the root: what verifying that part alone would have accepted on the step. Exact when greedy or
+    coupled; under rejection sampling, the same in expectation (a point mass is kept with the probability
+    the target gives its token). At most len(committed): the target's tokens after the step are not known."""
+    child = {(parents[node], tokens[node]): node for node in keep}
+    parent = -1
+    for length, token in enumerate(committed):
+        parent = child.get((parent, token))
+        if parent is None:
+            return length
+    return len(committed)
 
 
 def _lookup_context(parents, accept, keep) -> int:

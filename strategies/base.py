@@ -97,6 +97,11 @@ class BaseStrategy:
         (`compile: true`). A strategy that times the verifier times the one the steps run (auto's
         cost profile). Default: nothing."""
 
+    def use_row_linear(self, rows: int) -> None:
+        """Called once by the Speculator, before bind: its verifier's `row_linear` setting (forwards of
+        at most `rows` rows through the model's RowLinear twin; 0: none), so that a strategy that times
+        the verifier times the forwards the steps run. Default: nothing."""
+
     def profile_setup(self, target) -> tuple[tuple[int, ...], int] | None:
         """(tree sizes, context length) of the verify-cost profile the strategy plans with on `target`
         (auto), which `specdec profile` measures again; None (the default): it plans with none."""
@@ -239,6 +244,10 @@ class _WithDefaults(BaseStrategy):
     def use_compiled_verifier(self, compiled: bool) -> None:
         if (own := self._own("use_compiled_verifier")) is not None:
             own(compiled)
+
+    def use_row_linear(self, rows: int) -> None:
+        if (own := self._own("use_row_linear")) is not None:
+            own(rows)
 
     def profile_setup(self, target):
         own = self._own("profile_setup")

@@ -44,12 +44,12 @@ from transformers.cache_utils import Cache
 from specdec.cache import new_cache
 from specdec.config import setting
 from specdec.errors import ConfigError, IncompatibleModelsError
-from specdec.models import cache_kwargs
+from specdec.models import cache_kwargs, shallow_module
 from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState
 
 from .draft_model import DraftModel
-from .layer_views import decoder_layers, num_layers, probe_forward, shallow_module, view_with_layers
+from .layer_views import decoder_layers, num_layers, probe_forward, view_with_layers
 
 LOG = logging.getLogger(__name__)
 

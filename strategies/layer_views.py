@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from specdec.errors import ConfigError, IncompatibleModelsError
+from specdec.models import shallow_module
 
 
 def num_layers(model) -> int:
@@ -31,16 +32,6 @@ def decoder_layers(model, strategy: str = "early_exit") -> str:
             f"({', '.join(found) or 'none found'}), not one, so its layers cannot be run apart; "
             f"use another strategy (draft_model, eagle)")
     return found[0]
-
-
-def shallow_module(module: nn.Module) -> nn.Module:
-    """A copy of `module` that shares its submodules, parameters and buffers but whose own registries
-    (submodules, hooks) are new dicts: a change to the copy never reaches the original."""
-    twin = copy.copy(module)
-    for key, value in vars(module).items():
-        if key.startswith("_") and isinstance(value, dict):
-            setattr(twin, key, type(value)(value))
-    return twin
 
 
 def _part_config(config, layers: slice):

@@ -1,7 +1,8 @@
 """mtp: the target's own multi-token-prediction modules draft (DeepSeek-V3/R1, GLM-4.5; Hugging Face's
 `generate(use_mtp=True)`, vLLM's `deepseek_mtp`, SGLang's NEXTN).
 
-The modules are read from the target's checkpoint (specdec.heads.mtp.load_mtp) and driven as an EAGLE
+The modules are read from the target's checkpoint (specdec.heads.mtp.load_mtp), or, with `mtp.path`,
+from a folder of modules trained apart for a target that ships none (`specdec train mtp`), and driven as an EAGLE
 drafter is (strategies/eagle.py): the module keeps a KV cache of the committed rows (row t: the target's
 last hidden state at t and token t + 1), the tree hangs off the last committed row, and deeper levels
 feed the module its own output, module 0 at every depth (vLLM's way for a checkpoint of one module: the
@@ -11,6 +12,7 @@ sampled trees all come from the eagle strategy; rows of a batch draft one after 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -23,6 +25,8 @@ from .eagle import Eagle
 @dataclass
 class MtpConfig:
     """The `mtp:` section. Defaults: a chain of 3 (top_k 1), as vLLM serves one MTP module."""
+    path: Optional[str] = None              # folder of modules trained apart (`specdec train mtp`: mtp.json +
+    #                                         mtp.safetensors); null: the target checkpoint's own
     depth: int = setting(3, min=1)          # drafted levels at most
     top_k: int = setting(1, min=1)          # children considered per node (1: a chain)
     max_nodes: int = setting(3, min=1)      # tree node budget
@@ -50,10 +54,11 @@ class Mtp(Eagle):
         self.device = target.device
 
     @classmethod
-    def for_target(cls, target, folder: str | None = None, **settings) -> "Mtp":
-        """The strategy over the MTP modules of `target`'s checkpoint (`folder`: default, where it was loaded from)."""
+    def for_target(cls, target, folder: str | None = None, modules: str | None = None, **settings) -> "Mtp":
+        """The strategy over the MTP modules of `target`'s checkpoint (`folder`: default, where it was loaded
+        from), or over the modules trained apart for it in the folder `modules`."""
         from specdec.heads.mtp import MtpDrafter, load_mtp
-        return cls(MtpDrafter(load_mtp(target, folder), id(target)), **settings)
+        return cls(MtpDrafter(load_mtp(target, folder, modules), id(target)), **settings)
 
     def drafting_modules(self) -> list[torch.nn.Module]:
         return [self.drafter]
@@ -61,5 +66,5 @@ class Mtp(Eagle):
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Mtp:
     m = cfg.mtp
-    return Mtp.for_target(target, cfg.target.path, depth=m.depth, top_k=m.top_k, max_nodes=m.max_nodes,
+    return Mtp.for_target(target, cfg.target.path, m.path, depth=m.depth, top_k=m.top_k, max_nodes=m.max_nodes,
                           sampled_depth=m.sampled_depth, sampled_top_k=m.sampled_top_k)

@@ -48,6 +48,9 @@ class Sam(BaseStrategy):
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.recycling.use_compiled_verifier(compiled)
 
+    def use_row_linear(self, rows: int) -> None:
+        self.recycling.use_row_linear(rows)
+
     def profile_setup(self, target):
         return self.recycling.profile_setup(target)
 

@@ -237,6 +237,7 @@ class TokenRecycling(BaseStrategy):
         self.default_scope = str(scope)
         self.costs = costs
         self.compiled_verifier = False
+        self.row_linear = 0
         # shared by a Speculator's calls (per-call copies hold the same objects): what persists and is learned
         self.store = store if store is not None else TableStore()
         self.calibrator = Calibrator()
@@ -261,6 +262,9 @@ class TokenRecycling(BaseStrategy):
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.compiled_verifier = bool(compiled)
 
+    def use_row_linear(self, rows: int) -> None:
+        self.row_linear = int(rows)
+
     def profile_setup(self, target) -> tuple[tuple[int, ...], int]:
         """(tree sizes, context length) of the verify-cost profile the shape planner reads."""
         limit = getattr(target.config, "max_position_embeddings", None) or 4096
@@ -278,7 +282,7 @@ class TokenRecycling(BaseStrategy):
         self.rows = max(vocab, target.get_input_embeddings().num_embeddings)
         if self.costs is None:
             self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
-                                        self.compiled_verifier)
+                                        self.compiled_verifier, self.row_linear)
 
     # ------------------------------------------------------------------ protocol
     def reset(self, state: DecodeState) -> None:

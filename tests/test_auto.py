@@ -2,6 +2,7 @@
 drafted nodes accepted, trees sized by the cost model, the chosen sizes reported, and loading."""
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
@@ -148,11 +149,12 @@ def test_the_drafter_is_called_by_lookup_context():
     state = type("State", (), {"max_depth": 8})()
     # planned (expected tokens, nodes) with the drafter / with lookup alone, per context; every tree
     # costs 1 (FREE), drafting nothing: planned tokens/s 2 vs 1 in context 0, 1 vs 3 in context 2
-    strategy.plan_with = {0: (2.0, 3), 2: (1.0, 3)}
-    strategy.plan_without = {0: (1.0, 0), 2: (3.0, 4)}
-    calls = {context: sum(strategy._call_drafter(state, context) for _ in range(40)) for context in (0, 2)}
-    assert calls[0] == 40
-    assert 1 <= calls[2] <= 40 // strategy.explore_every        # gaps that double: a few looks only
+    nothing, long_match = ("greedy", 0), ("greedy", 2)      # (temperature kind, what lookup offers)
+    strategy.plan_with = {nothing: (2.0, 3), long_match: (1.0, 3)}
+    strategy.plan_without = {nothing: (1.0, 0), long_match: (3.0, 4)}
+    calls = {context: sum(strategy._call_drafter(state, context) for _ in range(40)) for context in (nothing, long_match)}
+    assert calls[nothing] == 40
+    assert 1 <= calls[long_match] <= 40 // strategy.explore_every        # gaps that double: a few looks only
     # contexts: nothing kept / expected lookup gain under one token / more
     parents, accept = (-1, 0, 1), [0.9, 0.9, 0.9]
     assert _lookup_context(parents, accept, []) == 0
@@ -167,17 +169,17 @@ def test_planned_rates_are_priced_at_the_costs_known_when_deciding():
     target = target_of("llama")
     strategy = auto(DraftModel(target, num_tokens=4))
     state = type("State", (), {"max_depth": 8})()
-    strategy.plan_with, strategy.plan_without = {0: (2.0, 3)}, {0: (1.0, 0)}
+    context = ("greedy", 0)
+    strategy.plan_with, strategy.plan_without = {context: (2.0, 3)}, {context: (1.0, 0)}
     strategy.draft_cost_s = 3.0                                         # 2 tokens / (1 + 3): 0.5 < 1
-    assert strategy.planned_rates(0) == pytest.approx((0.5, 1.0))
-    assert sum(strategy._call_drafter(state, 0) for _ in range(40)) <= 40 // strategy.explore_every
+    assert strategy.planned_rates(context) == pytest.approx((0.5, 1.0))
+    assert sum(strategy._call_drafter(state, context) for _ in range(40)) <= 40 // strategy.explore_every
     strategy.draft_cost_s = 0.0                                         # the same plan, drafting now free
-    strategy.explore_gap[0] = strategy.since_look[0] = 0
-    assert strategy.planned_rates(0) == pytest.approx((2.0, 1.0))
-    assert all(strategy._call_drafter(state, 0) for _ in range(20))
+    assert strategy.planned_rates(context) == pytest.approx((2.0, 1.0))
+    assert all(strategy._call_drafter(state, context) for _ in range(20))
     slow = CostProfile((0, 64), (1.0, 65.0), 0, "slow")                 # a node costs a plain step
     strategy.costs = slow
-    assert strategy.planned_rates(0) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
+    assert strategy.planned_rates(context) == pytest.approx((2.0 / 4.0, 1.0))   # 3 nodes now cost 4
 
 
 def test_the_drafter_cost_is_timed_on_a_steady_call():
@@ -302,10 +304,105 @@ def test_a_drafter_priced_out_is_timed_again_on_its_looks():
     strategy = Auto(PromptLookup(min_ngram=1, max_ngram=3), DraftModel(target, num_tokens=4), costs=FREE,
                     explore_every=2, draft_cost_s=100.0)
     strategy.draft_times.extend([100.0] * 9)            # 100 s a call: rate 5 / 101 against lookup's 1 / 1
-    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=120, ignore_eos=True)
+    # the looks at a drafter that loses follow one schedule per temperature kind (not one per lookup context):
+    # a generation long enough for five of them
+    Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=400, ignore_eos=True)
     timed = [t for t in strategy.draft_times if t < 100.0]
     assert len(timed) >= 5 and strategy.draft_cost_s < 1.0
 
 
 def test_batch_bucket_is_the_power_of_two_at_or_above():
     assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
+
+
+# ---------------------------------------------------------------------- what the drafter's calls did
+def test_matched_length_is_what_the_kept_part_alone_would_accept():
+    """Lookup's own plan, verified alone: the kept nodes that the committed tokens walk down from the
+    root (a dropped node stops the walk; at most the committed tokens: nothing after them is known)."""
+    from specdec.strategies.auto import matched_length
+    tokens, parents = [7, 8, 9, 5, 6], [-1, 0, 1, -1, 3]       # paths 7 8 9 and 5 6
+    assert matched_length(tokens, parents, [0, 1, 2, 3, 4], [7, 8, 4]) == 2
+    assert matched_length(tokens, parents, [0, 1, 3, 4], [7, 8, 9, 1]) == 2    # 9 was not kept
+    assert matched_length(tokens, parents, [0, 1, 2, 3, 4], [5, 6]) == 2        # all known tokens matched
+    assert matched_length(tokens, parents, [0, 1, 2], [5, 6]) == 0
+    assert matched_length(tokens, parents, [], [7]) == 0
+
+
+def dear_nodes(per_node: float) -> CostProfile:
+    """Verify costs where every tree node adds per_node of a plain step."""
+    return CostProfile((0, 64), (1.0, 1.0 + 64 * per_node), 0, "dear nodes")
+
+
+@pytest.mark.parametrize("drafter_kind", ["oracle", "contrarian"])
+def test_a_drafter_is_judged_by_what_its_calls_kept_not_by_its_plan(drafter_kind):
+    """The drafter alone (no lookup: its calls are judged against plain decoding), with calibration frozen
+    at its prior, so every plan says its chain pays (each node kept at 0.7). A drafter that always drafts
+    the target's own tokens does pay, and is called on nearly every step; one that never drafts them keeps
+    nothing more than a plain step, so what its calls did prices it out but for its looks, though its plans
+    keep saying it pays. Both are greedy-identical."""
+    target = target_of("llama")
+    draft = target if drafter_kind == "oracle" else contrarian_copy(target)
+    strategy = Auto(None, DraftModel(draft, num_tokens=4), costs=dear_nodes(0.05), adapt_costs=False,
+                    draft_cost_s=0.3)                              # a call costs 0.3 plain steps (not re-measured)
+    strategy.calibrator.prior = 1e9
+    out = run("llama", strategy, n=96)
+    steps = out.stats.target_forwards
+    if drafter_kind == "oracle":
+        assert strategy.neural_calls >= steps - 1
+    else:
+        assert strategy.accepted_nodes[NEURAL] == 0
+        assert strategy.planned_loss(("greedy", 0)) is None         # what the plan says...
+        assert strategy.measured_loss(("greedy", 0)) > 0            # ...and what the calls did
+        assert strategy.neural_calls <= steps // 4
+
+
+def test_looks_at_a_dear_drafter_are_spaced_by_what_a_call_loses():
+    """Calls that kept nothing more than lookup alone: a drafter that costs a tenth of a step a call is
+    looked at every MAX_EXPLORE_GAP steps once the gap has doubled up to it; one that costs ten steps, every
+    priced_gap steps, so its looks cost LOOK_SHARE of the time; once its calls pay, it is called again."""
+    from specdec.strategies.auto import CALL_MEMORY, LOOK_CALLS, LOOK_SHARE, MAX_EXPLORE_GAP, priced_gap
+    state = type("State", (), {"max_depth": 8})()
+    context = ("greedy", 2)
+    gaps = {}
+    for draft_cost in (0.1, 10.0):
+        strategy = auto(DraftModel(target_of("llama"), num_tokens=4))
+        strategy.draft_cost_s = draft_cost
+        # (tokens kept, nodes verified, tokens lookup alone would have kept, its nodes): nothing gained
+        strategy.call_values[context] = deque([(3, 4, 3, 4)] * CALL_MEMORY, maxlen=CALL_MEMORY)
+        looks = [step for step in range(3000) if strategy._call_drafter(state, context)]
+        gaps[draft_cost] = (looks[-1] - looks[-2], strategy.measured_loss(context))
+        strategy.draft_cost_s = 0.0                        # now its calls are cheap and keep more: they pay
+        strategy.call_values[context] = deque([(5, 4, 3, 4)] * CALL_MEMORY, maxlen=CALL_MEMORY)
+        assert all(strategy._call_drafter(state, context) for _ in range(10))
+    (cheap_gap, cheap_loss), (dear_gap, dear_loss) = gaps[0.1], gaps[10.0]
+    assert cheap_loss == pytest.approx(0.1) and dear_loss == pytest.approx(10.0)    # FREE verify: a call's cost
+    assert cheap_gap == MAX_EXPLORE_GAP
+    assert dear_gap == priced_gap(dear_loss) > MAX_EXPLORE_GAP
+    assert LOOK_CALLS * dear_loss / dear_gap <= LOOK_SHARE
+
+
+@pytest.mark.parametrize("drafter,settings", [
+    ("lookahead", ["lookahead.window=3", "lookahead.ngram=3", "lookahead.guesses=2"]),
+    ("early_exit", ["early_exit.exit_layer=1"]),
+    ("layer_skip", ["layer_skip.attention=[0]", "layer_skip.mlp=[1]"]),
+])
+@pytest.mark.parametrize("draft_cost", [0.0, 5.0])
+def test_self_drafters_in_the_menu_stay_identical_whether_called_or_priced_out(drafter, settings, draft_cost):
+    """auto with lookahead, early_exit or layer_skip as its drafter: free, it is called; dear (five plain
+    steps a call), it is priced out between looks, so steps switch between calling it and not. Either
+    way the text is Hugging Face's greedy one."""
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    target = target_of("llama")
+    cfg = load_spec_config("auto", [f"auto.drafter={drafter}", "auto.profile=false", *settings])
+    strategy = build_strategy(cfg, target, None, target.device, target.dtype)
+    strategy.costs, strategy.adapt_costs, strategy.draft_cost_s = dear_nodes(0.05), False, draft_cost
+    sd = Speculator(target, None, strategy)
+    steps = 0
+    for prompt in (PROMPT, PROMPT[::-1] + PROMPT):
+        out = sd.generate(prompt, max_new_tokens=48, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, prompt, 48, eos_token_id=None)
+        steps += out.stats.target_forwards
+    assert strategy.neural_calls > 0
+    if draft_cost:
+        assert strategy.neural_calls <= steps // 3

@@ -13,7 +13,7 @@ from specdec import Speculator, costmodel
 from specdec.compiled import StaticForward, bucket_rows
 from specdec.strategies.auto import Auto
 from specdec.strategies.prompt_lookup import PromptLookup
-from specdec.verifier import Verifier
+from specdec.verifier import ROW_LINEAR, Verifier
 
 TARGET = tiny_model("llama", seed=3)
 MAX_NODES = 4
@@ -60,5 +60,5 @@ def test_eager_auto_profiles_the_eager_verifier(monkeypatch, tmp_path):
     compiled profile on disk is never read for an eager Speculator, nor the other way round)."""
     costs, static_rows, _, eager = profiled_forwards(monkeypatch, tmp_path, compile=False)
     assert not static_rows and eager
-    assert costs.key == costmodel.profile_key(TARGET, costs.sizes, costs.context_len)
+    assert costs.key == costmodel.profile_key(TARGET, costs.sizes, costs.context_len, row_linear=ROW_LINEAR)
     assert costs.key != costmodel.profile_key(TARGET, costs.sizes, costs.context_len, compile=True)

@@ -113,21 +113,24 @@ def test_training_raises_heldout_acceptance(tiny_target, tmp_path, layout):
     assert info["training"]["heldout"]["acceptance"] == last["acceptance"]
 
 
-def test_interrupted_run_resumes_from_its_checkpoint(tiny_target, tmp_path):
+@pytest.mark.parametrize("layout, output", [("eagle1", "eagle.json"), ("mtp", "mtp.json")])
+def test_interrupted_run_resumes_from_its_checkpoint(tiny_target, tmp_path, layout, output):
     target, corpus = tiny_target
-    straight = train_eagle(_cfg(target, corpus, str(tmp_path / "straight"), steps=6, checkpoint_interval=3))
+    straight = train_eagle(_cfg(target, corpus, str(tmp_path / "straight"), steps=6, checkpoint_interval=3,
+                                layout=layout))
 
     def interrupt(step, metrics):
         if step == 5:
             raise KeyboardInterrupt
     resumed = str(tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):
-        train_eagle(_cfg(target, corpus, resumed, steps=6, checkpoint_interval=3), on_step=interrupt)
+        train_eagle(_cfg(target, corpus, resumed, steps=6, checkpoint_interval=3, layout=layout), on_step=interrupt)
     assert read_checkpoint(os.path.join(resumed, CHECKPOINT_FILE))["step"] == 5   # saved on the interrupt
-    assert not os.path.exists(os.path.join(resumed, "eagle.json"))
+    assert not os.path.exists(os.path.join(resumed, output))
     seen = []
-    train_eagle(_cfg(target, corpus, resumed, steps=6, checkpoint_interval=3),
+    train_eagle(_cfg(target, corpus, resumed, steps=6, checkpoint_interval=3, layout=layout),
                 on_step=lambda step, metrics: seen.append(step))
+    assert os.path.exists(os.path.join(resumed, output))
     assert seen == [6]
     a = read_checkpoint(os.path.join(straight, CHECKPOINT_FILE))
     b = read_checkpoint(os.path.join(resumed, CHECKPOINT_FILE))

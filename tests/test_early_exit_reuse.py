@@ -105,7 +105,9 @@ def test_negative_control_exit_states_from_the_wrong_positions_give_another_cach
 # ---------------------------------------------------------------------- nothing runs twice
 def layer_rows(target, strategy, prompt=PROMPT, new_tokens=N):
     """(token rows each of the target's layers ran, in layer order; the run's stats)."""
-    verifier = Verifier(target)                     # their probes are not the generation's rows
+    # their probes are not the generation's rows; row_linear=0: every verify forward through the target's
+    # own layers, where the hooks below are (the RowLinear twin's layers have registries of their own)
+    verifier = Verifier(target, row_linear=0)
     strategy.bind(target, None)
     rows = Counter()
     handles = [layer.register_forward_pre_hook(lambda module, args, i=i: rows.update({i: args[0].shape[1]}))

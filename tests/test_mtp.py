@@ -70,7 +70,8 @@ def test_the_modules_read_are_the_ones_saved(saved):
     assert Mtp.for_target(model).drafter.mtp.shared_head is model.lm_head        # shared, not copied
 
 
-@pytest.mark.parametrize("edit, phrase", [
+# (an edit of a 2-layer target's module tensors, what the refusal says): test_mtp_train.py's module files too
+FAULTY_TENSORS = [
     (lambda t: t.pop("model.layers.2.hnorm.weight"), r"lacks tensor 'model\.layers\.2\.hnorm\.weight'"),
     (lambda t: t.pop("model.layers.2.self_attn.q_proj.weight"), r"lacks tensor 'model\.layers\.2\.self_attn\.q_proj\.weight'"),
     (lambda t: t.__setitem__("model.layers.2.eh_proj.weight", torch.zeros(32, 48)),
@@ -81,7 +82,10 @@ def test_the_modules_read_are_the_ones_saved(saved):
     (lambda t: t.__setitem__("model.layers.2.shared_head.head.weight", torch.randn(96, 32)),
      r"tensor 'model\.layers\.2\.shared_head\.head\.weight' .* is not the target's lm_head .* another target"),
     (lambda t: [t.pop(k) for k in list(t) if k.startswith("model.layers.2.")], r"no tensor 'model\.layers\.2\.\*'"),
-])
+]
+
+
+@pytest.mark.parametrize("edit, phrase", FAULTY_TENSORS)
 def test_a_faulty_checkpoint_is_refused_naming_the_tensor(saved, tmp_path, edit, phrase):
     _, model = variant(saved, tmp_path, edit)
     with pytest.raises(ModelLoadError, match=phrase):

@@ -62,7 +62,8 @@ def test_train_kind_trains_what_its_alias_trains(kind, tiny, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind, schema", [("medusa", TrainHeadsConfig), ("eagle", TrainEagleConfig),
-                                          ("draft", TrainDraftConfig), ("early-exit", TrainEarlyExitConfig)])
+                                          ("draft", TrainDraftConfig), ("early-exit", TrainEarlyExitConfig),
+                                          ("mtp", TrainEagleConfig)])
 def test_help_of_each_trainer_lists_its_keys_with_their_comments(kind, schema, capsys):
     assert cli_main(["train", kind, "--help"]) == 0
     out = capsys.readouterr().out
@@ -75,7 +76,7 @@ def test_help_of_each_trainer_lists_its_keys_with_their_comments(kind, schema, c
 def test_help_without_a_trainer_lists_every_trainer(capsys):
     assert cli_main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    for kind in [*KINDS, "early-exit"]:
+    for kind in [*KINDS, "early-exit", "mtp"]:
         assert f"specdec train {kind} [CONFIG]" in out
     for key in ("num_heads", "ttt_steps", "mix_lambda", "layer_dropout_max"):   # one key of each trainer's own
         assert f"  {key} " in out
@@ -86,6 +87,8 @@ def test_a_wrong_trainer_or_config_is_an_error_that_says_what_to_run(capsys):
     assert "medusa, eagle, draft" in capsys.readouterr().err
     assert cli_main(["train", "medusa", "train_eagle", "steps=2"]) == 2
     assert "specdec train eagle train_eagle" in capsys.readouterr().err
+    assert cli_main(["train", "mtp", "train_eagle", "target=x", "steps=2"]) == 2
+    assert "trains layout=mtp, and this config sets layout=eagle1" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- no target: the default family

@@ -67,34 +67,11 @@ def main(argv: list[str]) -> int:
               f"{totals['new'] / totals['forwards']:.2f} | "
               f"{totals['window'] / steps:.1f} / {totals['verification'] / steps:.1f} | "
               f"{totals['kept_window'] / steps:.2f} / {totals['kept_verification'] / steps:.2f} |", flush=True)
-    if args.auto:
-        from collections import Counter
-        import specdec
-        from specdec.strategies.auto import Auto
-        reasons: Counter = Counter()
-        decide = Auto._call_drafter
-
-        def traced(self, state, context):
-            """Why auto called the drafter: a look (the first of a context, a look's second call, a look
-            after its gap) or because its planned rate beat lookup alone's."""
-            second = self.steps_since_call == 1 and not self.steady_call
-            rate_with, rate_without = self.planned_rates(context)
-            called = decide(self, state, context)
-            if called:
-                pays = not second and rate_with is not None and rate_with >= rate_without
-                reasons["pays" if pays else "look"] += 1
-            return called
-        Auto._call_drafter = traced
-        sd = specdec.load("auto", **{"target.path": args.target, "auto.drafter": "lookahead"})
-        calls = forwards = new = 0
-        for prompt in prompts:
-            before = sd.strategy.neural_calls
-            out = sd.generate(prompt, max_new_tokens=args.new, ignore_eos=True)
-            calls += sd.strategy.neural_calls - before
-            forwards += out.stats.target_forwards
-            new += len(out.token_ids)
-        print(f"\nauto + lookahead (defaults): lookahead called on {calls} of {forwards} steps ({reasons['look']} "
-              f"looks, {reasons['pays']} because it paid); {new / forwards:.2f} tokens per forward", flush=True)
+    if args.auto:        # auto_calls.py, this folder's sibling script, counts auto's calls of lookahead
+        from auto_calls import main as count_auto_calls
+        count_auto_calls(["--target", args.target, "--drafters", "lookahead", "--prompts", str(args.prompts),
+                          "--prompt-tokens", str(args.prompt_tokens), "--new", str(args.new)]
+                         + (["--split", args.split] if args.split else []))
     return 0
 
 
