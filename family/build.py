@@ -1,5 +1,6 @@
 """Build (once) and find the default model family: tokenizer, target, draft, Medusa heads, EAGLE
-drafter (the three drafters by the library's own train-draft / train-heads code: family/heads.py).
+drafter (the target pretrained in the library's one training loop: family/lm.py; the three drafters
+by the library's own train-draft / train-heads code: family/heads.py).
 A part that another family in the cache built from the same config sections (config.part_hash) is
 copied from there instead of trained again."""
 from __future__ import annotations
@@ -75,10 +76,6 @@ class _Builder:
             self._split = split_corpus(c.root, c.heldout_fraction, self.cfg.seed, c.max_files, c.min_file_chars)
         return self._split
 
-    def tokenizer(self):
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(self.paths.tokenizer, local_files_only=True)
-
     # ------------------------------------------------------------------ parts
     def build_tokenizer(self, out: str) -> None:
         from .tokenizer import train_tokenizer
@@ -91,25 +88,12 @@ class _Builder:
                                                              "heldout": self.split.heldout}, indent=1)
 
     def build_target(self, out: str) -> None:
-        from .lm import heldout_loss, new_llama, tokenize_stream, train_lm
-        lm_cfg, seed, tok = self.cfg.target, self.cfg.seed, self.tokenizer()
-        train_stream = tokenize_stream(tok, self.split.texts("train", self.cfg.corpus.train_chars))
-        heldout_stream = tokenize_stream(tok, self.split.texts("heldout", self.cfg.corpus.train_chars // 10))
-        model = new_llama(lm_cfg, len(tok), tok.eos_token_id, seed)
-        started = time.perf_counter()
-        losses = train_lm(model, train_stream, lm_cfg.train, seed, desc="train target")
-        minutes = (time.perf_counter() - started) / 60
-        model.generation_config.pad_token_id = tok.eos_token_id
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
-        held = heldout_loss(model, heldout_stream, lm_cfg.train, seed)
-        atomic_write_json(os.path.join(out, "train.json"), {
-            "role": "target", "parameters": sum(p.numel() for p in model.parameters()),
-            "steps": len(losses), "train_tokens": lm_cfg.train.steps * lm_cfg.train.batch_size * lm_cfg.train.seq_len,
-            "first_loss": losses[0], "last_loss": losses[-1], "heldout_loss": held, "minutes": minutes}, indent=1)
-        log.info(f"  target: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-                 f"loss {losses[0]:.2f} -> {losses[-1]:.2f}"
-                 + (f", held-out {held:.2f}" if held is not None else "") + f" ({minutes:.1f} min)")
+        from .lm import pretrain_target
+        record = pretrain_target(self.cfg, self.paths.tokenizer, self.split,
+                                 store.work_folder(self.paths.folder, "target"), out)
+        log.info(f"  target: {record['parameters'] / 1e6:.2f}M params, loss {record['first_loss']:.2f} -> "
+                 f"{record['last_loss']:.2f}, held-out {record['heldout_loss_at_start']:.2f} -> "
+                 f"{record['heldout_loss']:.2f} ({record['minutes']:.1f} min)")
 
     def build_draft(self, out: str) -> None:
         train_default_draft(self.paths.target, self.split, self.cfg, out)
@@ -153,8 +137,10 @@ def _copy_part(source: str):
 
 def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
     wanted = [p for p in PARTS if p not in OPTIONAL_PARTS or cfg[p].enabled]
-    store.remove_stale(paths.folder, keep={p for p in wanted if store.part_is_complete(paths.folder, p, digest)})
     todo = [p for p in wanted if not store.part_is_complete(paths.folder, p, digest)]
+    # finished parts stay, and so do the training runs of the others: an interrupted one goes on from its checkpoint
+    store.remove_stale(paths.folder, keep={p for p in wanted if p not in todo} |
+                       {os.path.basename(store.work_folder(paths.folder, p)) for p in todo})
     log.info(f"specdec: building the default model family ({', '.join(todo)}) in {paths.folder} - once, "
              f"a few minutes on a CPU")
     builder = _Builder(cfg, paths)
@@ -167,6 +153,7 @@ def _build(cfg: FamilyConfig, paths: FamilyPaths, digest: str) -> None:
             donor = built_elsewhere(cfg, part, paths.folder)
             log.info(f"{part} ..." + (f" (the same as {donor}: copied)" if donor else ""))
             store.build_part(paths.folder, part, digest, _copy_part(donor) if donor else builder.step(part))
+            shutil.rmtree(store.work_folder(paths.folder, part), ignore_errors=True)     # nothing left to resume
     finally:
         torch.set_num_threads(threads_before)
     atomic_write_text(os.path.join(paths.folder, "family.yaml"), OmegaConf.to_yaml(cfg))

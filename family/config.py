@@ -17,7 +17,8 @@ from specdec.heads.distill import TrainDraftConfig, validate as validate_train_d
 
 # Bump when the builder's output changes for the same config (invalidates every cache).
 # 2: the draft is distilled by `specdec train-draft`'s code (train_draft), not by lm.train_lm.
-BUILDER_VERSION = 2
+# 3: the target is pretrained in the one training loop (heads/loop.py), not by lm.train_lm.
+BUILDER_VERSION = 3
 
 
 @dataclass
@@ -47,6 +48,7 @@ class LMTrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_windows: int = 8               # held-out windows for the loss written to train.json
+    checkpoint_interval: int = 100      # steps between the checkpoints an interrupted build goes on from
 
 
 @dataclass
@@ -121,8 +123,9 @@ def _validate(cfg: FamilyConfig) -> None:
     if target.train.seq_len + 1 > target.max_position_embeddings:
         raise ConfigError(f"target.train.seq_len ({target.train.seq_len}) must be below "
                           f"target.max_position_embeddings ({target.max_position_embeddings})")
-    if target.train.steps < 1 or target.train.batch_size < 1:
-        raise ConfigError("target.train.steps and target.train.batch_size must be >= 1")
+    if min(target.train.steps, target.train.batch_size, target.train.checkpoint_interval) < 1:
+        raise ConfigError("target.train.steps, target.train.batch_size and target.train.checkpoint_interval "
+                          "must be >= 1")
     if draft.draft is not None:
         raise ConfigError(f"draft.train.draft must be null (the family distils a fresh draft, sized by "
                           f"draft.train.draft_config), got {draft.draft!r}")

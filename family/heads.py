@@ -24,9 +24,10 @@ def _files_within(split: CorpusSplit, which: str, max_chars: int) -> list[str]:
     return files
 
 
-def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str):
-    """The training config of a drafter part: its family section, pointed at the target, the output
-    folder and the target's own train / held-out files (written beside the drafter)."""
+def part_train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str):
+    """The training config of a part trained in the one loop (a drafter, or the target itself:
+    family/lm.py): its family section, pointed at the target, the output folder and the target's own
+    train / held-out files (written there)."""
     from omegaconf import OmegaConf
 
     split_file = os.path.join(out, SPLIT_FILE)
@@ -37,12 +38,12 @@ def _train_config(section, target_path: str, split: CorpusSplit, cfg: FamilyConf
 
 
 def train_default_draft(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    return distill.train_draft(_train_config(cfg.draft.train, target_path, split, cfg, out))
+    return distill.train_draft(part_train_config(cfg.draft.train, target_path, split, cfg, out))
 
 
 def train_default_heads(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    return train.train_heads(_train_config(cfg.heads.train, target_path, split, cfg, out))
+    return train.train_heads(part_train_config(cfg.heads.train, target_path, split, cfg, out))
 
 
 def train_default_eagle(target_path: str, split: CorpusSplit, cfg: FamilyConfig, out: str) -> str:
-    return eagle_train.train_eagle(_train_config(cfg.eagle.train, target_path, split, cfg, out))
+    return eagle_train.train_eagle(part_train_config(cfg.eagle.train, target_path, split, cfg, out))

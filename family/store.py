@@ -3,6 +3,8 @@
     <cache>/default-<hash>/
         tokenizer/ target/ draft/ heads/   each built in a temp folder, renamed into place (specdec.atomic),
                                            with a PART_COMPLETE marker (the hash) inside
+        target.training/                   the target's pretraining run (its checkpoint), kept until
+                                           target/ is in place: a rerun goes on from it
         family.yaml                        the config it was built from
         COMPLETE                           the hash, written last: only then is it loaded
 
@@ -65,6 +67,11 @@ def build_part(folder: str, part: str, config_hash: str, build: Callable[[str], 
         atomic_write_text(os.path.join(tmp, PART_COMPLETE), config_hash + "\n")
     atomic_folder(final, build_and_mark)
     return final
+
+
+def work_folder(folder: str, part: str) -> str:
+    """Where a part's training run lives while the part is being built (resumable, unlike its temp folder)."""
+    return os.path.join(folder, f"{part}.training")
 
 
 def remove_stale(folder: str, keep: set[str]) -> None:

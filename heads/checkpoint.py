@@ -1,15 +1,15 @@
 """Training checkpoints of every trainer (Medusa heads, the EAGLE drafter, a distilled draft model, a target
-fine-tuned for early exit):
+fine-tuned for early exit, the default family's target pretrained from scratch):
 one safetensors file that a resumed run reads back bit-exactly, and nothing in it is a pickle, so
 resuming from a folder someone hands you runs no code of theirs.
 
     <output_dir>/checkpoint.safetensors (heads), eagle_checkpoint.safetensors, draft_checkpoint.safetensors,
-                 early_exit_checkpoint.safetensors
+                 early_exit_checkpoint.safetensors, pretrain_checkpoint.safetensors
       tensors   module.<name>          the trained module's state_dict
                 optimizer.<i>.<key>    the optimizer's tensors of parameter i (AdamW: step, exp_avg, exp_avg_sq)
                 rng.window             the window sampler's torch.Generator state
       metadata  format = "specdec-training-checkpoint"
-                checkpoint = JSON {"version": 1, "kind": "medusa" | "eagle" | "draft" | "early_exit",
+                checkpoint = JSON {"version": 1, "kind": "medusa" | "eagle" | "draft" | "early_exit" | "pretrain",
                     "target": {path, architecture, hidden_size, vocab_size, fingerprint},
                     "layout": the module's layout (or null),
                     "optimizer": {"param_groups": [...], "state": {i: {non-tensor entries}}},
@@ -38,7 +38,7 @@ from .io import fingerprints_match, target_identity
 FORMAT = "specdec-training-checkpoint"
 VERSION = 1
 KINDS = {"medusa": "Medusa heads", "eagle": "an EAGLE drafter", "draft": "a draft model",   # what each trains
-         "early_exit": "a target fine-tuned for early exit"}
+         "early_exit": "a target fine-tuned for early exit", "pretrain": "a language model pretrained from scratch"}
 START_OVER = "use another output_dir, or delete {path} to start over"
 
 

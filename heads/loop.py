@@ -1,6 +1,7 @@
 """The one training loop of every drafter: data -> step -> evaluation -> checkpoint -> resume ->
 interrupt -> DDP -> progress. A drafter brings what is its own (a Drafter: its module, its loss on a
-batch of windows, its held-out evaluation, its output files); everything else is here, once.
+batch of windows, its held-out evaluation, its output files); everything else is here, once. The
+default family's target is pretrained through it too, as a plug-in of the same kind (family/lm.py).
 
     train(cfg, Run("medusa", "train-heads", files), build, on_step)
 
@@ -125,7 +126,7 @@ class Distributed:
 @dataclass(frozen=True)
 class Run:
     """A trainer's names: its checkpoint kind (heads/checkpoint.py), progress-bar label and files."""
-    kind: str                       # medusa | eagle | draft | early_exit
+    kind: str                       # medusa | eagle | draft | early_exit | pretrain
     label: str                      # the progress bar's
     checkpoint: str                 # file name in output_dir
     legacy_checkpoint: str | None   # where a pickled checkpoint was kept before: refused, never read (None: never)
@@ -158,6 +159,8 @@ class Drafter:
     finish: Callable                # (steps, final evaluation, training time in s) -> write the output; rank 0 only
     layout: dict | None = None      # checked on resume
     extra: dict = field(default_factory=dict)   # also in the log
+    param_groups: list | None = None    # AdamW parameter groups with options of their own (weight_decay, betas);
+    #   None: one group of the module's trainable parameters, with cfg.weight_decay
 
 
 # ---------------------------------------------------------------------- the loop
@@ -178,7 +181,7 @@ def train(cfg, run: Run, build: Callable[[Setup], Drafter], on_step: Callable[[i
     drafter = build(Setup(cfg, device, ddp, target, tokenizer, identity, train_files, heldout_files,
                           train_stream, heldout_stream))
     params = [p for p in drafter.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(drafter.param_groups or params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
     os.makedirs(cfg.output_dir, exist_ok=True)
     step, history, losses, elapsed = 0, [], [], 0.0

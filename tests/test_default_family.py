@@ -13,11 +13,14 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from zoo import count_windows
 import specdec
 from specdec.family import config_hash, ensure_family, family_is_built, family_paths, load_family_config
 from specdec.family import build as family_module
+from specdec.family import lm as family_lm
 from specdec.family import store
 from specdec.heads import distill
+from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.draft_info import read_distill_info
 
 # A family built in a few seconds: a handful of stdlib files, tiny models, a few steps.
@@ -266,6 +269,45 @@ def test_interrupted_build_is_not_complete_and_resumes(home, monkeypatch):
     assert family_is_built(cfg)
     assert built_parts == ["tokenizer", "target", "draft", "draft"]    # finished parts are kept, the rest rebuilt
     AutoModelForCausalLM.from_pretrained(paths.draft)
+
+
+def test_the_target_is_pretrained_in_the_one_loop_and_a_build_interrupted_there_goes_on_from_its_checkpoint(
+        built, home, monkeypatch):
+    """The target part trains in the one training loop (heads/loop.py, which draws every training batch):
+    Ctrl-C in its pretraining leaves the loop's checkpoint in the family folder, the rerun draws only
+    the batches of the steps left, and the target ends as the uninterrupted build's (`built`, whose
+    target part has the same config) ends, bit for bit."""
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
+    _, straight, _ = built
+    paths = family_paths(cfg)
+    work = store.work_folder(paths.folder, "target")
+    with monkeypatch.context() as mp:
+        count_windows(mp, interrupt_at=3)                      # Ctrl-C inside step 3 of 3: steps 1-2 are finished
+        with pytest.raises(KeyboardInterrupt):
+            ensure_family(cfg)
+    assert not family_is_built(cfg) and not os.path.exists(paths.target)
+    assert read_checkpoint(os.path.join(work, family_lm.RUN.checkpoint))["step"] == 2
+
+    with monkeypatch.context() as mp:
+        drawn = count_windows(mp)
+        ensure_family(cfg)
+    assert len(drawn) == 1 + cfg.draft.train.steps             # the target's last step, then the draft's steps
+    assert not os.path.exists(work)                            # a built part leaves no run behind
+    resumed = load_file(os.path.join(paths.target, "model.safetensors"))
+    uninterrupted = load_file(os.path.join(straight.target, "model.safetensors"))
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    records = []
+    for folder in (paths.target, straight.target):
+        with open(os.path.join(folder, family_lm.RUN.log)) as f:
+            run = json.load(f)
+        with open(os.path.join(folder, "train.json")) as f:
+            records.append(json.load(f))
+        assert len(run["losses"]) == 3 and [h["step"] for h in run["history"]] == [0, 3]
+        assert records[-1]["first_loss"] == run["losses"][0] and records[-1]["last_loss"] == run["losses"][-1]
+        assert records[-1]["heldout_loss"] == run["history"][-1]["heldout_loss"]
+    assert ({k: v for k, v in records[0].items() if k != "minutes"} ==
+            {k: v for k, v in records[1].items() if k != "minutes"})
 
 
 def test_stale_complete_marker_from_another_config_is_not_trusted(home):

@@ -10,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from zoo import tiny_training_target
+from zoo import count_windows, tiny_training_target
 from specdec.cli import main as cli_main
 from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.interrupt import deferred_interrupt, resume_command
@@ -38,39 +38,23 @@ def eagle_args(target, corpus):
             "ttt_steps=2", "checkpoint_interval=100", "progress=false"]
 
 
-KINDS = {  # trainer module, its arguments, checkpoint file
-    "medusa": ("specdec.heads.train", medusa_args, "checkpoint.safetensors"),
-    "eagle": ("specdec.heads.eagle_train", eagle_args, "eagle_checkpoint.safetensors"),
+KINDS = {  # the trainer's arguments, its checkpoint file
+    "medusa": (medusa_args, "checkpoint.safetensors"),
+    "eagle": (eagle_args, "eagle_checkpoint.safetensors"),
 }
-
-
-def count_windows(monkeypatch, module: str, interrupt_at: int | None = None) -> list[int]:
-    """Count the training batches drawn; on call `interrupt_at`, draw it (the window RNG moves on)
-    and then raise KeyboardInterrupt, as a Ctrl-C in the middle of that step's forward would."""
-    from specdec.heads import loop as trainer          # every trainer draws its windows in the one loop
-    draw, calls = trainer.sample_windows, []
-
-    def sample_windows(*args, **kwargs):
-        calls.append(1)
-        batch = draw(*args, **kwargs)
-        if len(calls) == interrupt_at:
-            raise KeyboardInterrupt
-        return batch
-    monkeypatch.setattr(trainer, "sample_windows", sample_windows)
-    return calls
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(kind, tiny_target, tmp_path, monkeypatch,
                                                                      capsys):
-    module, args, checkpoint_file = KINDS[kind]
+    args, checkpoint_file = KINDS[kind]
     args = args(*tiny_target)
     straight = str(tmp_path / "straight")
     assert cli_main(["train-heads", *args, f"output_dir={straight}"]) == 0
 
     interrupted = str(tmp_path / "interrupted")
     with monkeypatch.context() as mp:
-        count_windows(mp, module, interrupt_at=4)          # Ctrl-C inside step 4: steps 1-3 are finished
+        count_windows(mp, interrupt_at=4)          # Ctrl-C inside step 4: steps 1-3 are finished
         capsys.readouterr()
         code = cli_main(["train-heads", *args, f"output_dir={interrupted}"])
     err = capsys.readouterr().err
@@ -84,7 +68,7 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(kind, tin
     assert command[:2] == ["specdec", "train-heads"] and f"output_dir={os.path.abspath(interrupted)}" in command
 
     with monkeypatch.context() as mp:
-        drawn = count_windows(mp, module)
+        drawn = count_windows(mp)
         assert cli_main(command[1:]) == 0
     assert len(drawn) == 2                                  # steps 4 and 5 only: it went on from step 3
     a = read_checkpoint(os.path.join(straight, checkpoint_file))

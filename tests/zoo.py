@@ -83,3 +83,19 @@ def stop_at(step: int, error: BaseException):
         if done == step:
             raise error
     return on_step
+
+
+def count_windows(monkeypatch, interrupt_at: int | None = None) -> list[int]:
+    """Count the training batches drawn; on call `interrupt_at`, draw it (the window RNG moves on)
+    and then raise KeyboardInterrupt, as a Ctrl-C in the middle of that step's forward would."""
+    from specdec.heads import loop as trainer          # every trainer draws its windows in the one loop
+    draw, calls = trainer.sample_windows, []
+
+    def sample_windows(*args, **kwargs):
+        calls.append(1)
+        batch = draw(*args, **kwargs)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return batch
+    monkeypatch.setattr(trainer, "sample_windows", sample_windows)
+    return calls

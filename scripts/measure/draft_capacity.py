@@ -26,9 +26,10 @@ import time
 import torch
 
 from specdec.family.config import LMTrainConfig
-from specdec.family.lm import lr_at, random_windows, window_loss
+from specdec.family.lm import adamw_groups, window_loss
 from specdec.heads.distill import DraftShape, HeldOut, load_train_draft_config, new_draft
-from specdec.heads.data import fixed_windows
+from specdec.heads.data import fixed_windows, sample_windows
+from specdec.heads.loop import lr_at
 from specdec.heads.train import training_streams
 from specdec.models import load_model, load_tokenizer
 
@@ -88,13 +89,10 @@ def main(argv=None) -> None:
     heldout = HeldOut(cfg, target, tokenizer, fixed_windows(heldout_stream, cfg.seq_len, cfg.eval_windows))
     draft = new_draft(target, DraftShape(args.hidden, args.layers, args.heads), seed=1)
     params = sum(p.numel() for p in draft.parameters())
-    # the schedule and clipping of the family's own LM trainer (family/lm.py), which trained drafts on text
+    # the schedule, clipping and optimizer of the family's target pretraining (family/lm.py)
     train_cfg = LMTrainConfig(steps=args.steps, batch_size=args.batch, seq_len=args.seq_len, lr=args.lr,
                               warmup_steps=args.warmup)
-    decay = [p for p in draft.parameters() if p.dim() >= 2]
-    no_decay = [p for p in draft.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": train_cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(adamw_groups(draft, train_cfg.weight_decay), lr=args.lr)
     generator = torch.Generator().manual_seed(0)
     curve = [{"step": 0, "train_time_s": 0.0, **heldout.evaluate(draft, tau=False)}]
     print(f"{params / 1e6:.2f}M parameters; step 0: {curve[-1]}", flush=True)
@@ -104,7 +102,7 @@ def main(argv=None) -> None:
         began = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, train_cfg)
-        windows = random_windows(train_stream, args.batch, args.seq_len, generator)       # [b, T + 1]
+        windows = sample_windows(train_stream, args.seq_len + 1, args.batch, generator)   # [b, T + 1]
         loss = window_loss(draft, windows)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
