@@ -161,6 +161,8 @@ class Drafter:
     extra: dict = field(default_factory=dict)   # also in the log
     param_groups: list | None = None    # AdamW parameter groups with options of their own (weight_decay, betas);
     #   None: one group of the module's trainable parameters, with cfg.weight_decay
+    windows: Callable | None = None     # (stream [T], seq_len, batch_size, generator) -> the step's windows [b, seq_len];
+    #   None: sample_windows (uniform starts over the whole stream)
 
 
 # ---------------------------------------------------------------------- the loop
@@ -181,6 +183,7 @@ def train(cfg, run: Run, build: Callable[[Setup], Drafter], on_step: Callable[[i
     drafter = build(Setup(cfg, device, ddp, target, tokenizer, identity, train_files, heldout_files,
                           train_stream, heldout_stream))
     params = [p for p in drafter.module.parameters() if p.requires_grad]
+    draw = drafter.windows or sample_windows
     optimizer = torch.optim.AdamW(drafter.param_groups or params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)                # the same global batches on every rank
     os.makedirs(cfg.output_dir, exist_ok=True)
@@ -221,7 +224,7 @@ def train(cfg, run: Run, build: Callable[[Setup], Drafter], on_step: Callable[[i
             lr = lr_at(step, cfg, elapsed)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            windows = ddp.share(sample_windows(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
+            windows = ddp.share(draw(train_stream, cfg.seq_len, cfg.batch_size, generator))   # [b, T]
             loss, shown = drafter.loss(windows, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

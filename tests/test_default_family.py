@@ -21,6 +21,7 @@ from specdec.family import lm as family_lm
 from specdec.family import store
 from specdec.heads import distill
 from specdec.heads.checkpoint import read_checkpoint
+from specdec.heads.loop import lr_at
 from specdec.heads.draft_info import read_distill_info
 
 # A family built in a few seconds: a handful of stdlib files, tiny models, a few steps.
@@ -308,6 +309,45 @@ def test_the_target_is_pretrained_in_the_one_loop_and_a_build_interrupted_there_
         assert records[-1]["heldout_loss"] == run["history"][-1]["heldout_loss"]
     assert ({k: v for k, v in records[0].items() if k != "minutes"} ==
             {k: v for k, v in records[1].items() if k != "minutes"})
+
+
+def test_the_loop_pretrains_the_target_as_the_builders_own_loop_did(home, monkeypatch):
+    """The target's pretraining in the one loop gives, bit for bit, the weights of the builder's own loop
+    before it: AdamW with betas (0.9, 0.95) and weight decay on the matrices only, the warmup-cosine
+    schedule, clipping, and windows of seq_len + 1 tokens whose starts stop one short of the stream's last
+    (builder_windows), drawn from a generator seeded with the family's seed. So the default family's
+    target, and what was measured on it, did not change when its training moved into the loop."""
+    cfg = minimal_config(**{"heads.enabled": False, "eagle.enabled": False})
+    streams = []                                               # the loop's training stream, as the draws see it
+    real_windows = family_lm.builder_windows
+    monkeypatch.setattr(family_lm, "builder_windows",
+                        lambda stream, *rest: (streams.append(stream), real_windows(stream, *rest))[1])
+    paths = ensure_family(cfg)
+    stream, recipe = streams[0], cfg.target.train                # [T]
+
+    tokenizer = AutoTokenizer.from_pretrained(paths.target)
+    model = family_lm.new_llama(cfg.target, len(tokenizer), tokenizer.eos_token_id, cfg.seed)
+    optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2],
+                                    "weight_decay": recipe.weight_decay},
+                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=recipe.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    model.train()
+    for step in range(recipe.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        starts = torch.randint(0, len(stream) - recipe.seq_len - 1, (recipe.batch_size,), generator=generator)
+        windows = torch.stack([stream[s: s + recipe.seq_len + 1] for s in starts.tolist()])   # [b, seq_len + 1]
+        loss = family_lm.window_loss(model, windows)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        optimizer.step()
+    built_weights, classic = load_file(os.path.join(paths.target, "model.safetensors")), model.state_dict()
+    assert len(streams) == recipe.steps
+    assert all(torch.equal(built_weights[name], classic[name]) for name in built_weights)
+    fresh = family_lm.new_llama(cfg.target, len(tokenizer), tokenizer.eos_token_id, cfg.seed).state_dict()
+    assert any(not torch.equal(classic[name], fresh[name]) for name in built_weights)     # it did train
 
 
 def test_stale_complete_marker_from_another_config_is_not_trusted(home):

@@ -88,14 +88,18 @@ def stop_at(step: int, error: BaseException):
 def count_windows(monkeypatch, interrupt_at: int | None = None) -> list[int]:
     """Count the training batches drawn; on call `interrupt_at`, draw it (the window RNG moves on)
     and then raise KeyboardInterrupt, as a Ctrl-C in the middle of that step's forward would."""
-    from specdec.heads import loop as trainer          # every trainer draws its windows in the one loop
-    draw, calls = trainer.sample_windows, []
+    from specdec.family import lm as family_lm
+    from specdec.heads import loop as trainer          # every trainer draws its windows in the one loop: with
+    calls = []                                         # sample_windows, the family's target with builder_windows
 
-    def sample_windows(*args, **kwargs):
-        calls.append(1)
-        batch = draw(*args, **kwargs)
-        if len(calls) == interrupt_at:
-            raise KeyboardInterrupt
-        return batch
-    monkeypatch.setattr(trainer, "sample_windows", sample_windows)
+    def counted(draw):
+        def windows(*args, **kwargs):
+            calls.append(1)
+            batch = draw(*args, **kwargs)
+            if len(calls) == interrupt_at:
+                raise KeyboardInterrupt
+            return batch
+        return windows
+    monkeypatch.setattr(trainer, "sample_windows", counted(trainer.sample_windows))
+    monkeypatch.setattr(family_lm, "builder_windows", counted(family_lm.builder_windows))
     return calls
