@@ -406,3 +406,33 @@ def test_self_drafters_in_the_menu_stay_identical_whether_called_or_priced_out(d
     assert strategy.neural_calls > 0
     if draft_cost:
         assert strategy.neural_calls <= steps // 3
+
+
+@pytest.mark.parametrize("explore_every", [1, 2])
+def test_an_eagle_in_auto_feeds_every_committed_row_its_own_next_token(explore_every):
+    """EAGLE's committed rows are fed (at its next catch-up) the target's feature at a position and the
+    token after it. Where auto's lookup adds tokens after the drafter's own accepted nodes (or on a step
+    without the drafter), each of those rows' next tokens is the one committed there, not the step's
+    new pending token: a wrong one there gave the drafter a context unlike eagle alone's."""
+    from eagle_helpers import random_drafter
+    from specdec.strategies.eagle import Eagle
+    target = tiny_model("llama", seed=2, sharpen=4.0)
+    eagle = Eagle(random_drafter(target), max_nodes=3, depth=2)
+    fed, from_device = [], 0
+    take_unfed = eagle.take_unfed
+
+    def recorded(token_ids):
+        nonlocal from_device
+        from_device += bool(eagle.unfed_tokens)        # a list of device tokens, not None (the host's)
+        start = eagle.fed
+        taken = take_unfed(token_ids)
+        if taken is not None:
+            fed.append((taken[1].tolist(), token_ids[start + 1: start + 1 + len(taken[1])]))
+        return taken
+    eagle.take_unfed = recorded
+    strategy = auto(eagle, explore_every=explore_every)
+    prompt = [5, 17, 33, 9, 41] * 3
+    out = Speculator(target, None, strategy).generate(prompt, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, prompt, N, eos_token_id=None)
+    assert strategy.accepted_nodes[LOOKUP] > 0 and from_device > 0, "precondition: lookup's tokens, device tokens"
+    assert all(tokens == committed for tokens, committed in fed)
