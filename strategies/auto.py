@@ -15,7 +15,8 @@ the tree of a drafter that says verify_whole (lookahead: its window learns from 
 priced whole against lookup alone. The drafter is called (or not) before it drafts, from the rates
 planned on earlier steps and from what its last calls did: the tokens those steps kept against the
 tokens lookup's own plan would have kept on them, both priced at the verify costs and the drafter's
-measured cost per call (Auto.planned_loss, Auto.measured_loss). Where it loses, it is called only on looks, spaced by what a
+measured cost per call (Auto.planned_loss, Auto.measured_loss; the calls by more than their call-to-call
+spread: clear_loss). Where it loses, it is called only on looks, spaced by what a
 call loses (priced_gap), so a dear drafter (early_exit or layer_skip on a shallow target, lookahead's
 rows on a CPU) costs a few calls, and one that starts paying comes back.
 
@@ -104,6 +105,12 @@ MAX_EXPLORE_GAP = 64
 # that by its plan alone.
 CALL_MEMORY = 16
 MIN_CALLS_MEASURED = 4
+# what a call keeps varies widely from call to call (under sampling above all: 1 to depth + 1 tokens), so a
+# few calls' mean says little. Calls are judged to lose only where they lose by more than MEASURED_MARGIN
+# standard errors of their mean gain (clear_loss). Without it, a drafter that pays was priced out by a
+# window of unlucky calls, and then kept out: once priced out its calls are looks, far apart, so the window
+# that priced it out (chosen low by being the one that stopped it) stays for hundreds of steps.
+MEASURED_MARGIN = 2.0
 # looks at a drafter that does not pay are spaced by what its calls lose: at most LOOK_SHARE of the steps'
 # time goes to them, so a drafter that costs several plain steps a call is looked at far more rarely than one
 # that loses a few percent (the doubling gap alone looked at both every MAX_EXPLORE_GAP steps)
@@ -561,15 +568,21 @@ class Auto(BaseStrategy):
             rate_without = tokens / self.verify_cost(nodes)
         return rate_with, rate_without or 0.0
 
-    def measured_rates(self, context) -> tuple[float, float, float, float] | None:
-        """What the drafter's last calls in this context did (all its calls at the context's temperature kind
-        while it has fewer than MIN_CALLS_MEASURED), priced at the costs known now: (tokens/s of those steps,
-        tokens/s lookup alone would have made on the same steps, seconds of such a step with the drafter,
-        without it); None before MIN_CALLS_MEASURED calls."""
+    def measured_calls(self, context) -> list[tuple]:
+        """The drafter's last calls in this context (call_values: tokens kept, nodes verified, tokens lookup alone
+        would have kept, its nodes), or all its calls at the context's temperature kind while it has fewer than
+        MIN_CALLS_MEASURED here."""
         with self.call_values_lock:
             values = list(self.call_values.get(context, ()))
             if len(values) < MIN_CALLS_MEASURED:
                 values = [value for key, kept in self.call_values.items() if key[0] == context[0] for value in kept]
+        return values
+
+    def measured_rates(self, context) -> tuple[float, float, float, float] | None:
+        """What the drafter's last calls in this context did (measured_calls), priced at the costs known now:
+        (tokens/s of those steps, tokens/s lookup alone would have made on the same steps, seconds of such a
+        step with the drafter, without it); None before MIN_CALLS_MEASURED calls."""
+        values = self.measured_calls(context)
         if len(values) < MIN_CALLS_MEASURED:
             return None
         draft_cost = self.draft_cost_s or 0.0
@@ -588,11 +601,20 @@ class Auto(BaseStrategy):
         seconds_with = self.verify_cost(self.plan_with[context][1]) + (self.draft_cost_s or 0.0)
         return (1.0 - rate_with / rate_without) * seconds_with / self.verify_cost(self.plan_without[context][1])
 
+    def call_gains(self, context) -> list[float]:
+        """Per measured call (measured_calls), priced at the costs known now: the tokens it kept beyond what
+        lookup alone would have made in the call's seconds (its tokens on that step, scaled by the call's
+        seconds over its own). Their mean is below zero where the calls lose."""
+        draft_cost = self.draft_cost_s or 0.0
+        return [tokens - alone * (self.verify_cost(nodes) + draft_cost) / self.verify_cost(alone_nodes)
+                for tokens, nodes, alone, alone_nodes in self.measured_calls(context)]
+
     def measured_loss(self, context) -> float | None:
         """What one call of the drafter loses by what its last calls did (measured_rates), in steps of
-        lookup alone; None where they paid (or too few were made)."""
+        lookup alone; None where they paid, where they lost by less than their noise (clear_loss) or too
+        few were made."""
         measured = self.measured_rates(context)
-        if measured is None or measured[0] >= measured[1]:
+        if measured is None or measured[0] >= measured[1] or not clear_loss(self.call_gains(context)):
             return None
         rate_with, rate_alone, seconds_with, seconds_alone = measured
         return (1.0 - rate_with / rate_alone) * seconds_with / seconds_alone
@@ -600,10 +622,10 @@ class Auto(BaseStrategy):
     def _call_drafter(self, state: DecodeState, context) -> bool:
         """Call the drafter where it pays: where neither its recent planned rate in this lookup context
         (planned_rates: a drafter that pays where lookup has nothing may not pay beside a long lookup match)
-        nor what its last calls did there (measured_rates) loses to lookup alone. Otherwise only look again,
-        on the temperature kind's one schedule, after a gap that doubles each look, up to MAX_EXPLORE_GAP
-        or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time (priced_gap): a useless
-        or dear drafter costs next to nothing, and one that starts paying comes back."""
+        nor what its last calls did there (measured_rates, beyond their noise: clear_loss) loses to lookup
+        alone. Otherwise only look again, on the temperature kind's one schedule, after a gap that doubles each
+        look, up to MAX_EXPLORE_GAP or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time
+        (priced_gap): a useless or dear drafter costs next to nothing, and one that starts paying comes back."""
         if self.drafter is None or state.max_depth <= 0:
             return False
         if self.explore_every <= 1:                          # every step
@@ -718,6 +740,15 @@ def priced_gap(loss: float) -> int:
     """Steps between looks at a drafter whose call loses `loss` steps of lookup alone (Auto.planned_loss,
     Auto.measured_loss) for its looks to cost at most LOOK_SHARE of the time, up to MAX_PRICED_GAP."""
     return min(math.ceil(LOOK_CALLS * loss / LOOK_SHARE), MAX_PRICED_GAP)
+
+
+def clear_loss(gains: Sequence[float]) -> bool:
+    """Whether calls with these gains (Auto.call_gains: tokens each kept beyond lookup alone in its time) lose
+    beyond their noise: their mean lies more than MEASURED_MARGIN standard errors of it below zero. Calls that
+    all gained the same (a drafter that never drafts the target's tokens) have no spread: any loss is clear."""
+    mean = statistics.fmean(gains)
+    error = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
+    return mean + MEASURED_MARGIN * error < 0
 
 
 def matched_length(tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int], committed: Sequence[int]) -> int:

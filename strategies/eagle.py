@@ -203,8 +203,11 @@ class Eagle(BaseStrategy):
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
         self.root = None
-        if self.unfed_tokens is not None and state.pending is not None:
-            # the rows' next tokens: the accepted path's, then the new pending one, all on the device
+        # the rows' next tokens on the device: the accepted path's, then the new pending one. Only where this
+        # result's token is the pending one: inside auto, a step of the drafter's may be followed by tokens
+        # lookup added (strategies/auto.drafter_steps), and its rows then take their tokens from the host
+        ends_at_pending = result.committed_before + result.num_accepted + 1 == len(state.token_ids)
+        if self.unfed_tokens is not None and state.pending is not None and ends_at_pending:
             accepted = result.tree.tokens[: result.num_accepted] if result.tree.is_chain else \
                 result.tree.tokens.index_select(0, tree_shape(with_pending_root(result.tree.parents),
                                                               result.tree.tokens.device, self.tables)

@@ -2,6 +2,7 @@
 drafted nodes accepted, trees sized by the cost model, the chosen sizes reported, and loading."""
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from types import SimpleNamespace
 
@@ -406,3 +407,68 @@ def test_self_drafters_in_the_menu_stay_identical_whether_called_or_priced_out(d
     assert strategy.neural_calls > 0
     if draft_cost:
         assert strategy.neural_calls <= steps // 3
+
+
+@pytest.mark.parametrize("explore_every", [1, 2])
+def test_an_eagle_in_auto_feeds_every_committed_row_its_own_next_token(explore_every):
+    """EAGLE's committed rows are fed (at its next catch-up) the target's feature at a position and the
+    token after it. Where auto's lookup adds tokens after the drafter's own accepted nodes (or on a step
+    without the drafter), each of those rows' next tokens is the one committed there, not the step's
+    new pending token: a wrong one there gave the drafter a context unlike eagle alone's."""
+    from eagle_helpers import random_drafter
+    from specdec.strategies.eagle import Eagle
+    target = tiny_model("llama", seed=2, sharpen=4.0)
+    eagle = Eagle(random_drafter(target), max_nodes=3, depth=2)
+    fed, from_device = [], 0
+    take_unfed = eagle.take_unfed
+
+    def recorded(token_ids):
+        nonlocal from_device
+        from_device += bool(eagle.unfed_tokens)        # a list of device tokens, not None (the host's)
+        start = eagle.fed
+        taken = take_unfed(token_ids)
+        if taken is not None:
+            fed.append((taken[1].tolist(), token_ids[start + 1: start + 1 + len(taken[1])]))
+        return taken
+    eagle.take_unfed = recorded
+    strategy = auto(eagle, explore_every=explore_every)
+    prompt = [5, 17, 33, 9, 41] * 3
+    out = Speculator(target, None, strategy).generate(prompt, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, prompt, N, eos_token_id=None)
+    assert strategy.accepted_nodes[LOOKUP] > 0 and from_device > 0, "precondition: lookup's tokens, device tokens"
+    assert all(tokens == committed for tokens, committed in fed)
+
+
+def test_a_loss_within_the_calls_noise_is_not_judged_a_loss():
+    """clear_loss: calls whose mean gain is below zero by less than MEASURED_MARGIN standard errors are not
+    judged to lose; the same mean with no spread, or with the same spread over many more calls, is."""
+    from specdec.strategies.auto import MEASURED_MARGIN, clear_loss
+    noisy = [kept - 2.5 for kept in (1, 5, 1, 4, 2, 1, 4, 1)]      # sampled calls, break-even 2.5: mean -0.125
+    assert statistics.fmean(noisy) < 0
+    assert not clear_loss(noisy)
+    assert clear_loss([statistics.fmean(noisy)] * len(noisy))       # no spread: any loss is clear
+    many = noisy * 2000                                            # standard error shrinks as 1 / sqrt(calls)
+    assert statistics.stdev(many) / len(many) ** 0.5 * MEASURED_MARGIN < 0.125 and clear_loss(many)
+    assert not clear_loss([0.0] * 8) and not clear_loss([0.5, 1.5, 0.5])
+
+
+@pytest.mark.parametrize("kept,called", [
+    ((1, 5, 1, 4, 2, 1, 4, 1) * 2, True),     # sampled calls: about what pays, far apart from call to call
+    ((2,) * 16, False),                       # every call keeps 2: a clear loss
+])
+def test_sampled_calls_that_lose_within_their_noise_keep_the_drafter_called(kept, called):
+    """Calls at T = 0.8 keep 1 to depth + 1 tokens each. A window of them whose mean falls a little short of
+    paying (break-even here: 2.5 tokens a call; their mean: 2.375) keeps the drafter called on every step;
+    calls that all keep 2 price it out but for its looks. Plans say it pays either way."""
+    from specdec.strategies.auto import CALL_MEMORY
+    state = type("State", (), {"max_depth": 8})()
+    context = ("mid", 0)
+    strategy = auto(DraftModel(target_of("llama"), num_tokens=4), costs=dear_nodes(0.25))   # 4 nodes: 2 steps
+    strategy.draft_cost_s = 0.5                                                        # a call: half a step
+    strategy.plan_with[context], strategy.plan_without[context] = (3.0, 4), (1.0, 0)
+    # (tokens kept, nodes verified, tokens lookup alone would have kept, its nodes): lookup had nothing
+    strategy.call_values[context] = deque([(k, 4, 1, 0) for k in kept], maxlen=CALL_MEMORY)
+    rate_with, rate_alone, _, _ = strategy.measured_rates(context)
+    assert rate_with < rate_alone                           # both windows lose on their mean
+    calls = sum(strategy._call_drafter(state, context) for _ in range(40))
+    assert (calls == 40) if called else (calls <= 4)
