@@ -173,6 +173,7 @@ class EarlyExit(DraftModel):
             lengths = range(self.min_tokens, self.max_tokens + 1) if self.adaptive else [self.num_tokens]
         return best_exit(self.counts.acceptance(), self.layers, lengths)
 
+    @torch.inference_mode()
     def _count_shadows(self, state: DecodeState, result: StepResult) -> None:
         """Add this step's shadow matches at its committed rows (pending + accepted), where it asked for them."""
         self.needs_hidden_states = False

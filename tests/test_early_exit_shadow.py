@@ -50,18 +50,18 @@ def seed_counts(strategy: EarlyExit, acceptance: list[float], rows: int) -> None
     strategy.counts.add(torch.tensor(acceptance) * rows, rows)
 
 
-def exits_used(strategy: EarlyExit) -> list[int]:
-    """The exit layers the strategy drafts at, in order, recorded as it switches."""
-    used = [strategy.exit_layer]
-    use_exit = strategy._use_exit
+def switches(monkeypatch) -> list[int]:
+    """The exit layers any EarlyExit (per-call copies included) moves to, in order, recorded as it switches."""
+    moved = []
+    use_exit = EarlyExit._use_exit
 
-    def recording(exit_layer: int) -> None:
-        use_exit(exit_layer)
-        if exit_layer != used[-1]:
-            used.append(exit_layer)
+    def recording(self, exit_layer: int) -> None:
+        if exit_layer != self.exit_layer:
+            moved.append(exit_layer)
+        use_exit(self, exit_layer)
 
-    strategy._use_exit = recording
-    return used
+    monkeypatch.setattr(EarlyExit, "_use_exit", recording)
+    return moved
 
 
 # ---------------------------------------------------------------------- the counts
@@ -118,45 +118,45 @@ def test_counts_smooth_and_halve_past_the_cap():
 
 
 @pytest.mark.parametrize("reuse_kv", [True, False])
-def test_a_layer_that_is_the_whole_model_is_chosen(reuse_kv):
+def test_a_layer_that_is_the_whole_model_is_chosen(reuse_kv, monkeypatch):
     """Layers 2 and 3 of 4 add nothing: an exit at 2 drafts the target's own tokens, at 1 it guesses; exit 3
     accepts as much as 2 at a higher cost. Started at 1, the strategy moves to 2: within the call where it
     drafts on the target's cache, at the next call where it drafts on a cache of its own."""
     target = silenced_from(target_of("llama", 4), 2)
     strategy = EarlyExit(1, num_tokens=4, auto=True, every=2, reuse_kv=reuse_kv)
     sd = Speculator(target, None, strategy)
-    used = exits_used(strategy)
+    used = switches(monkeypatch)
     first = sd.generate(PROMPT, max_new_tokens=48, ignore_eos=True)
     assert first.token_ids == hf_greedy(target, PROMPT, 48, eos_token_id=None)
     assert strategy.counts.rows >= CHOOSE_ROWS
     acceptance = strategy.counts.acceptance()
     assert acceptance[1] == acceptance[2] > acceptance[0]
-    assert used == ([1, 2] if reuse_kv else [1])
+    assert used == ([2] if reuse_kv else [])
     second = sd.generate(PROMPT[::-1], max_new_tokens=N, ignore_eos=True)
     assert second.token_ids == hf_greedy(target, PROMPT[::-1], N, eos_token_id=None)
-    assert used == [1, 2] and strategy.exit_layer == 2
+    assert used == [2] and strategy.exit_layer == 2
     assert sum(second.stats.accepted_lengths) == N - second.stats.target_forwards   # every drafted token kept
 
 
 # ---------------------------------------------------------------------- greedy identity across switches
 @pytest.mark.parametrize("reuse_kv", [True, False])
-def test_greedy_identity_across_a_switch(arch, reuse_kv):
+def test_greedy_identity_across_a_switch(arch, reuse_kv, monkeypatch):
     """Counts seeded just short of CHOOSE_ROWS, strongly for layer 2: the call starts at exit 1 and moves
     to 2 after its first steps (drafting on the target's cache) or at the next call (on a cache of its own)."""
     target = target_of(arch)
     strategy = EarlyExit(1, num_tokens=3, auto=True, every=2, reuse_kv=reuse_kv)
     sd = Speculator(target, None, strategy)
     seed_counts(strategy, [0.0, 1.0], CHOOSE_ROWS - 2)
-    used = exits_used(strategy)
+    used = switches(monkeypatch)
     assert sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True).token_ids == \
         hf_greedy(target, PROMPT, N, eos_token_id=None)
-    assert used == ([1, 2] if reuse_kv and strategy.split is not None else [1])
+    assert used == ([2] if reuse_kv and strategy.split is not None else [])
     assert sd.generate(PROMPT[::-1], max_new_tokens=N, ignore_eos=True).token_ids == \
         hf_greedy(target, PROMPT[::-1], N, eos_token_id=None)
-    assert used == [1, 2]
+    assert used == [2]
 
 
-def test_ragged_batch_with_the_choice_on(arch):
+def test_ragged_batch_with_the_choice_on(arch, monkeypatch):
     target = target_of(arch)
     tokenizer = char_tokenizer()
     prompts = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)", "ab"]
@@ -164,10 +164,11 @@ def test_ragged_batch_with_the_choice_on(arch):
     strategy = EarlyExit(1, num_tokens=3, auto=True)
     sd = Speculator(target, tokenizer, strategy)
     seed_counts(strategy, [0.0, 1.0], CHOOSE_ROWS)        # every row starts at exit 2
+    used = switches(monkeypatch)
     outs = sd.generate(prompts, max_new_tokens=lengths, ignore_eos=True, batch_size=3)
     for prompt, out, n in zip(prompts, outs, lengths):
         assert out.token_ids == hf_greedy(target, tokenizer(prompt)["input_ids"], n, eos_token_id=None)
-    assert strategy.exit_layer == 2
+    assert used == [2] * len(prompts)                      # each row's copy moved from 1 to 2 as it started
 
 
 # ---------------------------------------------------------------------- what it costs
