@@ -18,16 +18,17 @@ the verify runs layers < E for the chain's last token only, then layers >= E on 
 (strategies/exit_split.py); the verify's commit then crops the rejected rows from every layer. Trees,
 batch rows and the compiled verifier draft on a cache of their own as before.
 
-The exit layer chosen from shadow tokens (`auto`, as layer_skip's `auto` chooses its set; strategies/shadow.py): on some verify steps the
-strategy asks for the target's hidden states after every layer 1 .. L - 1 at the committed rows, counts
-where each layer's shadow token equals the token committed next, and picks the E whose chain gives the
-most expected new tokens per target-forward time (a draft forward at E / L). It switches where the
-switch needs nothing rebuilt: at the start of each call (a batch row: when it starts), and, drafting on
-the target's own cache, after any step where it chooses again (the target's cache holds every layer of
-the committed text, so a new E finds its layers < E there). A draft cache of its own holds layers < E
-only: a new E there waits for the next call. A step that asks for hidden states verifies without the
-KV reuse (the verifier's parts give logits only), so shadow tokens are computed on every step while
-the counts are young, then on one step in `every`.
+The exit layer chosen from shadow tokens (`auto`, as layer_skip's `auto` chooses its set;
+strategies/shadow.py): on some verify steps the strategy asks for the target's hidden states after every
+layer 1 .. L - 1 at the committed rows, counts where each layer's shadow token equals the token committed
+next, and picks the E whose chain gives the most expected new tokens per target-forward time (a draft
+forward at E / L). It switches where the switch needs nothing rebuilt: at the start of each call (a batch
+row: when it starts), and, drafting on the target's own cache, after any step where it chooses again (the
+target's cache holds every layer of the committed text, so a new E finds its layers < E there). A draft
+cache of its own holds layers < E only: a new E there waits for the next call. A step that asks for
+hidden states verifies without the KV reuse (the verifier's parts give logits only), so shadow tokens are
+computed on every step while the counts are young, then on one step in `every`; the counts stay on the
+device and are read back once per choice.
 """
 from __future__ import annotations
 

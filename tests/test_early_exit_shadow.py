@@ -14,13 +14,13 @@
 """
 from __future__ import annotations
 
-import copy
 from functools import lru_cache
 
 import pytest
 import torch
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
+from test_early_exit import upper_layers_silenced
 from specdec import Speculator
 from specdec.errors import ConfigError
 from specdec.strategies.early_exit import CHOOSE_ROWS, EarlyExit
@@ -33,16 +33,6 @@ PROMPT = [5, 17, 33, 9, 41, 60, 70]
 @lru_cache(maxsize=None)
 def target_of(arch: str, layers: int = 3):
     return tiny_model(arch, seed=0, layers=layers, sharpen=3.0)
-
-
-def silenced_from(model, exit_layer: int):
-    """A copy of a llama whose layers from `exit_layer` on add nothing: its exit there is the whole model."""
-    model = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer in model.model.layers[exit_layer:]:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-    return model
 
 
 def seed_counts(strategy: EarlyExit, acceptance: list[float], rows: int) -> None:
@@ -122,7 +112,7 @@ def test_a_layer_that_is_the_whole_model_is_chosen(reuse_kv, monkeypatch):
     """Layers 2 and 3 of 4 add nothing: an exit at 2 drafts the target's own tokens, at 1 it guesses; exit 3
     accepts as much as 2 at a higher cost. Started at 1, the strategy moves to 2: within the call where it
     drafts on the target's cache, at the next call where it drafts on a cache of its own."""
-    target = silenced_from(target_of("llama", 4), 2)
+    target = upper_layers_silenced(target_of("llama", 4), 2)
     strategy = EarlyExit(1, num_tokens=4, auto=True, every=2, reuse_kv=reuse_kv)
     sd = Speculator(target, None, strategy)
     used = switches(monkeypatch)
@@ -213,3 +203,27 @@ def test_the_config_builds_a_choosing_strategy():
     assert strategy.auto and strategy.every == 3
     with pytest.raises(ConfigError, match="every"):
         load_spec_config("early_exit", ["early_exit.every=0"])
+
+
+def test_the_host_reads_it_adds_are_one_per_choice(monkeypatch):
+    """Against the same drafts with auto off (the counts seeded past young, at the exit it starts at): the
+    engine reads nothing more, the strategy one read per choice, one at each call's start and one after
+    each step of its every-N cadence; shadow tokens themselves stay on the device."""
+    from host_reads import HostReads
+    target = target_of("llama", 4)
+    reads = {}
+    for auto in (False, True):
+        strategy = EarlyExit(1, num_tokens=3, auto=auto, every=4)
+        sd = Speculator(target, None, strategy)
+        if auto:
+            seed_counts(strategy, [0.9, 0.0, 0.0], YOUNG_ROWS)        # exit 1 stays the choice
+            choices = []
+            acceptance = ShadowCounts.acceptance
+            monkeypatch.setattr(ShadowCounts, "acceptance", lambda self: choices.append(1) or acceptance(self))
+        with HostReads() as syncs:
+            out = sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+        reads[auto] = syncs.by_area()
+    steps = out.stats.target_forwards
+    assert strategy.exit_layer == 1 and reads[True]["engine"] == reads[False]["engine"]
+    assert len(choices) == 1 + len(range(0, steps - 1, 4))       # the last step stops: no observe, no choice
+    assert reads[True]["strategy"] - reads[False]["strategy"] == len(choices)
