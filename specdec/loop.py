@@ -233,7 +233,8 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     while True:
         tree = sequence.propose()                                          # the strategy's guesses
         t1 = clock()
-        out = verifier.forward(sequence.pending_token(), tree, layers)     # one target forward
+        # one target forward; the features asked for this step (a strategy may ask on some steps only)
+        out = verifier.forward(sequence.pending_token(), tree, feature_layers(strategy))
         # accept, keep the accepted path's KV, cut at a stop rule, let the strategy observe
         run, reason = sequence.settle(tree, out.logits, out.hidden, clock() - t1, verifier.commit, shape=out.shape)
         yield run, reason

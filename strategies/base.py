@@ -42,7 +42,10 @@ class BaseStrategy:
 
     name: str                          # the strategy's registry name (errors and reports name it)
     needs_hidden_states: bool = False  # ask the verifier for the target's hidden states: the prompt's in
-    #                                    DecodeState.prompt_hidden, the kept rows' in StepResult.hidden
+    #                                    DecodeState.prompt_hidden, the kept rows' in StepResult.hidden. One
+    #                                    sequence reads it (and feature_layers) again before each verify, so a
+    #                                    strategy may ask on some steps only (early_exit's shadow tokens); the
+    #                                    prefill and a batch's forwards read it once per call
     feature_layers: tuple[int, ...] | None = None   # which hidden states (None: the last layer's, what
     #                                    the lm_head reads), concatenated on the feature axis in this order
     max_nodes: int = 0                 # the most nodes a proposal holds (0: no stated budget); the

@@ -64,6 +64,14 @@ def draft_attention_layout(draft):
         return None
 
 
+def chain_rate(acceptance: float, draft_cost: float, length: int) -> float:
+    """Expected new tokens per target-forward time of a chain of `length` drafted tokens, each accepted
+    with probability `acceptance` (given its parent was): E[tokens] = (1 - a^(g+1)) / (1 - a), over
+    the verify (one target forward) plus g draft forwards at `draft_cost` target forwards each."""
+    a = min(acceptance, 0.999)
+    return (1 - a ** (length + 1)) / (1 - a) / (1 + draft_cost * length)
+
+
 class DraftModel(BaseStrategy):
     name = "draft_model"
     needs_hidden_states = False
@@ -407,12 +415,8 @@ class DraftModel(BaseStrategy):
         trials = accepted + (1 if accepted < proposed else 0)
         if trials:
             self.acceptance = 0.8 * self.acceptance + 0.2 * (accepted / trials)
-        a = min(self.acceptance, 0.999)
-
-        def rate(g: int) -> float:
-            return (1 - a ** (g + 1)) / (1 - a) / (1 + self.draft_cost * g)
-
-        self.gamma = max(range(self.min_tokens, self.max_tokens + 1), key=rate)
+        self.gamma = max(range(self.min_tokens, self.max_tokens + 1),
+                         key=lambda g: chain_rate(self.acceptance, self.draft_cost, g))
 
 
 def chains(drafters: Sequence[DraftModel], states: Sequence[DecodeState], depths: Sequence[int],

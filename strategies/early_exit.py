@@ -17,12 +17,26 @@ token and keeps their exit states; the chain goes to the verify with them (Candi
 the verify runs layers < E for the chain's last token only, then layers >= E on every row's exit state
 (strategies/exit_split.py); the verify's commit then crops the rejected rows from every layer. Trees,
 batch rows and the compiled verifier draft on a cache of their own as before.
+
+The exit layer chosen from shadow tokens (`auto`, as layer_skip's `auto` chooses its set;
+strategies/shadow.py): on some verify steps the strategy asks for the target's hidden states after every
+layer 1 .. L - 1 at the committed rows, counts where each layer's shadow token equals the token committed
+next, and picks the E whose chain gives the most expected new tokens per target-forward time (a draft
+forward at E / L). It switches where the switch needs nothing rebuilt: at the start of each call (a batch
+row: when it starts), and, drafting on the target's own cache, after any step where it chooses again (the
+target's cache holds every layer of the committed text, so a new E finds its layers < E there). A draft
+cache of its own holds layers < E only: a new E there waits for the next call. A step that asks for
+hidden states verifies without the KV reuse (the verifier's parts give logits only), so shadow tokens are
+computed on every step while the counts are young, then on one step in `every`; the counts stay on the
+device and are read back once per choice.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import List, Optional
+
+from torch import nn
 
 import torch
 
@@ -33,11 +47,14 @@ from specdec.tree import CandidateTree, LowerRun, host_to_device
 from specdec.types import DecodeState, StepResult
 
 from .draft_model import DraftConfig, DraftModel, chains
-from .exit_split import SplitTarget
+from .exit_split import SplitTarget, final_norm
 # the views, read from here too by the tests and scripts/measure
 from .layer_views import _check_runs_its_layers, decoder_layers, exit_view, num_layers, part_view  # noqa: F401
+from .shadow import ShadowCounts, ShadowHead, best_exit, shadow_matches
 
 log = logging.getLogger(__name__)
+
+CHOOSE_ROWS = 32      # committed rows counted before auto first moves E from exit_layer
 
 
 @dataclass
@@ -57,6 +74,10 @@ class EarlyExitConfig:
     reuse_kv: bool = True                   # chains of one sequence draft on the target's own KV cache: the verify
     #                                         runs layers < E only for the last drafted token (LayerSkip); false:
     #                                         the draft keeps a cache of its own (trees and batches always do)
+    auto: bool = False                      # choose E (1 .. L - 1) while generating, from shadow tokens (what each
+    #                                         layer would have drafted at the committed rows); exit_layer: the start
+    every: int = setting(8, min=1)          # auto: shadow tokens on every verify step while the counts are young,
+    #                                         then on one step in `every` (after which E may switch mid-call)
 
 
 CONFIG_SECTIONS = {"early_exit": EarlyExitConfig}
@@ -72,9 +93,15 @@ class EarlyExit(DraftModel):
                  adaptive: bool = EarlyExitConfig.adaptive, min_tokens: int = EarlyExitConfig.min_tokens,
                  max_tokens: int = EarlyExitConfig.max_tokens, draft_cost: float | None = EarlyExitConfig.draft_cost,
                  min_confidence: float = EarlyExitConfig.min_confidence,
-                 batch_rows: bool = EarlyExitConfig.batch_rows, reuse_kv: bool = EarlyExitConfig.reuse_kv):
+                 batch_rows: bool = EarlyExitConfig.batch_rows, reuse_kv: bool = EarlyExitConfig.reuse_kv,
+                 auto: bool = EarlyExitConfig.auto, every: int = EarlyExitConfig.every):
         if int(exit_layer) < 1:
             raise ConfigError(f"early_exit.exit_layer must be >= 1 (the decoder layers the draft runs), got {exit_layer}")
+        if auto and draft_cost is not None:
+            raise ConfigError(f"early_exit.draft_cost={draft_cost} prices one fixed exit layer, but early_exit.auto "
+                              f"prices each exit layer E at E / L of a target forward: leave draft_cost unset (null)")
+        if int(every) < 1:
+            raise ConfigError(f"early_exit.every must be >= 1 (one verify step in this many), got {every}")
         super().__init__(None, num_tokens=num_tokens, branching=branching, max_nodes=max_nodes, adaptive=adaptive,
                          min_tokens=min_tokens, max_tokens=max_tokens,
                          draft_cost=DraftConfig.draft_cost if draft_cost is None else draft_cost,
@@ -84,31 +111,94 @@ class EarlyExit(DraftModel):
         self.reuse_kv = bool(reuse_kv)
         self.split = None              # the target in two parts over its cache (SplitTarget), where reuse applies
         self.reuse_off = "early_exit.reuse_kv is false" if not self.reuse_kv else None   # why not, where it does not
+        self.auto = bool(auto)
+        self.every = int(every)
+        # per exit layer, made once at first use and shared by the per-call copies: its view, and its
+        # SplitTarget (or the reason the reuse is off there)
+        self.views: dict[int, nn.Module] = {}
+        self.splits: dict[int, SplitTarget | str] = {}
+        self.needs_hidden_states = False      # auto: true for the verify of a step that counts shadow tokens
 
     def bind(self, target, tokenizer) -> None:
-        self.use_draft(exit_view(target, self.exit_layer))
+        self.target, self.layers = target, num_layers(target)
+        self.use_draft(self._view(self.exit_layer))
         if self.given_draft_cost is None:
-            self.draft_cost = self.exit_layer / num_layers(target)
+            self.draft_cost = self.exit_layer / self.layers
         super().bind(target, tokenizer)
+        if self.auto:
+            _, norm = final_norm(target, decoder_layers(target), "early_exit.auto")
+            self.shadow_head = ShadowHead(norm, target.get_output_embeddings())
+            self.counts = ShadowCounts(self.layers - 1, target.device)
+            self.feature_layers = tuple(range(1, self.layers))      # hidden states after layers 1 .. L - 1
         if self.reuse_kv:
-            self._split_target(target)
+            self._split_target(self.exit_layer)
 
-    def _split_target(self, target) -> None:
-        """Set `split` where the KV reuse applies to this target and shape, else say why in `reuse_off`."""
+    def _view(self, exit_layer: int) -> nn.Module:
+        if exit_layer not in self.views:
+            self.views[exit_layer] = exit_view(self.target, exit_layer)
+        return self.views[exit_layer]
+
+    def _split_target(self, exit_layer: int) -> None:
+        """Set `split` where the KV reuse applies to this target, shape and exit layer, else say why in `reuse_off`."""
         if self.branching is not None:
             self.reuse_off = "trees draft on a KV cache of their own (the reuse covers chains)"
             log.info("early_exit: %s", self.reuse_off)
             return
-        try:
-            split = SplitTarget(target, self.exit_layer)
-            split.check()
-        except IncompatibleModelsError as exc:
-            self.reuse_off = str(exc)
-            log.warning("%s; drafting on a KV cache of its own instead", exc)
+        if exit_layer not in self.splits:
+            try:
+                split = SplitTarget(self.target, exit_layer)
+                split.check()
+                self.splits[exit_layer] = split
+            except IncompatibleModelsError as exc:
+                self.splits[exit_layer] = str(exc)
+                log.warning("%s; drafting on a KV cache of its own instead", exc)
+        found = self.splits[exit_layer]
+        self.split, self.reuse_off = (found, None) if isinstance(found, SplitTarget) else (None, found)
+
+    # ------------------------------------------------------------------ the exit layer from shadow tokens
+    def _use_exit(self, exit_layer: int) -> None:
+        """Draft at `exit_layer` from now: its view, its draft cost and (where the reuse applies) its split."""
+        self.exit_layer = exit_layer
+        self.use_draft(self._view(exit_layer))
+        self.draft_cost = exit_layer / self.layers
+        if self.reuse_kv:
+            self._split_target(exit_layer)
+
+    def _choice(self) -> int:
+        """The exit layer the counts make pay most (one host read); the current one while they are few."""
+        if self.counts.rows < CHOOSE_ROWS:
+            return self.exit_layer
+        if self.branching is not None:        # a tree priced as a chain of its depth (its accepted path)
+            lengths = [len(self.branching)]
+        else:
+            lengths = range(self.min_tokens, self.max_tokens + 1) if self.adaptive else [self.num_tokens]
+        return best_exit(self.counts.acceptance(), self.layers, lengths)
+
+    @torch.inference_mode()
+    def _count_shadows(self, state: DecodeState, result: StepResult) -> None:
+        """Add this step's shadow matches at its committed rows (pending + accepted), where it asked for them."""
+        self.needs_hidden_states = False
+        if result.hidden is None:           # a step that did not ask, or a forward that gives none (a batch's)
             return
-        self.split, self.reuse_off = split, None
+        committed = host_to_device(state.token_ids[result.committed_before:], result.hidden.device)  # [1 + accepted]
+        self.counts.add(shadow_matches(result.hidden, committed, self.shadow_head), len(committed))
+
+    def _switch_mid_call(self) -> None:
+        """Drafting on the target's cache, after a step that chose again: move to the chosen E where its split works."""
+        exit_layer = self._choice()
+        if exit_layer != self.exit_layer:
+            self._split_target(exit_layer)
+            if self.split is None:           # its parts fail the probe: stay at the E whose parts work
+                self._split_target(self.exit_layer)
+                return
+            self._use_exit(exit_layer)
 
     def reset(self, state: DecodeState) -> None:
+        self.needs_hidden_states = False
+        if self.auto:
+            self._use_exit(self._choice())
+            self.steps = 0                    # verify steps of this call (which of them count shadow tokens)
+            self.choosing = False
         super().reset(state)
         # one sequence on the eager verifier: draft on the target's cache; a batch row, or under compile, on its own
         self.sharing = self.split is not None and state.target_cache is not None
@@ -116,6 +206,10 @@ class EarlyExit(DraftModel):
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
+        if self.auto:
+            self.choosing = self.steps % self.every == 0      # a step after which E may be chosen again
+            self.needs_hidden_states = self.choosing or self.counts.young
+            self.steps += 1
         if not self.sharing:
             return super().propose(state)
         depth = min(self.gamma, state.max_depth)
@@ -143,12 +237,22 @@ class EarlyExit(DraftModel):
         return self.fit_vocab(self.split.head(states))[-1]
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
+        if self.auto:
+            self._count_shadows(state, result)
         if not self.sharing:
             return super().observe(state, result)
         # the verify committed the accepted rows in every layer of the target's cache: nothing to keep here
         self.fed_nodes, self.exit_states = [], []
         if self.adaptive:
             self._adapt(result.num_accepted, result.tree.num_nodes)
+        if self.auto and self.choosing:
+            self._switch_mid_call()
+
+    def finish(self, state: DecodeState) -> None:
+        self.needs_hidden_states = False      # the next call's prefill asks for no features
+
+    def drafting_modules(self) -> list[torch.nn.Module]:
+        return [module for module in super().drafting_modules() if module is not self.target]   # the view, not the target
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
@@ -156,4 +260,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
     return EarlyExit(e.exit_layer, num_tokens=e.num_tokens, branching=list(e.branching) if e.branching else None,
                      max_nodes=e.max_nodes, adaptive=e.adaptive, min_tokens=e.min_tokens, max_tokens=e.max_tokens,
                      draft_cost=e.draft_cost, min_confidence=e.min_confidence, batch_rows=e.batch_rows,
-                     reuse_kv=e.reuse_kv)
+                     reuse_kv=e.reuse_kv, auto=e.auto, every=e.every)

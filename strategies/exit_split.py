@@ -51,10 +51,11 @@ class _ZeroEmbedding(nn.Module):
         return torch.zeros(*ids.shape, self.width, dtype=self.dtype, device=ids.device)   # [..., width]
 
 
-def _final_norm(target, layers_path: str) -> tuple[str, nn.Module]:
+def final_norm(target, layers_path: str, setting: str = "early_exit.reuse_kv") -> tuple[str, nn.Module]:
     """(attribute name, module) of the target's final norm: the one module with parameters registered
     after the decoder's layer list on the same parent (Llama's `norm`, GPT-2's `ln_f`, GPT-NeoX's
-    `final_layer_norm`)."""
+    `final_layer_norm`). Refused, naming `setting` (the boolean setting that needs it), where there is
+    not exactly one."""
     parent_path, _, layers_name = layers_path.rpartition(".")
     parent = target.get_submodule(parent_path)
     names = list(parent._modules)
@@ -62,8 +63,8 @@ def _final_norm(target, layers_path: str) -> tuple[str, nn.Module]:
              if parent._modules[name] is not None and any(True for _ in parent._modules[name].parameters())]
     if len(after) != 1:
         raise IncompatibleModelsError(
-            f"early_exit.reuse_kv: the target ({type(target).__name__}) has {len(after)} modules with weights after its "
-            f"decoder layers ({', '.join(after) or 'none'}), not one final norm; set early_exit.reuse_kv=false")
+            f"{setting}: the target ({type(target).__name__}) has {len(after)} modules with weights after its "
+            f"decoder layers ({', '.join(after) or 'none'}), not one final norm; set {setting}=false")
     return after[0], parent._modules[after[0]]
 
 
@@ -74,7 +75,7 @@ class SplitTarget:
         self.target = target
         self.exit_layer = int(exit_layer)
         path = decoder_layers(target)
-        norm_name, self.norm = _final_norm(target, path)
+        norm_name, self.norm = final_norm(target, path)
         self.lm_head = target.get_output_embeddings()
         # the lower part: layers < E, no final norm, so its decoder's output is the exit states
         self.lower_model = exit_view(target, exit_layer).get_submodule(path.rpartition(".")[0])
