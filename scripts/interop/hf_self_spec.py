@@ -4,7 +4,7 @@
 
     python scripts/interop/hf_self_spec.py                      # tiny random llamas, E = 1 .. L - 1
     python scripts/interop/hf_self_spec.py --target DIR --exit 2 4 6 --new 64
-    python scripts/interop/hf_self_spec.py --mtp                # a tiny random GLM-4.5 saved with its MTP module
+    python scripts/interop/hf_self_spec.py --mtp                # tiny random GLM-4.5 and DeepSeek-V3 with MTP modules
 
 For each exit layer it runs both on the same prompts, greedy, chains of `--tokens` drafted tokens, and
 prints one row: whether the outputs are equal (and equal to plain greedy), whether every step drafted
@@ -154,16 +154,34 @@ def tiny_llama(layers: int = 4, seed: int = 0):
 
 
 # ---------------------------------------------------------------------- MTP
-def tiny_glm_config(layers: int = 46):
-    """A tiny GLM-4.5 (Glm4Moe) config with one MTP module. 46 layers: the MTP layer's index (46, GLM-4.5-Air's
+def tiny_glm_config(layers: int = 46, modules: int = 1):
+    """A tiny GLM-4.5 (Glm4Moe) config with `modules` MTP modules. 46 layers: the MTP layer's index (46, GLM-4.5-Air's
     layout) is one that the installed transformers' MtpModel.from_pretrained looks for (it reads the checkpoint
     keys the model class lists as MTP patterns, model.layers.46.* and model.layers.92.*)."""
     import transformers as T
     return T.Glm4MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=layers,
-                           max_position_embeddings=512, num_nextn_predict_layers=1, partial_rotary_factor=0.5,
+                           max_position_embeddings=512, num_nextn_predict_layers=modules, partial_rotary_factor=0.5,
                            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def tiny_deepseek_config(layers: int = 61, modules: int = 1):
+    """A tiny DeepSeek-V3 config (multi-head latent attention, MoE) with `modules` MTP modules. 61 layers: the MTP
+    layer's index (61, DeepSeek-V3/R1's layout) is the one the installed transformers' MtpModel.from_pretrained
+    looks for (model.layers.61.*). The decoder layers are dense (first_k_dense_replace = layers) to keep it fast;
+    the MTP block is a MoE layer, as MtpModel builds it."""
+    import transformers as T
+    return T.DeepseekV3Config(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                              n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                              first_k_dense_replace=layers, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=4,
+                              qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=512,
+                              num_nextn_predict_layers=modules, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+# {architecture: its tiny config at the layer count whose MTP layer index the installed transformers reads}
+TINY_MTP_CONFIGS = {"glm-4.5": tiny_glm_config, "deepseek-v3": tiny_deepseek_config}
 
 
 @torch.no_grad()
@@ -208,26 +226,29 @@ def save_with_mtp(model, folder: str, seed: int = 1) -> dict:
     return added
 
 
-def tiny_glm_with_mtp(folder: str, layers: int = 46):
-    """A tiny random GLM-4.5 with one MTP module saved in `folder`, loaded back from there (fp32, eval)."""
+def tiny_with_mtp(folder: str, architecture: str = "glm-4.5", **config):
+    """A tiny random checkpoint of `architecture` (TINY_MTP_CONFIGS; `config`: its config function's arguments)
+    saved in `folder` with its MTP modules, loaded back from there (fp32, eval)."""
     import transformers as T
     torch.manual_seed(0)
-    model = T.AutoModelForCausalLM.from_config(tiny_glm_config(layers)).eval()
+    model = T.AutoModelForCausalLM.from_config(TINY_MTP_CONFIGS[architecture](**config)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)
     save_with_mtp(model, folder)
     return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def hf_mtp(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict[int, int]]:
-    """Hugging Face's generate(use_mtp=True), greedy: (new tokens, {position: the token drafted there})."""
+def hf_mtp(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict[int, list[int]]]:
+    """Hugging Face's generate(use_mtp=True), greedy: (new tokens, {position: the chain drafted from there on}).
+    It drafts one token per MTP module at every step."""
     from transformers.generation.candidate_generator import MTPCandidateGenerator
-    drafted: dict[int, int] = {}
+    drafted: dict[int, list[int]] = {}
     real = MTPCandidateGenerator.get_candidates
 
     def get_candidates(self, input_ids, *args, **kwargs):
         ids, logits = real(self, input_ids, *args, **kwargs)
-        drafted.update({input_ids.shape[1] + i: t for i, t in enumerate(ids[0, input_ids.shape[1]:].tolist())})
+        if ids.shape[1] > input_ids.shape[1]:
+            drafted[input_ids.shape[1]] = ids[0, input_ids.shape[1]:].tolist()
         return ids, logits
 
     ids = torch.tensor([prompt], device=model.device)
@@ -241,22 +262,44 @@ def hf_mtp(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict[i
     return out[0, len(prompt):].tolist(), drafted
 
 
-def specdec_mtp(model, prompt: list[int], new_tokens: int, depth: int = 1) -> tuple[list[int], dict[int, int]]:
-    """specdec's mtp chain of `depth`, greedy: (new tokens, {position: the first token drafted there})."""
+def specdec_mtp(model, prompt: list[int], new_tokens: int, depth: int = 1) -> tuple[list[int], dict[int, list[int]]]:
+    """specdec's mtp chain of `depth`, greedy: (new tokens, {position: the chain drafted from there on})."""
     from specdec import Speculator
     from specdec.strategies.mtp import Mtp
-    drafted: dict[int, int] = {}
+    drafted: dict[int, list[int]] = {}
 
     class Recorded(Mtp):
         def propose(self, state):
             tree = super().propose(state)
-            for i, token in enumerate(tree.tokens.tolist()[:1]):
-                drafted.setdefault(len(state.token_ids) + i, token)
+            if len(tree.tokens):
+                drafted[len(state.token_ids)] = tree.tokens.tolist()
             return tree
 
     strategy = Recorded.for_target(model, depth=depth, max_nodes=depth)
     out = Speculator(model, None, strategy).generate(prompt, max_new_tokens=new_tokens, ignore_eos=True)
     return out.token_ids, drafted
+
+
+@dataclass
+class MtpComparison:
+    same_output: bool                  # specdec's tokens == Hugging Face's == plain greedy
+    steps: int                         # positions both drafted from (HF skips the first step, and drafts at the last
+    #                                    one, where one token is left and specdec drafts none)
+    same_steps: int                    # of them, those where both drafted the same chain, as deep as the shorter
+    full_depth: int                    # of them, those where both drafted as deep as the modules
+
+
+def compare_mtp(model, prompt: list[int], new_tokens: int) -> MtpComparison:
+    """Hugging Face's use_mtp beside specdec's mtp chain as deep as the checkpoint's modules (HF drafts one token
+    per module), greedy. Near the end specdec drafts no deeper than the tokens left."""
+    modules = model.config.num_mtp_layers
+    plain = plain_greedy(model, prompt, new_tokens)
+    hf_tokens, hf_drafts = hf_mtp(model, prompt, new_tokens)
+    ours, our_drafts = specdec_mtp(model, prompt, new_tokens, depth=modules)
+    both = sorted(set(hf_drafts) & set(our_drafts))
+    same = sum(hf_drafts[p][:len(our_drafts[p])] == our_drafts[p][:len(hf_drafts[p])] for p in both)
+    full = sum(len(hf_drafts[p]) == len(our_drafts[p]) == modules for p in both)
+    return MtpComparison(hf_tokens == ours == plain, len(both), same, full)
 
 
 TINY_PROMPTS = [[5, 17, 33, 9, 41, 60, 70], [8, 9, 10, 11, 12, 13, 8, 9], [60, 70, 60, 70, 60]]
@@ -269,7 +312,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--exit", type=int, nargs="*", help="exit layers (default: 1 .. L - 1)")
     parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--new", type=int, default=24, help="new tokens per prompt")
-    parser.add_argument("--mtp", action="store_true", help="compare mtp with use_mtp=True on a tiny GLM-4.5")
+    parser.add_argument("--mtp", action="store_true", help="compare mtp with use_mtp=True on tiny GLM-4.5 and DeepSeek-V3 checkpoints")
     args = parser.parse_args(argv)
     if args.mtp:
         return compare_mtp_main(args.new)
@@ -297,22 +340,22 @@ def main(argv: list[str]) -> int:
 def compare_mtp_main(new_tokens: int) -> int:
     import tempfile
     import transformers
-    with tempfile.TemporaryDirectory() as folder:
-        model = tiny_glm_with_mtp(folder)
-        print(f"transformers {transformers.__version__}, torch {torch.__version__}; tiny random GLM-4.5 "
-              f"({model.config.num_hidden_layers} layers, 1 MTP module), {len(TINY_PROMPTS)} prompts x {new_tokens} "
-              f"new tokens, greedy fp32\n")
-        print("| prompt | same output | positions both drafted | same draft there |")
-        print("|---|---|---|---|")
-        ok = True
-        for i, prompt in enumerate(TINY_PROMPTS):
-            plain = plain_greedy(model, prompt, new_tokens)
-            hf_tokens, hf_drafts = hf_mtp(model, prompt, new_tokens)
-            ours, our_drafts = specdec_mtp(model, prompt, new_tokens)
-            both = sorted(set(hf_drafts) & set(our_drafts))
-            same = sum(hf_drafts[p] == our_drafts[p] for p in both)
-            ok &= hf_tokens == ours == plain and same == len(both)
-            print(f"| {i} | {'yes' if hf_tokens == ours == plain else 'NO'} | {len(both)} | {same} |")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}; tiny random checkpoints saved with "
+          f"their MTP modules, {len(TINY_PROMPTS)} prompts x {new_tokens} new tokens, greedy fp32, specdec's chain "
+          f"as deep as the modules\n")
+    print("| checkpoint | MTP modules | prompt | same output | steps both drafted | same chain drafted there | "
+          "of them, as deep as the modules |")
+    print("|---|---|---|---|---|---|---|")
+    ok = True
+    for architecture in TINY_MTP_CONFIGS:
+        with tempfile.TemporaryDirectory() as folder:
+            model = tiny_with_mtp(folder, architecture)
+            for i, prompt in enumerate(TINY_PROMPTS):
+                result = compare_mtp(model, prompt, new_tokens)
+                ok &= result.same_output and result.same_steps == result.steps
+                print(f"| {architecture} ({model.config.num_hidden_layers} layers) | {model.config.num_mtp_layers} | "
+                      f"{i} | {'yes' if result.same_output else 'NO'} | {result.steps} | {result.same_steps} | "
+                      f"{result.full_depth} |")
     return 0 if ok else 1
 
 
