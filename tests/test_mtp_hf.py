@@ -29,7 +29,7 @@ def test_three_modules_whose_drafts_are_kept_draft_what_hugging_faces_do(tmp_pat
     (Hugging Face then keeps the deeper modules' rows instead of recomputing them) and not only after misses."""
     vocab = hf_self_spec.SMALL_VOCAB
     model = hf_self_spec.tiny_with_mtp(str(tmp_path), "deepseek-v3", modules=3, vocab_size=vocab)
-    result = hf_self_spec.compare_mtp(model, [t % vocab for t in hf_self_spec.TINY_PROMPTS[0]], 24)
+    result = hf_self_spec.compare_mtp(model, hf_self_spec.SMALL_PROMPTS[0], 24)
     assert result.same_output
     assert result.kept >= 3 and result.full_depth >= 3          # the premise: drafts were kept, at full depth
     assert result.same_steps == result.steps
