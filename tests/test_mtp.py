@@ -164,12 +164,11 @@ def test_coupled_reproduces_autoregressive(saved):
 
 
 # ---------------------------------------------------------------------- the law
-@pytest.fixture(scope="module")
-def law_saved(tmp_path_factory):
-    """A 2-layer GLM-4.5 over 5 tokens, peaked, with one MTP module whose shared head it is."""
+def law_model(folder: str, modules: int):
+    """A 2-layer GLM-4.5 over 5 tokens, peaked, saved in `folder` with `modules` MTP modules whose shared head it
+    is, loaded back."""
     import transformers as T
-    folder = str(tmp_path_factory.mktemp("glm_law"))
-    config = hf_self_spec.tiny_glm_config(layers=2)
+    config = hf_self_spec.tiny_glm_config(layers=2, modules=modules)
     config.vocab_size, config.hidden_size, config.head_dim = 5, 16, 4
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(config).eval()
@@ -177,6 +176,11 @@ def law_saved(tmp_path_factory):
         model.lm_head.weight.mul_(20.0)
     hf_self_spec.save_with_mtp(model, folder)
     return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def law_saved(tmp_path_factory):
+    return law_model(str(tmp_path_factory.mktemp("glm_law")), modules=1)
 
 
 TOP2 = SamplingParams(1.0, top_k=2)
@@ -212,14 +216,8 @@ def test_auto_runs_mtp_as_its_drafter(saved):
 @pytest.fixture(scope="module", params=[2, 3])
 def saved_modules(request, tmp_path_factory):
     """A tiny 2-layer GLM-4.5 saved with 2 or 3 MTP modules: (its folder, the model loaded from there)."""
-    import transformers as T
     folder = str(tmp_path_factory.mktemp(f"glm_mtp{request.param}"))
-    torch.manual_seed(0)
-    model = T.AutoModelForCausalLM.from_config(hf_self_spec.tiny_glm_config(layers=2, modules=request.param)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(3.0)
-    hf_self_spec.save_with_mtp(model, folder)
-    return folder, T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return folder, hf_self_spec.tiny_with_mtp(folder, "glm-4.5", layers=2, modules=request.param)
 
 
 # depth past the modules: the last module goes on, fed its own output
@@ -285,17 +283,7 @@ def test_a_missing_second_module_is_refused(saved_modules, tmp_path):
 
 @pytest.fixture(scope="module")
 def law_modules(tmp_path_factory):
-    """A 2-layer GLM-4.5 over 5 tokens, peaked, with two MTP modules."""
-    import transformers as T
-    folder = str(tmp_path_factory.mktemp("glm_law2"))
-    config = hf_self_spec.tiny_glm_config(layers=2, modules=2)
-    config.vocab_size, config.hidden_size, config.head_dim = 5, 16, 4
-    torch.manual_seed(0)
-    model = T.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    hf_self_spec.save_with_mtp(model, folder)
-    return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return law_model(str(tmp_path_factory.mktemp("glm_law2")), modules=2)
 
 
 LAW_MODULES_PROMPT = [1, 2, 3]          # a prompt after which module 1's drafts are kept (the premise below)
