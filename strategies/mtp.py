@@ -19,7 +19,6 @@ import torch
 
 from specdec.config import setting
 from specdec.errors import IncompatibleModelsError
-
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState
 
