@@ -6,7 +6,7 @@ them at load. `load_mtp` reads them as the installed transformers' `MtpModel` re
 its weight conversions), stricter: a missing, extra or wrongly shaped tensor, or a shared head or
 embedding that is not the target's, is refused with a message naming the tensor.
 
-`MtpDrafter` runs module 0 with the call interface of specdec's EAGLE drafters (heads/eagle.py), so the
+`MtpDrafter` runs a module (module 0 unless told) with the call interface of specdec's EAGLE drafters (heads/eagle.py), so the
 eagle strategy's chains, trees and sampling drive it: row t reads the target's feature at t (the last
 hidden state, after the final norm: what Hugging Face's `use_mtp` feeds) and token t + 1, and its
 output (after the module's post norm) is both the next row's feature and, through the shared head,
@@ -125,6 +125,7 @@ def load_mtp(target, folder: str | None = None, modules: str | None = None):
         folder = folder or target.config.name_or_path
         count = mtp_count(target)
         if not count:
+            _refuse_unread_layout(target, folder)
             raise ModelLoadError(f"mtp: the target ({type(target).__name__}) announces no MTP modules (no "
                                  f"num_nextn_predict_layers in its config): use a checkpoint that ships them "
                                  f"(DeepSeek-V3/R1, GLM-4.5), give modules trained for it (mtp.path=, made by "
@@ -151,6 +152,26 @@ def load_mtp(target, folder: str | None = None, modules: str | None = None):
     _refuse(info, folder, layers)
     mtp.tie_with_main_model(target)
     return mtp.eval()
+
+
+def _refuse_unread_layout(target, folder: str | None) -> None:
+    """Refuse, by name, MTP modules in a layout that the installed transformers' MtpModel does not read: `mtp.*`
+    tensors (Qwen3-Next's, announced by mtp_num_hidden_layers), rather than take them for a checkpoint without any."""
+    announced = getattr(target.config.get_text_config(decoder=True), "mtp_num_hidden_layers", None)
+    names: list[str] = []
+    if folder and os.path.isdir(folder):
+        try:
+            names = sorted(name for name in checkpoint_tensors(folder) if name.startswith("mtp."))
+        except ModelLoadError:                  # no safetensors file: nothing to name
+            pass
+    if not (announced or names):
+        return
+    what = f"tensor {names[0]!r} ({len(names)} mtp.* tensors)" if names else "no mtp.* tensor"
+    raise ModelLoadError(f"mtp: the target ({type(target).__name__}) ships its MTP modules in the mtp.* layout "
+                         f"(Qwen3-Next's: mtp_num_hidden_layers={announced} in its config, {what} in {folder!r}), "
+                         f"which the installed transformers' MtpModel does not read (it reads "
+                         f"model.layers.{{num_hidden_layers + i}}.*, DeepSeek-V3's and GLM-4.5's): draft with "
+                         f"another strategy (eagle, draft_model, suffix) or train modules for it with {TRAIN_HINT}")
 
 
 def _separate_modules(target, folder: str) -> tuple[int, str, dict[str, str]]:
@@ -240,7 +261,8 @@ MTP_FILES = DrafterFiles("MTP modules", "mtp.path", WEIGHTS_FILE, CONFIG_FILE, F
 
 
 class MtpDrafter(nn.Module):
-    """MTP module 0 behind the EAGLE drafter's call interface (heads/eagle.py EagleDrafter.forward)."""
+    """The MTP modules behind the EAGLE drafter's call interface (heads/eagle.py EagleDrafter.forward): `module`
+    picks which one runs (0 unless told)."""
 
     uses_target_lm_head = True
     draft_vocab = None
@@ -261,13 +283,13 @@ class MtpDrafter(nn.Module):
     draft_logits = logits
 
     def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True,
-                cache=None, start: int = 0):
+                cache=None, start: int = 0, module: int = 0):
         """g [B, n, H] features, tokens [B, n] the token after each feature's position, positions [B, n].
         Inference (B = 1): `cache` (a BufferedLayer) holds rows 0 .. start - 1 (rows after them, a rolled-back
         tree's, are dropped) and gets the new rows. Training: no cache; past_k / past_v [B, kv_heads, L, d]
         (or None) are the earlier rows' keys / values. visible [1, n, L + n] bool (None: causal). Returns
         (out [B, n, H], logits [B, n, V] or None, and the new rows' keys and values [B, kv_heads, n, d] when
-        training, else None, None)."""
+        training, else None, None). `module`: which MTP module runs."""
         from transformers.cache_utils import Cache
         embeds = self.mtp.embed_tokens(tokens).to(g.dtype)                                   # [B, n, H]
         n = tokens.shape[1]
@@ -284,10 +306,11 @@ class MtpDrafter(nn.Module):
                 visible = torch.ones(n, start + n, dtype=torch.bool, device=g.device).tril(start)[None]
             mask = torch.zeros(visible.shape, dtype=g.dtype, device=g.device).masked_fill(
                 ~visible, torch.finfo(g.dtype).min)[:, None]
+        # module k's attention writes to the cache's layer k (its layer index in MtpModel): every index is this one
         rotary = self.mtp.rotary_emb
         position_embeddings = rotary(embeds, position_ids=positions) if rotary is not None else None
-        out = self.mtp.layers[0](embeds, g, position_embeddings=position_embeddings, attention_mask=mask,
-                                 position_ids=positions, cache=Cache(layers=[rows]))
+        out = self.mtp.layers[module](embeds, g, position_embeddings=position_embeddings, attention_mask=mask,
+                                 position_ids=positions, cache=Cache(layers=[rows] * (module + 1)))
         if self.mtp.use_shared_post_norm:
             out = self.mtp.shared_post_norm(out)
         logits = self.logits(out) if with_logits else None

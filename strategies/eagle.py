@@ -241,9 +241,14 @@ class Eagle(BaseStrategy):
                 rows = torch.arange(self.fed, self.fed + m, device=self.device)          # [m]
                 out, _, _, _ = self.drafter(g[None], tokens[None], rows[None], with_logits=False, cache=self.kv,
                                             start=self.fed)
+                self.rows_fed(self.fed, out[0])
                 self.fed += m
             self.root = (out[0, -1], self.drafter.logits(out[0, -1]).float())    # only the last row's logits
         return self.root
+
+    def rows_fed(self, first_row: int, out: torch.Tensor) -> None:
+        """The drafter's outputs out [m, H] of the committed rows from `first_row` on, as catch_up feeds them:
+        kept by a drafter whose deeper modules read them (strategies/mtp_modules.py), dropped here."""
 
     def take_unfed(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The committed rows to feed, taken off the unfed list: (drafter inputs g [n, H], their next

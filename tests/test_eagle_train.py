@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from conftest import char_tokenizer, tiny_model
+from ddp import torchrun
 from eagle_helpers import random_drafter
 from specdec.errors import ConfigError
 from specdec.heads.checkpoint import read_checkpoint
@@ -20,7 +19,6 @@ from specdec.heads.eagle_train import (CHECKPOINT_FILE, LOG_FILE, Unrolled, is_e
                                        load_train_eagle_config, train_eagle, ttt_visible)
 
 SHARPEN = 12.0          # a peaked target: its greedy tokens are learnable in a few steps
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +145,10 @@ def test_two_gloo_processes_follow_the_single_process_losses(tiny_target, tmp_pa
             "warmup_steps=2", "eval_interval=100", "eval_windows=2", "eval_new_tokens=24", "eval_depth=2",
             "ttt_steps=2", "checkpoint_interval=100", "progress=false", "layout=eagle3", "feature_layers=[0,1,2]",
             "backend=gloo"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
     runs = {}
     for procs in (1, 2):
         out = str(tmp_path / f"p{procs}")
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port",
-               str(29500 + procs + os.getpid() % 500), "-m", "specdec.heads.eagle_train", *args, f"output_dir={out}"]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+        torchrun("specdec.heads.eagle_train", args, procs, out, port=29500)
         runs[procs] = json.load(open(os.path.join(out, LOG_FILE)))
     assert runs[2]["processes"] == 2 and runs[1]["processes"] == 1
     assert len(runs[1]["losses"]) == 4

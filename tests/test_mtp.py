@@ -98,6 +98,27 @@ def test_a_target_without_mtp_modules_is_refused():
         Mtp.for_target(tiny_model("llama"))
 
 
+def test_qwen3_next_mtp_layout_is_refused_naming_a_tensor(tmp_path):
+    """Qwen3-Next keeps its MTP modules as mtp.* tensors (config: mtp_num_hidden_layers), a layout the installed
+    transformers' MtpModel does not read: refused by name, not taken for a checkpoint without modules."""
+    import transformers as T
+    config = T.Qwen3NextConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_key_head_dim=8,
+                               linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                               moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4,
+                               num_experts_per_tok=2, layer_types=["linear_attention", "full_attention"],
+                               mtp_num_hidden_layers=1)
+    T.AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
+    file = os.path.join(str(tmp_path), "model.safetensors")
+    tensors = load_file(file)
+    tensors.update({"mtp.fc.weight": torch.zeros(32, 64), "mtp.norm.weight": torch.ones(32)})
+    save_file(tensors, file, metadata={"format": "pt"})
+    model = T.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    with pytest.raises(ModelLoadError, match=r"mtp_num_hidden_layers=1 .*tensor 'mtp\.fc\.weight' \(2 mtp\.\* "
+                                             r"tensors\).*MtpModel does not read"):
+        Mtp.for_target(model)
+
+
 def test_modules_read_for_another_target_object_are_refused(saved):
     import copy
     strategy = Mtp.for_target(saved[1])
@@ -143,12 +164,11 @@ def test_coupled_reproduces_autoregressive(saved):
 
 
 # ---------------------------------------------------------------------- the law
-@pytest.fixture(scope="module")
-def law_saved(tmp_path_factory):
-    """A 2-layer GLM-4.5 over 5 tokens, peaked, with one MTP module whose shared head it is."""
+def law_model(folder: str, modules: int):
+    """A 2-layer GLM-4.5 over 5 tokens, peaked, saved in `folder` with `modules` MTP modules whose shared head it
+    is, loaded back."""
     import transformers as T
-    folder = str(tmp_path_factory.mktemp("glm_law"))
-    config = hf_self_spec.tiny_glm_config(layers=2)
+    config = hf_self_spec.tiny_glm_config(layers=2, modules=modules)
     config.vocab_size, config.hidden_size, config.head_dim = 5, 16, 4
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(config).eval()
@@ -156,6 +176,11 @@ def law_saved(tmp_path_factory):
         model.lm_head.weight.mul_(20.0)
     hf_self_spec.save_with_mtp(model, folder)
     return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def law_saved(tmp_path_factory):
+    return law_model(str(tmp_path_factory.mktemp("glm_law")), modules=1)
 
 
 TOP2 = SamplingParams(1.0, top_k=2)
@@ -185,3 +210,99 @@ def test_auto_runs_mtp_as_its_drafter(saved):
     assert isinstance(sd.strategy.drafter, Mtp)
     assert sd.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids == \
         hf_greedy(saved[1], PROMPT, 12, eos_token_id=None)
+
+
+# ---------------------------------------------------------------------- several modules
+@pytest.fixture(scope="module", params=[2, 3])
+def saved_modules(request, tmp_path_factory):
+    """A tiny 2-layer GLM-4.5 saved with 2 or 3 MTP modules: (its folder, the model loaded from there)."""
+    folder = str(tmp_path_factory.mktemp(f"glm_mtp{request.param}"))
+    return folder, hf_self_spec.tiny_with_mtp(folder, "glm-4.5", layers=2, modules=request.param)
+
+
+# depth past the modules: the last module goes on, fed its own output
+@pytest.mark.parametrize("shape", [dict(depth=3, max_nodes=3), dict(depth=5, max_nodes=5),
+                                   dict(depth=4, top_k=2, max_nodes=7)])
+def test_several_modules_greedy_identity(saved_modules, shape):
+    model = saved_modules[1]
+    strategy = Mtp.for_target(model, **shape)
+    assert strategy.modules == model.config.num_mtp_layers
+    out = Speculator(model, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    assert out.token_ids == hf_greedy(model, PROMPT, N, eos_token_id=None)
+    assert out.stats.proposed_nodes > 0
+
+
+def test_several_modules_ragged_batch_and_coupled(saved_modules):
+    model = saved_modules[1]
+    prompts = [PROMPT, [8, 9, 10, 11, 12, 13, 8, 9], [60, 70, 60], [3, 4]]    # [3, 4]: shorter than 3 modules
+    lengths = [12, 7, 15, 9]
+    outs = Speculator(model, None, Mtp.for_target(model, depth=4, top_k=2, max_nodes=5)).generate(
+        prompts, max_new_tokens=lengths, ignore_eos=True, batch_size=3)
+    for prompt, out, n in zip(prompts, outs, lengths):
+        assert out.token_ids == hf_greedy(model, prompt, n, eos_token_id=None)
+    kwargs = dict(max_new_tokens=N, temperature=0.8, seed=1, ignore_eos=True, sampler="coupled")
+    ours = Speculator(model, None, Mtp.for_target(model, top_k=2, max_nodes=4)).generate(PROMPT, **kwargs)
+    assert ours.token_ids == Speculator(model, None, Autoregressive()).generate(PROMPT, **kwargs).token_ids
+
+
+def test_each_depth_is_drafted_by_its_module(saved_modules):
+    """Module k drafts depth k: changing module 1's weights changes the second drafted token and never the first."""
+    import copy
+    model = saved_modules[1]
+
+    def first_chain(strategy):
+        drafted = []
+
+        class Recorded(type(strategy)):
+            def propose(self, state):
+                tree = super().propose(state)
+                drafted.append(tree.tokens.tolist())
+                return tree
+
+        strategy.__class__ = Recorded
+        Speculator(model, None, strategy).generate(PROMPT, max_new_tokens=4, ignore_eos=True)
+        return drafted[0]
+
+    plain = Mtp.for_target(model, depth=2, max_nodes=2)
+    changed = Mtp.for_target(model, depth=2, max_nodes=2)
+    changed.drafter = copy.deepcopy(changed.drafter)
+    with torch.no_grad():
+        for parameter in changed.drafter.mtp.layers[1].parameters():
+            parameter.copy_(torch.randn_like(parameter))
+    ours, theirs = first_chain(plain), first_chain(changed)
+    assert ours[0] == theirs[0]
+    assert ours[1] != theirs[1]
+
+
+def test_a_missing_second_module_is_refused(saved_modules, tmp_path):
+    _, model = variant(saved_modules, tmp_path,
+                       lambda t: [t.pop(k) for k in list(t) if k.startswith("model.layers.3.")])
+    with pytest.raises(ModelLoadError, match=r"no tensor 'model\.layers\.3\.\*' for MTP module 1"):
+        Mtp.for_target(model)
+
+
+@pytest.fixture(scope="module")
+def law_modules(tmp_path_factory):
+    return law_model(str(tmp_path_factory.mktemp("glm_law2")), modules=2)
+
+
+LAW_MODULES_PROMPT = [1, 2, 3]          # a prompt after which module 1's drafts are kept (the premise below)
+
+
+# (settings, the most drafts some step keeps: 2 in a chain means module 1's draft was kept)
+@pytest.mark.parametrize("settings, kept", [(dict(sampled_depth=2), 2),
+                                            (dict(sampled_depth=2, sampled_top_k=2, max_nodes=4), 1)])
+def test_several_modules_output_law_is_the_targets(law_modules, settings, kept):
+    law = generation_law(Speculator(law_modules, None, Mtp.for_target(law_modules, **settings)), LAW_MODULES_PROMPT,
+                         3, TOP2)
+    tokens = token_law(law)
+    expected = sequence_law(model_dist(law_modules, LAW_MODULES_PROMPT, TOP2), 3)
+    assert laws_close(tokens, expected), f"TV {total_variation(tokens, expected):.2e}"
+    assert sum(p for (_, accepted), p in law.items() if max(accepted) >= kept) > 0.01   # the premise
+
+
+def test_several_modules_negative_control_always_accept(law_modules):
+    sd = Speculator(law_modules, None, Mtp.for_target(law_modules, sampled_depth=2))
+    with mock.patch("specdec.loop.accept_sampling", always_accept):
+        tokens = token_law(generation_law(sd, LAW_MODULES_PROMPT, 3, TOP2))
+    assert total_variation(tokens, sequence_law(model_dist(law_modules, LAW_MODULES_PROMPT, TOP2), 3)) > 0.05

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -18,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import specdec
 from conftest import char_tokenizer, tiny_model
+from ddp import torchrun
 from zoo import stop_at
 from specdec.cli import main as cli_main
 from specdec.errors import ConfigError, IncompatibleModelsError
@@ -26,7 +25,6 @@ from specdec.heads.checkpoint import read_checkpoint
 from specdec.heads.distill import CHECKPOINT_FILE, INFO_FILE, LOG_FILE, load_train_draft_config, train_draft
 from specdec.heads.distill_loss import (LOG_FLOOR, distill_loss, divergence, loss_weights, target_log_probs)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARPEN = 8.0           # a peaked target, as trained models are: its distributions are learnable in a few steps
 
 
@@ -329,14 +327,10 @@ def test_two_gloo_processes_make_the_single_process_first_update(tiny, tmp_path)
             "draft_config.num_layers=1", "draft_config.num_heads=2", "seq_len=32", "batch_size=4", "steps=1",
             "lr=1e-2", "warmup_steps=1", "eval_interval=100", "eval_windows=2", "eval_prompts=0",
             "checkpoint_interval=100", "progress=false", "backend=gloo"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
     weights = {}
     for procs in (1, 2):
         out = str(tmp_path / f"p{procs}")
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port",
-               str(29600 + procs + os.getpid() % 500), "-m", "specdec.heads.distill", *args, f"output_dir={out}"]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+        torchrun("specdec.heads.distill", args, procs, out, port=29600)
         assert json.load(open(os.path.join(out, LOG_FILE)))["processes"] == procs
         weights[procs] = load_file(os.path.join(out, "model.safetensors"))
     start = distill.new_draft(AutoModelForCausalLM.from_pretrained(tiny["target"]),

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
+from ddp import torchrun
 from zoo import stop_at
 from specdec.api import Speculator
 from specdec.cli import main as cli_main
@@ -247,3 +248,24 @@ def test_the_command_line_trains_and_says_where_the_target_is(tiny, tmp_path, ca
                      "progress=false"]) == 0
     assert f"specdec generate early_exit target.path={os.path.join(out, TARGET_FOLDER)}" in capsys.readouterr().out
     assert read_checkpoint(os.path.join(out, CHECKPOINT_FILE))["kind"] == "early_exit"
+
+
+@pytest.mark.slow          # three torchrun launches: about a minute on a busy 2-core machine
+def test_two_gloo_processes_make_the_single_process_first_update(tiny, tmp_path):
+    """Through the one training loop's DDP: each process takes its share of the batch, and the update is the one
+    a single process makes (no layer dropout: its draws are per process)."""
+    args = [f"target={tiny['target']}", f"corpus=[{','.join(os.path.join(tiny['corpus'], f'm{i}.py') for i in range(3))}]",
+            f"heldout=[{os.path.join(tiny['corpus'], 'm3.py')}]", "layer_dropout_max=0.0", "seq_len=32",
+            "batch_size=4", "steps=1", "lr=1e-2", "warmup_steps=1", "eval_interval=100", "eval_windows=2",
+            "checkpoint_interval=100", "bf16=false", "progress=false", "backend=gloo"]
+    weights = {}
+    for procs in (1, 2):
+        out = str(tmp_path / f"p{procs}")
+        torchrun("specdec.heads.early_exit_train", args, procs, out, port=29700)
+        assert json.load(open(os.path.join(out, LOG_FILE)))["processes"] == procs
+        weights[procs] = weights_of(out)
+    start = load_file(os.path.join(tiny["target"], "model.safetensors"))
+    assert any(not torch.equal(weights[1][k], start[k]) for k in start)     # the step changed the target...
+    assert weights[2].keys() == weights[1].keys()
+    for name in weights[1]:                                                 # ...and the two processes alike
+        torch.testing.assert_close(weights[2][name], weights[1][name], rtol=1e-5, atol=1e-6)

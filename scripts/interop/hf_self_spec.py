@@ -4,7 +4,7 @@
 
     python scripts/interop/hf_self_spec.py                      # tiny random llamas, E = 1 .. L - 1
     python scripts/interop/hf_self_spec.py --target DIR --exit 2 4 6 --new 64
-    python scripts/interop/hf_self_spec.py --mtp                # a tiny random GLM-4.5 saved with its MTP module
+    python scripts/interop/hf_self_spec.py --mtp                # tiny random GLM-4.5 and DeepSeek-V3 with MTP modules
 
 For each exit layer it runs both on the same prompts, greedy, chains of `--tokens` drafted tokens, and
 prints one row: whether the outputs are equal (and equal to plain greedy), whether every step drafted
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import re
 import sys
 from dataclasses import dataclass
 
@@ -154,16 +155,34 @@ def tiny_llama(layers: int = 4, seed: int = 0):
 
 
 # ---------------------------------------------------------------------- MTP
-def tiny_glm_config(layers: int = 46):
-    """A tiny GLM-4.5 (Glm4Moe) config with one MTP module. 46 layers: the MTP layer's index (46, GLM-4.5-Air's
+def tiny_glm_config(layers: int = 46, modules: int = 1, vocab_size: int = 96):
+    """A tiny GLM-4.5 (Glm4Moe) config with `modules` MTP modules. 46 layers: the MTP layer's index (46, GLM-4.5-Air's
     layout) is one that the installed transformers' MtpModel.from_pretrained looks for (it reads the checkpoint
     keys the model class lists as MTP patterns, model.layers.46.* and model.layers.92.*)."""
     import transformers as T
-    return T.Glm4MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+    return T.Glm4MoeConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=layers,
-                           max_position_embeddings=512, num_nextn_predict_layers=1, partial_rotary_factor=0.5,
+                           max_position_embeddings=512, num_nextn_predict_layers=modules, partial_rotary_factor=0.5,
                            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def tiny_deepseek_config(layers: int = 61, modules: int = 1, vocab_size: int = 96):
+    """A tiny DeepSeek-V3 config (multi-head latent attention, MoE) with `modules` MTP modules. 61 layers: the MTP
+    layer's index (61, DeepSeek-V3/R1's layout) is the one the installed transformers' MtpModel.from_pretrained
+    looks for (model.layers.61.*). The decoder layers are dense (first_k_dense_replace = layers) to keep it fast;
+    the MTP block is a MoE layer, as MtpModel builds it."""
+    import transformers as T
+    return T.DeepseekV3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                              n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                              first_k_dense_replace=layers, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=4,
+                              qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=512,
+                              num_nextn_predict_layers=modules, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+# {architecture: its tiny config at the layer count whose MTP layer index the installed transformers reads}
+TINY_MTP_CONFIGS = {"glm-4.5": tiny_glm_config, "deepseek-v3": tiny_deepseek_config}
 
 
 @torch.no_grad()
@@ -208,29 +227,45 @@ def save_with_mtp(model, folder: str, seed: int = 1) -> dict:
     return added
 
 
-def tiny_glm_with_mtp(folder: str, layers: int = 46):
-    """A tiny random GLM-4.5 with one MTP module saved in `folder`, loaded back from there (fp32, eval)."""
+def tiny_with_mtp(folder: str, architecture: str = "glm-4.5", **config):
+    """A tiny random checkpoint of `architecture` (TINY_MTP_CONFIGS; `config`: its config function's arguments)
+    saved in `folder` with its MTP modules, loaded back from there (fp32, eval)."""
     import transformers as T
     torch.manual_seed(0)
-    model = T.AutoModelForCausalLM.from_config(tiny_glm_config(layers)).eval()
+    model = T.AutoModelForCausalLM.from_config(TINY_MTP_CONFIGS[architecture](**config)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)
     save_with_mtp(model, folder)
     return T.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def hf_mtp(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict[int, int]]:
-    """Hugging Face's generate(use_mtp=True), greedy: (new tokens, {position: the token drafted there})."""
+def announce_every_module(model) -> None:
+    """Hugging Face's MtpModel.from_pretrained finds a checkpoint's MTP tensors by the patterns its model class lists
+    (GLM-4.5: layers 46 and 92; DeepSeek-V3: 61), so of a checkpoint with several modules it misses all but the
+    first and use_mtp stops with its own "weights are missing" error. Give the model instance the patterns of every
+    layer its config announces; Hugging Face's loading and drafting code run unchanged."""
+    layers = model.config.num_hidden_layers
+    patterns = [rf"model\.layers\.{layers + i}\." for i in range(model.config.num_mtp_layers)]
+    if not all(any(re.search(p, f"model.layers.{layers + i}.enorm.weight") for p in model._keys_to_ignore_on_load_unexpected)
+               for i in range(model.config.num_mtp_layers)):
+        model._keys_to_ignore_on_load_unexpected = patterns
+
+
+def hf_mtp(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict[int, list[int]]]:
+    """Hugging Face's generate(use_mtp=True), greedy: (new tokens, {position: the chain drafted from there on}).
+    It drafts one token per MTP module at every step."""
     from transformers.generation.candidate_generator import MTPCandidateGenerator
-    drafted: dict[int, int] = {}
+    drafted: dict[int, list[int]] = {}
     real = MTPCandidateGenerator.get_candidates
 
     def get_candidates(self, input_ids, *args, **kwargs):
         ids, logits = real(self, input_ids, *args, **kwargs)
-        drafted.update({input_ids.shape[1] + i: t for i, t in enumerate(ids[0, input_ids.shape[1]:].tolist())})
+        if ids.shape[1] > input_ids.shape[1]:
+            drafted[input_ids.shape[1]] = ids[0, input_ids.shape[1]:].tolist()
         return ids, logits
 
     ids = torch.tensor([prompt], device=model.device)
+    announce_every_module(model)
     MTPCandidateGenerator.get_candidates = get_candidates
     try:
         with hf_settings(model, 1), torch.inference_mode():
@@ -241,17 +276,17 @@ def hf_mtp(model, prompt: list[int], new_tokens: int) -> tuple[list[int], dict[i
     return out[0, len(prompt):].tolist(), drafted
 
 
-def specdec_mtp(model, prompt: list[int], new_tokens: int, depth: int = 1) -> tuple[list[int], dict[int, int]]:
-    """specdec's mtp chain of `depth`, greedy: (new tokens, {position: the first token drafted there})."""
+def specdec_mtp(model, prompt: list[int], new_tokens: int, depth: int = 1) -> tuple[list[int], dict[int, list[int]]]:
+    """specdec's mtp chain of `depth`, greedy: (new tokens, {position: the chain drafted from there on})."""
     from specdec import Speculator
     from specdec.strategies.mtp import Mtp
-    drafted: dict[int, int] = {}
+    drafted: dict[int, list[int]] = {}
 
     class Recorded(Mtp):
         def propose(self, state):
             tree = super().propose(state)
-            for i, token in enumerate(tree.tokens.tolist()[:1]):
-                drafted.setdefault(len(state.token_ids) + i, token)
+            if len(tree.tokens):
+                drafted[len(state.token_ids)] = tree.tokens.tolist()
             return tree
 
     strategy = Recorded.for_target(model, depth=depth, max_nodes=depth)
@@ -259,6 +294,33 @@ def specdec_mtp(model, prompt: list[int], new_tokens: int, depth: int = 1) -> tu
     return out.token_ids, drafted
 
 
+@dataclass
+class MtpComparison:
+    same_output: bool                  # specdec's tokens == Hugging Face's == plain greedy
+    steps: int                         # positions both drafted from (HF skips the first step, and drafts at the last
+    #                                    one, where one token is left and specdec drafts none)
+    same_steps: int                    # of them, those where both drafted the same chain, as deep as the shorter
+    full_depth: int                    # of them, those where both drafted as deep as the modules
+    kept: int                          # Hugging Face's steps that kept at least one drafted token
+
+
+def compare_mtp(model, prompt: list[int], new_tokens: int) -> MtpComparison:
+    """Hugging Face's use_mtp beside specdec's mtp chain as deep as the checkpoint's modules (HF drafts one token
+    per module), greedy. Near the end specdec drafts no deeper than the tokens left."""
+    modules = model.config.num_mtp_layers
+    plain = plain_greedy(model, prompt, new_tokens)
+    hf_tokens, hf_drafts = hf_mtp(model, prompt, new_tokens)
+    ours, our_drafts = specdec_mtp(model, prompt, new_tokens, depth=modules)
+    both = sorted(set(hf_drafts) & set(our_drafts))
+    same = sum(hf_drafts[p][:len(our_drafts[p])] == our_drafts[p][:len(hf_drafts[p])] for p in both)
+    full = sum(len(hf_drafts[p]) == len(our_drafts[p]) == modules for p in both)
+    starts = sorted(hf_drafts)
+    kept = sum(b - a > 1 for a, b in zip(starts, starts[1:]))      # the next step starts past the bonus token
+    return MtpComparison(hf_tokens == ours == plain, len(both), same, full, kept)
+
+
+SMALL_VOCAB = 6              # a vocabulary where random MTP modules' drafts are often kept, and prompts in it
+SMALL_PROMPTS = [[5, 1, 3, 4, 2, 0, 1], [3, 4, 3, 4, 3], [0, 1, 2, 3, 4, 5]]
 TINY_PROMPTS = [[5, 17, 33, 9, 41, 60, 70], [8, 9, 10, 11, 12, 13, 8, 9], [60, 70, 60, 70, 60]]
 CODE_PROMPTS = ["def parse(text):\n    ", "class Foo:\n    def __init__(self", "import os\n\n\ndef main(argv):\n"]
 
@@ -269,10 +331,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--exit", type=int, nargs="*", help="exit layers (default: 1 .. L - 1)")
     parser.add_argument("--tokens", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--new", type=int, default=24, help="new tokens per prompt")
-    parser.add_argument("--mtp", action="store_true", help="compare mtp with use_mtp=True on a tiny GLM-4.5")
+    parser.add_argument("--modules", type=int, nargs="*", default=[1, 2, 3], help="--mtp: MTP modules per checkpoint")
+    parser.add_argument("--mtp", action="store_true", help="compare mtp with use_mtp=True on tiny GLM-4.5 and DeepSeek-V3 checkpoints")
     args = parser.parse_args(argv)
     if args.mtp:
-        return compare_mtp_main(args.new)
+        return compare_mtp_main(args.new, args.modules)
     if args.target:
         import transformers as T
         model = T.AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
@@ -294,25 +357,28 @@ def main(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
-def compare_mtp_main(new_tokens: int) -> int:
+def compare_mtp_main(new_tokens: int, modules: list[int]) -> int:
     import tempfile
     import transformers
-    with tempfile.TemporaryDirectory() as folder:
-        model = tiny_glm_with_mtp(folder)
-        print(f"transformers {transformers.__version__}, torch {torch.__version__}; tiny random GLM-4.5 "
-              f"({model.config.num_hidden_layers} layers, 1 MTP module), {len(TINY_PROMPTS)} prompts x {new_tokens} "
-              f"new tokens, greedy fp32\n")
-        print("| prompt | same output | positions both drafted | same draft there |")
-        print("|---|---|---|---|")
-        ok = True
-        for i, prompt in enumerate(TINY_PROMPTS):
-            plain = plain_greedy(model, prompt, new_tokens)
-            hf_tokens, hf_drafts = hf_mtp(model, prompt, new_tokens)
-            ours, our_drafts = specdec_mtp(model, prompt, new_tokens)
-            both = sorted(set(hf_drafts) & set(our_drafts))
-            same = sum(hf_drafts[p] == our_drafts[p] for p in both)
-            ok &= hf_tokens == ours == plain and same == len(both)
-            print(f"| {i} | {'yes' if hf_tokens == ours == plain else 'NO'} | {len(both)} | {same} |")
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}; tiny random checkpoints saved with "
+          f"their MTP modules, {len(TINY_PROMPTS)} prompts x {new_tokens} new tokens, greedy fp32, specdec's chain "
+          f"as deep as the modules. Random modules over 96 tokens seldom guess right; over {SMALL_VOCAB} tokens they "
+          f"sometimes do, and steps keep drafts\n")
+    print("| checkpoint | vocabulary | MTP modules | prompt | same output | steps both drafted | same chain drafted "
+          "there | of them, as deep as the modules | HF steps that kept a draft |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for architecture in TINY_MTP_CONFIGS:
+        for vocab in (96, SMALL_VOCAB):
+            for count in modules:
+                with tempfile.TemporaryDirectory() as folder:
+                    model = tiny_with_mtp(folder, architecture, modules=count, vocab_size=vocab)
+                    for i, prompt in enumerate(TINY_PROMPTS if vocab > SMALL_VOCAB else SMALL_PROMPTS):
+                        result = compare_mtp(model, prompt, new_tokens)
+                        ok &= result.same_output and result.same_steps == result.steps
+                        print(f"| {architecture} ({model.config.num_hidden_layers} layers) | {vocab} | {count} | {i} | "
+                              f"{'yes' if result.same_output else 'NO'} | {result.steps} | {result.same_steps} | "
+                              f"{result.full_depth} | {result.kept} |")
     return 0 if ok else 1
 
 
