@@ -100,7 +100,7 @@ class DeeperModules:
         g = torch.stack([last_committed if parents[u] < 0 else reads[parents[u]] for u in new])       # [m, H]
         before = len(rows["parents"])
         rows["parents"] += [rows["column"].get(parents[u], -1) for u in new]
-        positions = torch.tensor([committed - k + depth_of[u] - 1 for u in new], device=self.device)  # [m]
+        positions = host_to_device([committed - k + depth_of[u] - 1 for u in new], self.device)      # [m]
         visible = tree_visibility(rows["parents"], self.fed[k], self.device, first_row=before, tables=self.tables)
         out = self.run(k, g, torch.stack([token_of[u] for u in new]), positions, self.fed[k] + before, visible)
         for i, u in enumerate(new):
