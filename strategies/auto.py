@@ -578,11 +578,11 @@ class Auto(BaseStrategy):
                 values = [value for key, kept in self.call_values.items() if key[0] == context[0] for value in kept]
         return values
 
-    def measured_rates(self, context) -> tuple[float, float, float, float] | None:
-        """What the drafter's last calls in this context did (measured_calls), priced at the costs known now:
-        (tokens/s of those steps, tokens/s lookup alone would have made on the same steps, seconds of such a
-        step with the drafter, without it); None before MIN_CALLS_MEASURED calls."""
-        values = self.measured_calls(context)
+    def measured_rates(self, context, values: list[tuple] | None = None) -> tuple[float, float, float, float] | None:
+        """What the drafter's last calls in this context did (`values`, else measured_calls), priced at the costs
+        known now: (tokens/s of those steps, tokens/s lookup alone would have made on the same steps, seconds of
+        such a step with the drafter, without it); None before MIN_CALLS_MEASURED calls."""
+        values = self.measured_calls(context) if values is None else values
         if len(values) < MIN_CALLS_MEASURED:
             return None
         draft_cost = self.draft_cost_s or 0.0
@@ -601,20 +601,21 @@ class Auto(BaseStrategy):
         seconds_with = self.verify_cost(self.plan_with[context][1]) + (self.draft_cost_s or 0.0)
         return (1.0 - rate_with / rate_without) * seconds_with / self.verify_cost(self.plan_without[context][1])
 
-    def call_gains(self, context) -> list[float]:
-        """Per measured call (measured_calls), priced at the costs known now: the tokens it kept beyond what
-        lookup alone would have made in the call's seconds (its tokens on that step, scaled by the call's
-        seconds over its own). Their mean is below zero where the calls lose."""
+    def call_gains(self, context, values: list[tuple] | None = None) -> list[float]:
+        """Per measured call (`values`, else measured_calls), priced at the costs known now: the tokens it kept
+        beyond what lookup alone would have made in the call's seconds (its tokens on that step, scaled by the
+        call's seconds over its own). Their mean is below zero where the calls lose."""
         draft_cost = self.draft_cost_s or 0.0
         return [tokens - alone * (self.verify_cost(nodes) + draft_cost) / self.verify_cost(alone_nodes)
-                for tokens, nodes, alone, alone_nodes in self.measured_calls(context)]
+                for tokens, nodes, alone, alone_nodes in (self.measured_calls(context) if values is None else values)]
 
     def measured_loss(self, context) -> float | None:
         """What one call of the drafter loses by what its last calls did (measured_rates), in steps of
         lookup alone; None where they paid, where they lost by less than their noise (clear_loss) or too
         few were made."""
-        measured = self.measured_rates(context)
-        if measured is None or measured[0] >= measured[1] or not clear_loss(self.call_gains(context)):
+        values = self.measured_calls(context)               # read once: the rates and the gains judge the same calls
+        measured = self.measured_rates(context, values)
+        if measured is None or measured[0] >= measured[1] or not clear_loss(self.call_gains(context, values)):
             return None
         rate_with, rate_alone, seconds_with, seconds_alone = measured
         return (1.0 - rate_with / rate_alone) * seconds_with / seconds_alone
