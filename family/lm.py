@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specdec.atomic import atomic_folder, atomic_write_json
-from specdec.heads.data import fixed_windows
+from specdec.heads.data import fixed_windows, sample_windows
 from specdec.heads.loop import Drafter, Run, Setup, train
 
 from .heads import part_train_config
@@ -57,8 +57,7 @@ def builder_windows(stream: torch.Tensor, seq_len: int, batch_size: int, generat
     seeds each, benchmarks/results/training_loop/README.md), but another target. Drawing these keeps the
     default family's target bit-identical to the builds made before it trained in the loop, so the
     figures measured on it stand.  # [batch_size, seq_len]"""
-    starts = torch.randint(0, stream.numel() - seq_len, (batch_size,), generator=generator)   # [B]
-    return torch.stack([stream[s: s + seq_len] for s in starts.tolist()])
+    return sample_windows(stream, seq_len, batch_size, generator, reach_end=False)
 
 
 def adamw_groups(model, weight_decay: float) -> list[dict]:

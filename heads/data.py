@@ -85,9 +85,11 @@ def token_streams(train_files: Sequence[str], heldout_files: Sequence[str], toke
     return train_stream[: total - held], train_stream[total - held:], note
 
 
-def sample_windows(stream: torch.Tensor, seq_len: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-    """[batch_size, seq_len] windows starting at random places of the [T] stream."""
-    starts = torch.randint(0, stream.numel() - seq_len + 1, (batch_size,), generator=generator)   # [B]
+def sample_windows(stream: torch.Tensor, seq_len: int, batch_size: int, generator: torch.Generator,
+                   reach_end: bool = True) -> torch.Tensor:
+    """[batch_size, seq_len] windows starting at random places of the [T] stream; reach_end=False: the
+    starts stop one short of the last possible one (the default family's target draws so: family/lm.py)."""
+    starts = torch.randint(0, stream.numel() - seq_len + int(reach_end), (batch_size,), generator=generator)   # [B]
     return torch.stack([stream[s: s + seq_len] for s in starts.tolist()])
 
 
