@@ -21,8 +21,9 @@ DEVICE = torch.device(os.environ.get("SPECDEC_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cuda" and not torch.cuda.is_available():
     pytest.skip("SPECDEC_TEST_DEVICE=cuda, but this machine has no CUDA GPU", allow_module_level=True)
 
-NAMES = ["autoregressive", "prompt_lookup", "suffix", "draft chain", "draft tree", "medusa", "medusa conditioned",
-         "eagle", "auto"]
+NAMES = ["autoregressive", "prompt_lookup", "suffix", "token_recycling", "lookahead", "draft chain", "draft tree",
+         "medusa", "medusa conditioned", "eagle", "early_exit chain", "early_exit tree", "layer_skip chain",
+         "layer_skip auto", "auto"]
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11], [7, 8, 9, 10, 7, 8, 9], [3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7]]
 NEW = 24
 
