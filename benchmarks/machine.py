@@ -28,6 +28,7 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+        info["cudnn_attention"] = torch.backends.cuda.cudnn_sdp_enabled()   # for every row, Hugging Face's too
     return info
 
 

@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .attention_backend import avoid_cudnn_attention
 from .arguments import as_int, check_flag, check_int, check_generation_args, check_text, check_token_ids
 from .config import GenerationDefaults
 from .coupled import make_noise
@@ -205,6 +206,8 @@ class Speculator:
                             f"got {type(strategy).__name__}")
         self.target = target.eval()
         self.tokenizer = tokenizer
+        if not (config is not None and config.cudnn_attention):
+            avoid_cudnn_attention(self.target.device)
         # the strategy as a BaseStrategy (every hook the engine calls): the object itself, or for one written
         # against the bare Strategy protocol a view that adds the default hooks (its attributes read through)
         self.strategy = strategy = as_strategy(strategy)

@@ -61,6 +61,9 @@ class EngineConfig:
     device: str = "auto"                # auto | cpu | cuda | cuda:N
     dtype: str = setting("auto", choices=("auto", "float32", "float16", "bfloat16"))
     compile: bool = False               # verify forward compiled with static shapes (docs/gpu.md)
+    cudnn_attention: bool = False       # keep PyTorch's cuDNN attention backend on a CUDA GPU; off by default: it
+    #                                     plans anew for every new key length, every decode step
+    #                                     (specdec.attention_backend; process-wide)
     prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
     #                                     long prompt is bounded by the chunk (greedy output unchanged)
     row_linear: int = setting(8, min=0)   # verify forwards of at most this many rows (pending token + tree

@@ -88,3 +88,12 @@ def test_exact_law_on_device(name):
     expected = sequence_law(model_dist(on_cpu, prompt, params), 3)
     assert abs(sum(law.values()) - 1) < 1e-6
     assert laws_close(law, expected, atol=1e-4), f"TV {total_variation(law, expected):.2e}"
+
+
+def test_cudnn_attention_is_off_on_a_gpu():
+    """On CUDA a Speculator turns PyTorch's cuDNN attention backend off (specdec.attention_backend); on a
+    CPU the flag is left as it was."""
+    from specdec import Speculator
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    Speculator(target(), None, "autoregressive")
+    assert torch.backends.cuda.cudnn_sdp_enabled() == (before and DEVICE.type != "cuda")
