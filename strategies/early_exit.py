@@ -242,7 +242,18 @@ class EarlyExit(DraftModel):
         self.needs_hidden_states = False      # the next call's prefill asks for no features
 
     def drafting_modules(self) -> list[torch.nn.Module]:
-        return [module for module in super().drafting_modules() if module is not self.target]   # the view, not the target
+        """The view, and where the KV reuse applies what drafting runs instead: each split's lower part
+        (which also runs the verify's last drafted row) and its head (the target's final norm and lm_head)."""
+        own = [module for module in super().drafting_modules() if module is not self.target]
+        return own + [module for split in self._built_splits() for module in (split.lower_model, split.norm,
+                                                                                split.lm_head)]
+
+    def verifying_modules(self) -> list[torch.nn.Module]:
+        """Each split's upper part: the verify runs the target's layers >= E through it."""
+        return [split.upper for split in self._built_splits()]
+
+    def _built_splits(self) -> list[SplitTarget]:
+        return [split for split in self.splits.values() if isinstance(split, SplitTarget)]
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:
