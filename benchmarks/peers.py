@@ -77,6 +77,9 @@ class HFRow:
     def modules(self) -> list[torch.nn.Module]:
         return [self.draft] if self.draft is not None else []
 
+    def target_parts(self) -> list[torch.nn.Module]:
+        return []                      # Hugging Face runs the target whole
+
 
 def build_peer_rows(entries, target, draft, notes: list[str]) -> list[HFRow]:
     rows = []

@@ -42,6 +42,11 @@ class SpecdecRow:
         """The strategy's own models (draft model, heads): their forwards count as drafting."""
         return [m for m in self.speculator.strategy.drafting_modules() if m is not self.speculator.target]
 
+    def target_parts(self) -> list[torch.nn.Module]:
+        """Modules through which the verify runs the target's own layers (early_exit's KV reuse): their
+        forwards count as target forwards."""
+        return [m for m in self.speculator.strategy.verifying_modules() if m is not self.speculator.target]
+
 
 def _path_overrides(models) -> list[str]:
     pairs = {"target.path": models.target, "target.tokenizer": models.tokenizer, "draft.path": models.draft,

@@ -21,7 +21,7 @@ from specdec.models import context_length, load_model, load_tokenizer, resolve_d
 
 from .config import as_plain, load_bench_config
 from .machine import machine_info, machine_line
-from .meter import ForwardMeter
+from .meter import ForwardMeter, watch_rows
 from .peers import HFRow, build_peer_rows
 from .plots import pyplot, write_plots
 from .prompts import build_prompt_sets
@@ -140,10 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[yellow]note[/]: {note}")
 
     meter = ForwardMeter(device)
-    meter.watch(target, "target")
-    for row in rows:
-        for module in row.modules():
-            meter.watch(module, "draft")
+    watch_rows(meter, target, rows)
 
     context = context_length(target, tokenizer) or 10 ** 9
     if cfg.questions:             # Spec-Bench's questions, turn by turn (benchmarks/specbench.py)

@@ -5,8 +5,9 @@ Every write goes to a temporary file beside its destination (the same folder, so
 system), is flushed and fsynced, then renamed onto the destination (os.replace, atomic on POSIX and
 Windows), and the folder is fsynced so that the rename itself is on disk (where a folder can be
 opened: not on Windows). A write that fails - the serializer raises, the disk is full, Ctrl-C -
-removes its temporary file and leaves the destination as it was. Files get the usual mode
-(0o666 less the umask), as open() gives.
+removes its temporary file and leaves the destination as it was. Files and folders get the usual
+modes (0o666 and 0o777 less the umask), as open() and os.makedirs give: a saved folder is readable
+by whom a folder made by hand would be.
 
     atomic_write(path, lambda tmp: torch.save(state, tmp))    any writer that takes a path
     atomic_write_json(path, data, indent=2)                   also _text, _bytes
@@ -20,7 +21,6 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 from typing import Any, Callable
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], Any]) -> None:
@@ -71,7 +71,7 @@ def atomic_folder(path: str | os.PathLike, build: Callable[[str], Any]) -> None:
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(path)}.building-")
+    tmp = _new_temp_folder(parent, f".{os.path.basename(path)}.building-")
     try:
         build(tmp)
         _fsync_tree(tmp)
@@ -90,7 +90,7 @@ def atomic_files_into(folder: str | os.PathLike, write: Callable[[str], Any]) ->
     write moves nothing and leaves no temporary folder behind."""
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=folder, prefix=".files-")
+    tmp = _new_temp_folder(folder, ".files-")
     try:
         write(tmp)
         _fsync_tree(tmp)
@@ -108,6 +108,18 @@ def _new_temp_file(folder: str, name: str) -> str:
         tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _new_temp_folder(parent: str, prefix: str) -> str:
+    """An empty new folder `<prefix><random>` in `parent`, made with the usual mode (tempfile.mkdtemp
+    would make it 0o700, and the folder is renamed into place as it is)."""
+    while True:
+        tmp = os.path.join(parent, f"{prefix}{secrets.token_hex(4)}")
+        try:
+            os.mkdir(tmp, 0o777)
             return tmp
         except FileExistsError:
             continue

@@ -18,7 +18,17 @@ _CONTINUATION = re.compile(r"^\s+#\s{5,}(.*)$")     # a comment continued under 
 
 
 def field_comments(cls) -> dict[str, str]:
-    """{field: the comment beside it (and its continuation lines)} read from the class source."""
+    """{field: the comment beside it (and its continuation lines)} read from the source of the class and of
+    the dataclasses it extends (a field redeclared lower down keeps the lower comment)."""
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            found.update(_own_field_comments(klass))
+    return found
+
+
+def _own_field_comments(cls) -> dict[str, str]:
+    """field_comments of the fields written in `cls`'s own body."""
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):

@@ -77,6 +77,12 @@ def binary_tree(num_nodes: int) -> tuple[int, ...]:
 SHARED_CPU = 0.15      # a CPU profile whose measurement waited for a core longer than this share is not stored
 
 
+def measured_on_shared_cpu(cpu_wait: float | None) -> bool:
+    """Whether a measurement that waited for a core `cpu_wait` of its time (None: not measured, as on a
+    GPU) shared the CPU with other work too much to be stored."""
+    return cpu_wait is not None and cpu_wait > SHARED_CPU
+
+
 def run_queue_wait_s() -> float | None:
     """Seconds the calling thread has spent ready to run but waiting for a core (Linux schedstat's
     second field); None where the kernel does not tell."""
@@ -241,7 +247,7 @@ def check_profile(data, sizes: Sequence[int] | None = None) -> str | None:
     if wait is not None and not (isinstance(wait, (int, float)) and not isinstance(wait, bool)
                                  and math.isfinite(wait) and wait >= 0):
         return f"'cpu_wait' must be a number >= 0 or null, got {wait!r}"
-    if wait is not None and wait > SHARED_CPU:
+    if measured_on_shared_cpu(wait):
         return f"it was measured while other work held the CPU ({cpu_wait_words(wait)})"
     return None
 
@@ -284,7 +290,7 @@ def measure_and_store(target, sizes: Sequence[int], context_len: int, repeats: i
     path = profile_path(key)
     profile = measure_verify_costs(target, sizes, context_len, repeats, batch, compile, row_linear)
     profile = CostProfile(profile.sizes, profile.seconds, profile.context_len, key, profile.cpu_wait)
-    if profile.cpu_wait is not None and profile.cpu_wait > SHARED_CPU:
+    if measured_on_shared_cpu(profile.cpu_wait):
         return profile, path, (f"other work held the CPU while measuring ({cpu_wait_words(profile.cpu_wait)}), "
                                f"so its timings are not this machine's; `specdec profile` on a quiet machine "
                                f"stores one")

@@ -526,6 +526,9 @@ class Auto(BaseStrategy):
         """The drafter's modules (auto's own attributes hold the target, which is not drafting)."""
         return [] if self.drafter is None else self.drafter.drafting_modules()
 
+    def verifying_modules(self) -> list:
+        return [] if self.drafter is None else self.drafter.verifying_modules()
+
     def observe(self, state: DecodeState, result: StepResult) -> None:
         merged, source, keys, keep, neural_tree, proposed_at, context, lookup_alone = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step

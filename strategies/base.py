@@ -159,6 +159,12 @@ class BaseStrategy:
         counts their forwards as drafting. Default: the modules among its attributes."""
         return [value for value in vars(self).values() if isinstance(value, torch.nn.Module)]
 
+    def verifying_modules(self) -> list[torch.nn.Module]:
+        """The torch modules, other than the target itself, through which the verify runs the target's
+        own layers for this strategy's trees (early_exit's upper part, with KV reuse): a benchmark
+        counts their forwards as target forwards. Default: none."""
+        return []
+
 
 class DraftRows(Protocol):
     """The rows' drafting state of one batch drafter in a batch call (BatchDrafter.new_batch)."""
@@ -285,6 +291,10 @@ class _WithDefaults(BaseStrategy):
     def drafting_modules(self) -> list[torch.nn.Module]:
         own = self._own("drafting_modules")
         return own() if own is not None else BaseStrategy.drafting_modules(self._strategy)
+
+    def verifying_modules(self) -> list[torch.nn.Module]:
+        own = self._own("verifying_modules")
+        return own() if own is not None else []
 
 
 def as_strategy(strategy) -> BaseStrategy:

@@ -53,6 +53,23 @@ class DraftConfig:
 CONFIG_SECTIONS = {"draft": DraftConfig}
 
 
+@dataclass
+class ViewDraftConfig:
+    """The chain / tree settings of a strategy whose draft is a view of the target (early_exit, layer_skip),
+    which its section's dataclass extends. They mean what the `draft:` section's do."""
+    num_tokens: int = setting(4, min=1)     # chain length (start value when adaptive)
+    branching: Optional[List[int]] = setting(None, item_min=1)   # tree: children per node at each depth
+    max_nodes: int = setting(64, min=1)     # tree node budget
+    adaptive: bool = False                  # adapt the chain length to the acceptance history
+    min_tokens: int = setting(1, min=1)
+    max_tokens: int = setting(12, min=1)
+    draft_cost: Optional[float] = setting(None, min=0.0)   # draft forward / target forward for adaptive length;
+    #                                         None = the share of the target the draft runs (early_exit: E / L of
+    #                                         its layers; layer_skip: of its decoder's parameters)
+    min_confidence: float = setting(0.0, min=0.0, max=1.0)  # chains stop where the draft's own token prob < this
+    batch_rows: bool = True                 # generate(list): all rows' drafts in one forward per position
+
+
 def draft_attention_layout(draft):
     """The draft's attention layout (sliding windows per layer type), or None where the verifier's
     checks refuse it (e.g. a flash-attention draft: its trees then use a plain mask)."""

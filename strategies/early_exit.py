@@ -46,7 +46,7 @@ from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.tree import CandidateTree, LowerRun, host_to_device
 from specdec.types import DecodeState, StepResult
 
-from .draft_model import DraftConfig, DraftModel, chains
+from .draft_model import DraftConfig, DraftModel, ViewDraftConfig, chains
 from .exit_split import SplitTarget, final_norm
 # the views, read from here too by the tests and scripts/measure
 from .layer_views import _check_runs_its_layers, decoder_layers, exit_view, num_layers, part_view  # noqa: F401
@@ -58,19 +58,9 @@ CHOOSE_ROWS = 32      # committed rows counted before auto first moves E from ex
 
 
 @dataclass
-class EarlyExitConfig:
+class EarlyExitConfig(ViewDraftConfig):
     """The `early_exit:` section. The drafting settings mean what the `draft:` section's do."""
     exit_layer: int = setting(1, min=1)     # E: draft with the target's first E decoder layers (1 .. L - 1)
-    num_tokens: int = setting(4, min=1)     # chain length (start value when adaptive)
-    branching: Optional[List[int]] = setting(None, item_min=1)   # tree: children per node at each depth
-    max_nodes: int = setting(64, min=1)     # tree node budget
-    adaptive: bool = False                  # adapt the chain length to the acceptance history
-    min_tokens: int = setting(1, min=1)
-    max_tokens: int = setting(12, min=1)
-    draft_cost: Optional[float] = setting(None, min=0.0)   # draft forward / target forward for adaptive
-    #                                         length; None = E / L (the share of the layers it runs)
-    min_confidence: float = setting(0.0, min=0.0, max=1.0)  # chains stop where the draft's own token prob < this
-    batch_rows: bool = True                 # generate(list): all rows' drafts in one forward per position
     reuse_kv: bool = True                   # chains of one sequence draft on the target's own KV cache: the verify
     #                                         runs layers < E only for the last drafted token (LayerSkip); false:
     #                                         the draft keeps a cache of its own (trees and batches always do)
@@ -252,7 +242,18 @@ class EarlyExit(DraftModel):
         self.needs_hidden_states = False      # the next call's prefill asks for no features
 
     def drafting_modules(self) -> list[torch.nn.Module]:
-        return [module for module in super().drafting_modules() if module is not self.target]   # the view, not the target
+        """The view, and where the KV reuse applies what drafting runs instead: each split's lower part
+        (which also runs the verify's last drafted row) and its head (the target's final norm and lm_head)."""
+        own = [module for module in super().drafting_modules() if module is not self.target]
+        return own + [module for split in self._built_splits() for module in (split.lower_model, split.norm,
+                                                                                split.lm_head)]
+
+    def verifying_modules(self) -> list[torch.nn.Module]:
+        """Each split's upper part: the verify runs the target's layers >= E through it."""
+        return [split.upper for split in self._built_splits()]
+
+    def _built_splits(self) -> list[SplitTarget]:
+        return [split for split in self.splits.values() if isinstance(split, SplitTarget)]
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> EarlyExit:

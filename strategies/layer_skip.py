@@ -48,7 +48,7 @@ from specdec.models import cache_kwargs, shallow_module
 from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState
 
-from .draft_model import DraftModel
+from .draft_model import DraftModel, ViewDraftConfig
 from .layer_views import decoder_layers, num_layers, probe_forward, view_with_layers
 
 LOG = logging.getLogger(__name__)
@@ -64,12 +64,13 @@ CHILD_NAMES = {ATTENTION: ("self_attn", "attn", "attention", "self_attention"),
 
 
 @dataclass
-class LayerSkipConfig:
+class LayerSkipConfig(ViewDraftConfig):
     """The `layer_skip:` section. The drafting settings mean what the `draft:` section's do."""
     attention: Optional[List[int]] = setting(None, item_min=0)   # decoder layers whose attention the draft skips
     mlp: Optional[List[int]] = setting(None, item_min=0)         # decoder layers whose MLP the draft skips
     auto: bool = False                      # choose the set while generating (SWIFT); attention / mlp, if given,
-    #                                         are where the search starts
+    #                                         are where the search starts; each row of generate(list) then
+    #                                         drafts alone (rows' sets differ)
     skip_fraction: float = setting(0.5, above=0.0, max=0.95)   # auto without a start set: the share of the 2L
     #                                         sublayers skipped
     window: int = setting(32, min=1)        # auto: a set's score is how many of the last `window` tokens its
@@ -78,17 +79,6 @@ class LayerSkipConfig:
     every: int = setting(16, min=1)         # auto: steps between searches
     candidates: int = setting(4, min=0)     # auto: neighbours of the current set scored per search
     seed: int = setting(0, min=0)           # auto: the search's random generator (per call)
-    num_tokens: int = setting(4, min=1)     # chain length (start value when adaptive)
-    branching: Optional[List[int]] = setting(None, item_min=1)   # tree: children per node at each depth
-    max_nodes: int = setting(64, min=1)     # tree node budget
-    adaptive: bool = False                  # adapt the chain length to the acceptance history
-    min_tokens: int = setting(1, min=1)
-    max_tokens: int = setting(12, min=1)
-    draft_cost: Optional[float] = setting(None, min=0.0)   # draft forward / target forward for adaptive length;
-    #                                         None = the share of the decoder's parameters the draft runs
-    min_confidence: float = setting(0.0, min=0.0, max=1.0)  # chains stop where the draft's own token prob < this
-    batch_rows: bool = True                 # generate(list): all rows' drafts in one forward per position
-    #                                         (with auto each row drafts alone: rows' sets differ)
 
 
 CONFIG_SECTIONS = {"layer_skip": LayerSkipConfig}

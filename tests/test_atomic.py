@@ -106,3 +106,19 @@ def test_files_written_into_a_folder_move_in_whole_or_not_at_all(tmp_path):
     atomic_files_into(tmp_path, lambda tmp: write(tmp, fail=False))
     assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt", "config.json", "model.safetensors"]
     assert (tmp_path / "config.json").read_text() == "new" and (tmp_path / "checkpoint.pt").read_bytes() == b"kept"
+
+
+def test_a_saved_folder_gets_the_mode_a_plain_makedirs_gives(tmp_path):
+    """Readable by other users as a folder made by hand is (not tempfile.mkdtemp's 0700), files inside too."""
+    def build(folder):
+        (Path(folder) / "sub").mkdir()
+        (Path(folder) / "config.json").write_text("{}")
+    old_umask = os.umask(0o022)
+    try:
+        atomic_folder(tmp_path / "model", build)
+        os.makedirs(tmp_path / "by_hand")
+    finally:
+        os.umask(old_umask)
+    mode = lambda path: path.stat().st_mode & 0o777        # noqa: E731
+    assert mode(tmp_path / "model") == mode(tmp_path / "by_hand") == 0o755
+    assert mode(tmp_path / "model" / "sub") == 0o755 and mode(tmp_path / "model" / "config.json") == 0o644

@@ -285,3 +285,28 @@ def test_configuration_reference_is_up_to_date():
     from specdec.config_reference import reference
     with open(os.path.join(REPO, "docs", "configuration.md")) as f:
         assert f.read() == reference(), "docs/configuration.md is stale: run `python -m specdec.config_reference > docs/configuration.md`"
+
+
+@dataclasses.dataclass
+class _Shared:
+    size: int = 4                # the shared size
+    name: str = "a"              # the shared name
+
+
+@dataclasses.dataclass
+class _Extended(_Shared):
+    name: str = "b"              # the extension's own name
+    extra: bool = False          # the extension's own setting
+
+
+def test_configuration_reference_reads_the_comments_of_extended_sections():
+    """A section that extends another dataclass documents the inherited fields with their comments,
+    and a field it declares again with its own comment."""
+    from specdec.config_reference import field_comments, reference
+    assert field_comments(_Extended) == {"size": "the shared size", "name": "the extension's own name",
+                                         "extra": "the extension's own setting"}
+    rows = {line.split("|")[1].strip(): line.split("|")[5].strip() for line in reference().splitlines()
+            if line.startswith("| `")}
+    for section in ("early_exit", "layer_skip"):          # both extend ViewDraftConfig
+        assert rows[f"`{section}.num_tokens`"] == "chain length (start value when adaptive)"
+        assert rows[f"`{section}.draft_cost`"].startswith("draft forward / target forward")
