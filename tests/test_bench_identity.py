@@ -153,3 +153,37 @@ def test_a_tie_is_excused_in_bf16_and_a_mismatch_in_fp32(flat_family, tmp_path, 
     else:
         assert code == 3 and not difference["excused"]
         assert results["identity_mismatches"] == 1 and "**0/1 MISMATCH**" in tables
+
+
+@pytest.mark.parametrize("family, dtype, expected", [("tiny_family", "float32", MISMATCH),
+                                                     ("flat_family", "bfloat16", TIE),
+                                                     ("flat_family", "float32", TIE)])
+def test_batch_bench_same_as_ar_classifies_each_prompt(family, dtype, expected, tmp_path, monkeypatch, request):
+    """The batch bench's "same as AR": per prompt against our batched autoregressive, the same rule."""
+    from specdec.benchmarks import batch
+    generate = batch.our_batch_generate
+
+    def broken(row, prompts, max_new_tokens, temperature, seed, batch_size):
+        outs = generate(row, prompts, max_new_tokens, temperature, seed, batch_size)
+        if row.label == BROKEN_ROW and temperature == 0 and max_new_tokens > BROKEN_AT:
+            outs[1][BROKEN_AT] = (outs[1][BROKEN_AT] + 5) % 96          # the second prompt only
+        return outs
+
+    monkeypatch.setattr(batch, "our_batch_generate", broken)
+    root, out = request.getfixturevalue(family), tmp_path / "batch"
+    code = main(["batch", f"models.target={root / 'target'}", "models.draft=null", f"output_dir={out}",
+                 "only=[autoregressive,prompt_lookup]", "prompts.sets=[code]", "prompts.num=2", "prompts.tokens=24",
+                 "max_new_tokens=6", "batch_sizes=[2]", "temperatures=[0.0]", "warmup_tokens=0", "threads=1",
+                 f"models.dtype={dtype}"])
+    with open(out / "results.json") as fh:
+        by_row = {r["row"]: r for r in json.load(fh)["records"]}
+    table = (out / "results.md").read_text()
+    assert by_row["autoregressive"]["identical"] is True and by_row["HF generate() batched"]["identical"] is True
+    broken_row = by_row[BROKEN_ROW]
+    assert broken_row["identical"] is False
+    [difference] = broken_row["differences"]
+    assert difference["prompt"] == 1 and difference["position"] == BROKEN_AT and difference["kind"] == expected
+    if dtype == "bfloat16":
+        assert code == 0 and difference["excused"] and "| 1/2, 1 tie |" in table
+    else:
+        assert code == 3 and not difference["excused"] and "| **1/2 MISMATCH** |" in table
