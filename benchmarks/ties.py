@@ -89,5 +89,6 @@ def describe(difference: dict) -> str:
     kind = {TIE: "an exact tie", NEAR_TIE: "a near tie (within one ulp)", MISMATCH: "a mismatch"}[difference["kind"]]
     verdict = "" if difference["excused"] or difference["kind"] == MISMATCH else \
         f", not excused in {difference['dtype']} (only half precision may differ)"
-    return (f"{where}: {kind} (token {difference['ours']} has logit {difference['logit_ours']:.6g}, the reference's "
-            f"{difference['reference']} {difference['logit_reference']:.6g}, top {difference['top']:.6g}){verdict}")
+    return (f"{where}: {kind} (token {difference['ours']}, logit {difference['logit_ours']:.6g}, against the "
+            f"reference's token {difference['reference']}, logit {difference['logit_reference']:.6g}; top "
+            f"{difference['top']:.6g}){verdict}")
