@@ -94,8 +94,9 @@ def run_batches(rows, prompts: list[list[int]], cfg, console) -> list[dict]:
                                 "rounds_tokens_per_second": rates[row.label], "identical": None})
             if temperature == 0 and baseline is not None:
                 target = next(row for row in rows if row.label == baseline).speculator.target
+                config = shared_generation_config(target)
                 for record in records[-len(rows):]:
-                    differences = [classify(target, prompt, tokens, reference) for prompt, tokens, reference
+                    differences = [classify(target, prompt, tokens, reference, config) for prompt, tokens, reference
                                    in zip(prompts, outputs[record["row"]], outputs[baseline])]
                     record["identical"] = all(d is None for d in differences)
                     record["identity"] = identity_counts(differences)

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specdec.check import first_divergence
 
-from .generation import Generation
+from .generation import Generation, shared_generation_config
 from .meter import ForwardMeter
 from .ties import MISMATCH, classify, describe
 
@@ -129,8 +129,10 @@ def _check_identity(batch: list[dict], outputs: dict, reference_label: str, cons
         record["first_mismatch"] = at
         if at is None:
             continue
-        difference = (classify(target, prompt_ids, tokens, expected) if target is not None
-                      else {"position": at, "kind": MISMATCH, "excused": False})
+        if target is not None:      # processed as every row's generation_config processes it
+            difference = classify(target, prompt_ids, tokens, expected, shared_generation_config(target))
+        else:
+            difference = {"position": at, "kind": MISMATCH, "excused": False}
         record["difference"] = difference
         where = (f"row {record['row']!r} differs from {reference_label!r} (T={record['temperature']:g}) on "
                  f"{record['prompt_set']} prompt #{record['prompt_index']} ")

@@ -57,11 +57,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 @torch.inference_mode()
-def classify(model, prompt_ids: list[int], ours: list[int], reference: list[int]) -> dict | None:
+def classify(model, prompt_ids: list[int], ours: list[int], reference: list[int],
+             generation_config=None) -> dict | None:
     """None when `ours` equals `reference` (both the new tokens after `prompt_ids`); else where and
     how they part: {position, kind, excused, dtype} and, when both have a token there, the two
-    tokens (ours, reference), their logits after the checkpoint's processing (logit_ours,
-    logit_reference), the top logit and its ulp."""
+    tokens (ours, reference), their logits after the logits processing of `generation_config` (the
+    one both outputs ran with; default the model's own) (logit_ours, logit_reference), the top logit
+    and its ulp."""
     at = first_divergence(ours, reference)
     if at is None:
         return None
@@ -72,7 +74,12 @@ def classify(model, prompt_ids: list[int], ours: list[int], reference: list[int]
     context = prompt_ids + reference[:at]
     ids = torch.tensor([context], device=model.device)                              # [1, L]
     logits = model(ids).logits[:, -1]                                               # [1, V], model dtype
-    processors = generation_processors(model, prompt_ids, max(len(ours), len(reference)))
+    saved = model.generation_config
+    model.generation_config = generation_config or saved
+    try:
+        processors = generation_processors(model, prompt_ids, max(len(ours), len(reference)))
+    finally:
+        model.generation_config = saved
     logits = processors(ids, logits)[0]                                             # [V]
     a, b, top = logits[ours[at]].item(), logits[reference[at]].item(), logits.max().item()
     kind = kind_of(a, b, top, dtype)

@@ -187,3 +187,16 @@ def test_batch_bench_same_as_ar_classifies_each_prompt(family, dtype, expected, 
         assert code == 0 and difference["excused"] and "| 1/2, 1 tie |" in table
     else:
         assert code == 3 and not difference["excused"] and "| **1/2 MISMATCH** |" in table
+
+
+def test_classify_reads_the_logits_as_the_generation_config_processes_them():
+    """A repetition penalty on token 10 (in the prompt) breaks its exact tie with token 11: with the
+    generation_config both outputs ran with, choosing 10 over 11 is a mismatch, not a tie."""
+    from transformers import GenerationConfig
+    prompt = [5, 10, 7]
+    model = _tied_model(prompt, torch.float32)
+    own = model.generation_config
+    assert classify(model, prompt, [10], [11])["kind"] == TIE
+    penalised = classify(model, prompt, [10], [11], GenerationConfig(repetition_penalty=2.0))
+    assert penalised["kind"] == MISMATCH and penalised["logit_reference"] == penalised["top"] > penalised["logit_ours"]
+    assert model.generation_config is own                               # the model's own config is put back
