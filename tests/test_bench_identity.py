@@ -200,3 +200,27 @@ def test_classify_reads_the_logits_as_the_generation_config_processes_them():
     penalised = classify(model, prompt, [10], [11], GenerationConfig(repetition_penalty=2.0))
     assert penalised["kind"] == MISMATCH and penalised["logit_reference"] == penalised["top"] > penalised["logit_ours"]
     assert model.generation_config is own                               # the model's own config is put back
+
+
+def test_a_spec_bench_turn_after_a_tie_keeps_that_tie(flat_family, tmp_path, monkeypatch):
+    """On a question file, a turn whose prompt already differs (the row's earlier answer parted from
+    the reference's at a tie) is not classified again: it keeps the earlier turn's verdict."""
+    _break_one_row(monkeypatch, lambda token: token + 5)        # both turns of the prompt_lookup row
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("name: ties\nmodels: {device: cpu, dtype: bfloat16}\n"
+                      "strategies:\n  - {label: autoregressive, config: autoregressive}\n"
+                      "  - {label: prompt_lookup, config: prompt_lookup}\n"
+                      "peers:\n  - {label: HF generate(), kind: plain}\n"
+                      "temperatures: [0.0]\nmax_new_tokens: 6\nwarmup_tokens: 0\nprogress: false\nthreads: 1\n")
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "code", "turns": ["def f(x):\n", "# again\n"]}))
+    out = tmp_path / "out"
+    code = main([str(preset), f"questions={questions}", f"models.target={flat_family / 'target'}",
+                 f"output_dir={out}"])
+    with open(out / "results.json") as fh:
+        records = {(r["row"], r["turn"]): r for r in json.load(fh)["records"]}
+    assert code == 0
+    assert records[("autoregressive", 0)]["identical"] and records[("autoregressive", 1)]["identical"]
+    first, second = records[(BROKEN_ROW, 0)]["difference"], records[(BROKEN_ROW, 1)]["difference"]
+    assert first["kind"] == TIE and first["excused"] and "from_turn" not in first
+    assert second["kind"] == TIE and second["excused"] and second["from_turn"] == 0
