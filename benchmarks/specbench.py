@@ -29,6 +29,7 @@ from specdec.errors import ConfigError
 
 from .questions import answer_text, turn_prompt
 from .runner import _check_identity, _progress, coupled_rows, timed_generation
+from .ties import MISMATCH
 
 ANSWERS_DIR = "model_answer"
 
@@ -156,9 +157,13 @@ def _carry_identity(batch: list[dict], outputs: dict, reference_label: str, ques
         at = first_divergence(outputs[record["row"]], outputs[reference_label])
         record["identical"] = at is None
         record["first_mismatch"] = at
-        if at is not None:
-            parted = max((r for r in question_records if r["row"] == record["row"] and r["turn"] < record["turn"]
-                          and r["difference"] is not None), key=lambda r: r["turn"])
+        if at is None:
+            continue
+        parted = max((r for r in question_records if r["row"] == record["row"] and r["turn"] < record["turn"]
+                      and r["difference"] is not None), key=lambda r: r["turn"], default=None)
+        if parted is None:          # the prompts differ, yet no earlier answer did: nothing to excuse it
+            record["difference"] = {"position": at, "kind": MISMATCH, "excused": False}
+        else:
             record["difference"] = {**parted["difference"], "from_turn": parted["difference"].get("from_turn",
                                                                                                   parted["turn"])}
 
