@@ -1,8 +1,9 @@
 """What kind of difference it is when a greedy output parts from its reference.
 
 At the first new token where the two outputs part, the target is run once more, plainly (no cache,
-one row) over the prompt and the reference's common prefix, with the checkpoint's own logits
-processing, and the two tokens' logits there are set against the top logit:
+one row) over the prompt and the reference's common prefix, with the logits processing both
+outputs ran with (the checkpoint's generation_config), and the two tokens' logits there are set
+against the top logit:
 
 * **tie**: both equal the top. Either token is a correct argmax; which one a kernel returns
   depends on its summation order.
