@@ -2,7 +2,9 @@
 list of prompts at each batch size, for every row: our strategies through generate(list,
 batch_size=B) and Hugging Face's own batched generate() (left padding, plain decoding). Rows run
 one after another at each (temperature, batch size), their order rotating, after an untimed
-warm-up, `repeats` rounds of them (each row's median rate kept); at temperature 0 every row's outputs are checked against our batched autoregressive."""
+warm-up, `repeats` rounds of them (each row's median rate kept); at temperature 0 every row's outputs
+are checked against our batched autoregressive's, prompt by prompt, each difference classified as a
+tie, a near tie or a mismatch (benchmarks/ties.py)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +16,8 @@ import torch
 from .generation import shared_generation_config
 from .peers import HFRow
 from .plots import pyplot
+from .report import identity_cell, identity_counts
+from .ties import classify
 
 
 @torch.inference_mode()
@@ -89,8 +93,14 @@ def run_batches(rows, prompts: list[list[int]], cfg, console) -> list[dict]:
                                 "time_s": new / rate, "tokens_per_second": rate,
                                 "rounds_tokens_per_second": rates[row.label], "identical": None})
             if temperature == 0 and baseline is not None:
+                target = next(row for row in rows if row.label == baseline).speculator.target
+                config = shared_generation_config(target)
                 for record in records[-len(rows):]:
-                    record["identical"] = outputs[record["row"]] == outputs[baseline]
+                    differences = [classify(target, prompt, tokens, reference, config) for prompt, tokens, reference
+                                   in zip(prompts, outputs[record["row"]], outputs[baseline])]
+                    record["identical"] = all(d is None for d in differences)
+                    record["identity"] = identity_counts(differences)
+                    record["differences"] = [{"prompt": i, **d} for i, d in enumerate(differences) if d is not None]
     return records
 
 
@@ -107,7 +117,7 @@ def batch_table(records: list[dict], reference: str, baseline: str | None) -> st
             for label, r in group.items():
                 x_hf = r["tokens_per_second"] / ref["tokens_per_second"] if ref else float("nan")
                 x_ar = r["tokens_per_second"] / base["tokens_per_second"] if base else float("nan")
-                same = "" if r["identical"] is None else ("yes" if r["identical"] else "**NO**")
+                same = "" if r["identical"] is None else ("yes" if r["identical"] else identity_cell(r["identity"]))
                 lines.append(f"| {label} | {size} | {r['tokens_per_second']:.1f} | {x_hf:.2f} | {x_ar:.2f} | {same} |")
         lines.append("")
     return "\n".join(lines)

@@ -8,6 +8,8 @@ from collections import defaultdict
 
 from specdec.atomic import atomic_write_json, atomic_write_text
 
+from .ties import NEAR_TIE, TIE
+
 
 def _ratio(a, b):
     return a / b if a and b else None
@@ -58,8 +60,7 @@ def summarize(records: list[dict], rows, baseline_label: str | None, reference_l
             entry["step_ms"] = entry["nodes_per_step"] = None
         entry["tokens_per_forward"] = new_tokens / forwards if forwards else None
         checked = [r for r in recs if r["identical"] is not None]
-        entry["identity"] = ({"identical": sum(r["identical"] for r in checked), "compared": len(checked),
-                              "mismatches": sum(not r["identical"] for r in checked)} if checked else None)
+        entry["identity"] = identity_counts([r.get("difference") for r in checked]) if checked else None
         summary.append(entry)
     order = {row.label: i for i, row in enumerate(rows)}
     summary.sort(key=lambda e: (e["temperature"], list(dict.fromkeys(r["prompt_set"] for r in records)).index(
@@ -70,6 +71,23 @@ def summarize(records: list[dict], rows, baseline_label: str | None, reference_l
         e["speedup_vs_autoregressive"] = _ratio(e["tokens_per_s"], speed.get(key + (baseline_label,)))
         e["speedup_vs_hf_plain"] = _ratio(e["tokens_per_s"], speed.get(key + (reference_label,)))
     return summary
+
+
+def identity_counts(differences: list[dict | None]) -> dict:
+    """Of compared outputs (None: identical; else benchmarks/ties.classify's dict): how many are
+    identical, excused ties and near ties, and mismatches (every difference not excused)."""
+    excused = [d for d in differences if d is not None and d["excused"]]
+    return {"compared": len(differences), "identical": sum(d is None for d in differences),
+            "ties": sum(d["kind"] == TIE for d in excused), "near_ties": sum(d["kind"] == NEAR_TIE for d in excused),
+            "mismatches": sum(d is not None and not d["excused"] for d in differences)}
+
+
+def identity_cell(counts: dict) -> str:
+    """"2/2"; "1/2, 1 near tie"; "**0/2 MISMATCH**, 1 tie": identical of compared, then the excused."""
+    excused = [f"{n} {name}{'s' if n > 1 else ''}" for n, name in ((counts["ties"], "tie"),
+                                                                  (counts["near_ties"], "near tie")) if n]
+    cell = f"{counts['identical']}/{counts['compared']}"
+    return ", ".join([f"**{cell} MISMATCH**" if counts["mismatches"] else cell] + excused)
 
 
 def _f(value, fmt: str, dash: str = "—") -> str:
@@ -111,10 +129,8 @@ def markdown_tables(summary: list[dict], reference_label: str, baseline_label: s
                     cells.append("reference")
                 elif ident is None:
                     cells.append("—")
-                elif ident["mismatches"]:
-                    cells.append(f"**{ident['identical']}/{ident['compared']} MISMATCH**")
                 else:
-                    cells.append(f"{ident['identical']}/{ident['compared']}")
+                    cells.append(identity_cell(ident))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -174,7 +190,11 @@ cache commit, stop checks, Python); **ms per step** the same parts in millisecon
 autoregressive row's verify is one plain one-token forward: the yardstick of a step's machinery);
 **nodes per step** drafted tree nodes per verify forward; **outside fwd %** the share of wall time outside the target and
 draft model forwards, timed by forward hooks the same way for every row; **same** outputs identical
-to HF plain greedy, token for token (sampled, coupled sampler: to the coupled autoregressive row's)."""
+to HF plain greedy, token for token (sampled, coupled sampler: to the coupled autoregressive row's),
+then the greedy differences excused in half precision: a **tie** (the target's two logits there both
+the top) or a **near tie** (one the top, the other within one unit in the last place of it), found by
+one plain target forward at the first differing token; any other difference, and in float32 every
+one, is a **MISMATCH**."""
 
 
 def write_json(path: str, payload: dict) -> None:

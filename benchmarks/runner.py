@@ -1,6 +1,7 @@
 """The timed runs: interleaved per prompt (every row on prompt 1, then prompt 2, ...; the row
 order rotates from prompt to prompt) so machine drift hits all rows alike; one untimed warm-up
-per row and temperature; an output-identity check against HF plain greedy at temperature 0."""
+per row and temperature; an output-identity check against HF plain greedy at temperature 0, each
+difference classified as a tie, a near tie or a mismatch (benchmarks/ties.py)."""
 from __future__ import annotations
 
 import time
@@ -9,15 +10,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .generation import Generation
+from specdec.check import first_divergence
+
+from .generation import Generation, shared_generation_config
 from .meter import ForwardMeter
-
-
-def _first_mismatch(tokens: list[int], reference: list[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(tokens, reference)):
-        if a != b:
-            return i
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+from .ties import MISMATCH, classify, describe
 
 
 def _progress(enabled: bool, console: Console) -> Progress:
@@ -59,7 +56,7 @@ def run_all(rows, reference, prompt_sets, cfg, meter: ForwardMeter, device: torc
             console.print(f"T={temperature:g} {set_name}#{prompt.index} seed {seed}: "
                           f"{len(records)}/{total} generations done")
         if temperature == 0:
-            _check_identity(records[-len(rows):], outputs, reference.label, console)
+            _check_identity(records[-len(rows):], outputs, reference.label, console, reference.target, token_ids)
         elif coupled:
             _check_identity([r for r in records[-len(rows):] if r["row"] in coupled], outputs, coupled[0], console)
 
@@ -108,7 +105,7 @@ def timed_generation(row, token_ids: list[int], max_new_tokens: int, temperature
     return generation, {"row": row.label, "kind": row.kind, **fields, "prompt_tokens": len(token_ids),
                         "temperature": temperature, "seed": seed, "new_tokens": len(generation.token_ids),
                         "time_s": elapsed, "forwards": tally.as_dict(), "stats": generation.stats,
-                        "identical": None, "first_mismatch": None}
+                        "identical": None, "first_mismatch": None, "difference": None}
 
 
 def coupled_rows(rows) -> list[str]:
@@ -119,14 +116,28 @@ def coupled_rows(rows) -> list[str]:
     return reference[:1] + [label for label in labels if label not in reference[:1]] if reference else []
 
 
-def _check_identity(batch: list[dict], outputs: dict, reference_label: str, console: Console) -> None:
+def _check_identity(batch: list[dict], outputs: dict, reference_label: str, console: Console, target=None,
+                    prompt_ids: list[int] | None = None) -> None:
+    """Set each record's identity fields against the reference row's output. With `target` (greedy
+    rows, all on `prompt_ids`) a difference is classified at its first differing token by one plain
+    target forward (benchmarks/ties.py); without (sampled rows) every difference is a mismatch."""
     expected = outputs[reference_label]
     for record in batch:
-        mismatch = _first_mismatch(outputs[record["row"]], expected)
-        record["identical"] = mismatch is None
-        record["first_mismatch"] = mismatch
-        if mismatch is not None:
-            console.print(f"[bold red]IDENTITY MISMATCH[/]: row {record['row']!r} differs from "
-                          f"{reference_label!r} (T={record['temperature']:g}) on {record['prompt_set']} "
-                          f"prompt #{record['prompt_index']} "
-                          f"at new token {mismatch}")
+        tokens = outputs[record["row"]]
+        at = first_divergence(tokens, expected)
+        record["identical"] = at is None
+        record["first_mismatch"] = at
+        if at is None:
+            continue
+        if target is not None:      # processed as every row's generation_config processes it
+            difference = classify(target, prompt_ids, tokens, expected, shared_generation_config(target))
+        else:
+            difference = {"position": at, "kind": MISMATCH, "excused": False}
+        record["difference"] = difference
+        where = (f"row {record['row']!r} differs from {reference_label!r} (T={record['temperature']:g}) on "
+                 f"{record['prompt_set']} prompt #{record['prompt_index']} ")
+        if difference["excused"]:
+            console.print(f"[yellow]identity: {where}{describe(difference)}: excused in {difference['dtype']}[/]")
+        else:
+            console.print(f"[bold red]IDENTITY MISMATCH[/]: {where}"
+                          + (describe(difference) if target is not None else f"at new token {at}"))

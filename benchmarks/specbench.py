@@ -24,10 +24,12 @@ from collections import defaultdict
 import torch
 
 from specdec.atomic import atomic_write_text
+from specdec.check import first_divergence
 from specdec.errors import ConfigError
 
 from .questions import answer_text, turn_prompt
 from .runner import _check_identity, _progress, coupled_rows, timed_generation
+from .ties import MISMATCH
 
 ANSWERS_DIR = "model_answer"
 
@@ -112,6 +114,7 @@ def run_questions(rows, reference, questions, cfg, meter, device: torch.device, 
             for q_index, question in enumerate(questions):
                 shift = (step * len(questions) + q_index) % len(rows)
                 outputs: dict[int, dict[str, list[int]]] = defaultdict(dict)    # turn -> row -> new tokens
+                asked: dict[int, dict[str, list[int]]] = defaultdict(dict)      # turn -> row -> its prompt
                 start_at = len(records)
                 for row in rows[shift:] + rows[:shift]:
                     answers: list[str] = []
@@ -129,15 +132,40 @@ def run_questions(rows, reference, questions, cfg, meter, device: torch.device, 
                         record["answer"] = answer_text(tokenizer, new)
                         answers.append(record["answer"])
                         outputs[turn][row.label] = new
+                        asked[turn][row.label] = ids
                         records.append(record)
                         progress.advance(task)
                 for turn, by_row in outputs.items():
                     batch = [r for r in records[start_at:] if r["turn"] == turn]
                     if temperature == 0:
-                        _check_identity(batch, by_row, reference.label, console)
+                        prompt = asked[turn][reference.label]
+                        _check_identity([r for r in batch if asked[turn][r["row"]] == prompt], by_row, reference.label,
+                                        console, reference.target, prompt)
+                        _carry_identity([r for r in batch if asked[turn][r["row"]] != prompt], by_row, reference.label,
+                                        records[start_at:])
                     elif coupled:
                         _check_identity([r for r in batch if r["row"] in coupled], by_row, coupled[0], console)
     return records
+
+
+def _carry_identity(batch: list[dict], outputs: dict, reference_label: str, question_records: list[dict]) -> None:
+    """Greedy records whose prompt for this turn is not the reference's, because an earlier answer
+    already parted from it: their tokens are compared, but a difference is not classified again (the
+    two outputs continue different texts); it keeps the verdict of the turn where the answers parted,
+    with `from_turn` naming that turn."""
+    for record in batch:
+        at = first_divergence(outputs[record["row"]], outputs[reference_label])
+        record["identical"] = at is None
+        record["first_mismatch"] = at
+        if at is None:
+            continue
+        parted = max((r for r in question_records if r["row"] == record["row"] and r["turn"] < record["turn"]
+                      and r["difference"] is not None), key=lambda r: r["turn"], default=None)
+        if parted is None:          # the prompts differ, yet no earlier answer did: nothing to excuse it
+            record["difference"] = {"position": at, "kind": MISMATCH, "excused": False}
+        else:
+            record["difference"] = {**parted["difference"], "from_turn": parted["difference"].get("from_turn",
+                                                                                                  parted["turn"])}
 
 
 def answer_files(records: list[dict], ids: dict[tuple, str], output_dir: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ import transformers as T
 
 from conftest import hf_greedy, noisy_copy
 from specdec import Speculator
+from specdec.benchmarks.ties import ulp
 from specdec.errors import IncompatibleModelsError
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
@@ -215,11 +216,6 @@ def test_attention_without_tree_masks_refused(impl):
 # ---------------------------------------------------------------------- 4. bf16 / fp16
 LOW_N = 128
 LOW_PROMPT = [5, 17, 33, 9, 41, 60, 70]
-
-
-def ulp(value: float, dtype: torch.dtype) -> float:
-    """The spacing of `dtype`'s numbers at |value|: its rounding resolution there."""
-    return torch.finfo(dtype).eps * 2.0 ** torch.floor(torch.log2(torch.tensor(abs(value)))).item()
 
 
 def hf_greedy_with_logits(model, ids: list[int], n: int):
