@@ -95,6 +95,8 @@ class EarlyExit(DraftModel):
     of one sequence drafts on the target's own cache instead (see the module's docstring)."""
     name = "early_exit"
 
+    counted_layers: tuple[int, ...] = ()      # the exit layers whose shadow tokens it counts (bind), in counts' order
+
     def __init__(self, exit_layer: int = EarlyExitConfig.exit_layer, *, num_tokens: int = EarlyExitConfig.num_tokens,
                  branching: List[int] | None = EarlyExitConfig.branching, max_nodes: int = EarlyExitConfig.max_nodes,
                  adaptive: bool = EarlyExitConfig.adaptive, min_tokens: int = EarlyExitConfig.min_tokens,
@@ -137,8 +139,11 @@ class EarlyExit(DraftModel):
         if self.counting:
             _, norm = final_norm(target, decoder_layers(target), "early_exit.auto")
             self.shadow_head = ShadowHead(norm, target.get_output_embeddings())
-            self.counts = ShadowCounts(self.layers - 1, target.device)
-            self.feature_layers = tuple(range(1, self.layers))      # hidden states after layers 1 .. L - 1
+            # choosing E: every exit layer's counts; pricing one fixed E: its own alone (a seventh of the head's work
+            # on an 8-layer target), as E stays fixed
+            self.counted_layers = tuple(range(1, self.layers)) if self.auto else (self.exit_layer,)
+            self.counts = ShadowCounts(len(self.counted_layers), target.device)
+            self.feature_layers = self.counted_layers                # hidden states after those layers
         if self.reuse_kv:
             self._split_target(self.exit_layer)
 
@@ -187,7 +192,7 @@ class EarlyExit(DraftModel):
         lengths = self._lengths()
         exit_layer = best_exit(acceptance, self.layers, lengths) if self.auto else self.exit_layer
         cost = exit_layer / self.layers if self.auto else self.draft_cost
-        kept = acceptance[exit_layer - 1]
+        kept = acceptance[self.counted_layers.index(exit_layer)]
         length = min(max(lengths, key=lambda g: chain_rate(kept, cost, g)), state.max_depth)
         return ExpectedCall((kept,) * length, cost * length)
 

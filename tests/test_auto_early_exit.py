@@ -89,6 +89,27 @@ def test_greedy_identity_ragged_batch_before_and_after_the_counts(target_of):
     assert drafter.counts.rows >= CHOOSE_ROWS
 
 
+@pytest.mark.parametrize("target_of,explore_every", [(random_target, 8), (first_layer_target, 1)])
+def test_the_counts_are_those_of_a_fresh_forward_over_the_committed_text(target_of, explore_every):
+    """auto hands a step to its drafter in parts (its own tree's rows, then one row per token after them):
+    every committed row is counted once, against the token committed after it, called (on every step, with
+    explore_every 1) or never (a drafter that loses)."""
+    target = target_of()
+    drafter = EarlyExit(2, num_tokens=3)
+    strategy = auto_with(drafter)
+    strategy.explore_every = explore_every
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, ignore_eos=True)
+    text = PROMPT + out.token_ids
+    rows = int(drafter.counts.rows)                       # every step but the last (it stops; no observe)
+    assert N // 4 < rows < N + 1
+    with torch.no_grad():
+        after_layer_2 = target(torch.tensor([text]), output_hidden_states=True).hidden_states[2][0]   # [T, H]
+    first = len(PROMPT) - 1                               # the first committed row: the prompt's pending token
+    shadow = target.lm_head(target.model.norm(after_layer_2[first: first + rows])).argmax(-1)
+    assert drafter.counts.matches.tolist() == [int((shadow == torch.tensor(text[first + 1: first + 1 + rows])).sum())]
+    assert strategy.neural_calls == (0 if explore_every > 1 else out.stats.target_forwards)
+
+
 # ---------------------------------------------------------------------- when it is called
 def test_a_drafter_whose_shadow_acceptance_loses_is_never_called():
     """An exit at 3 of 4 layers costs three quarters of a forward a drafted token; its tokens are kept about
@@ -98,7 +119,7 @@ def test_a_drafter_whose_shadow_acceptance_loses_is_never_called():
     strategy = auto_with(drafter)
     calls = counted_proposals(drafter)
     generate_all(Speculator(target, None, strategy), target)
-    assert drafter.counts.rows >= CHOOSE_ROWS and drafter.counts.acceptance()[2] < 0.9
+    assert drafter.counts.rows >= CHOOSE_ROWS and drafter.counts.acceptance()[0] < 0.9
     assert calls == [] and strategy.neural_calls == 0
 
 
@@ -165,13 +186,14 @@ def test_the_expected_call_says_nothing_it_cannot_know():
     assert drafter.expected_call(greedy).accept is None   # counts young, arriving: wait
     drafter.counts_arrive = False
     assert drafter.expected_call(greedy) is None           # a batch's steps: they never arrive
-    drafter.counts.add(torch.tensor([5.0, 10.0, 20.0]), 40)
+    assert drafter.feature_layers == (2,)                 # a fixed exit layer counts its own shadow tokens alone
+    drafter.counts.add(torch.tensor([10.0]), 40)
     expected = drafter.expected_call(greedy)
     assert expected.accept == pytest.approx((11 / 42,) * 3) and expected.cost == pytest.approx(3 * 2 / 4)
     assert drafter.expected_call(sampled) is None          # a shadow token is an argmax, not a sample
     tree = EarlyExit(2, branching=[2, 2])
     Speculator(target, None, auto_with(tree))
-    tree.counts.add(torch.tensor([5.0, 10.0, 20.0]), 40)
+    tree.counts.add(torch.tensor([10.0]), 40)
     assert tree.expected_call(greedy) is None              # siblings keep what a shadow token misses
 
 
@@ -182,7 +204,7 @@ def test_hidden_states_are_asked_on_counting_steps_only():
     drafter = EarlyExit(3, num_tokens=3, every=4)
     strategy = auto_with(drafter)
     sd = Speculator(target, None, strategy)
-    drafter.counts.add(torch.zeros(3), YOUNG_ROWS)         # past young, every layer losing
+    drafter.counts.add(torch.zeros(1), YOUNG_ROWS)         # past young, its exit layer losing
     asked = []
     observe = strategy.observe
     strategy.observe = lambda state, result: (asked.append(result.hidden is not None), observe(state, result))

@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
             shadows.append((name, strategy.drafter))
     for name, drafter in shadows:
         counts = drafter.counts
-        acceptance = ", ".join(f"E={layer} {value:.3f}" for layer, value in enumerate(counts.acceptance(), start=1))
+        acceptance = ", ".join(f"E={layer} {value:.3f}" for layer, value in zip(drafter.counted_layers, counts.acceptance()))
         print(f"\n{name} (exit layer at the end: {drafter.exit_layer}): shadow acceptance over {counts.rows:g} "
               f"committed rows: {acceptance}")
     return 0
