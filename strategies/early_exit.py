@@ -187,7 +187,9 @@ class EarlyExit(DraftModel):
         if not self.priced or self.branching is not None or not state.sampling.greedy:
             return None
         if self.counts.rows < CHOOSE_ROWS:
-            return ExpectedCall(None, self.draft_cost) if self.counts_arrive else None
+            if not self.counts_arrive:
+                return None
+            return ExpectedCall(None, self.draft_cost * min(self.num_tokens, state.max_depth))
         acceptance = self.counts.acceptance()                                   # one host read
         lengths = self._lengths()
         exit_layer = best_exit(acceptance, self.layers, lengths) if self.auto else self.exit_layer
