@@ -83,8 +83,9 @@ class EarlyExitConfig:
     #                                         the draft keeps a cache of its own (trees and batches always do)
     auto: bool = False                      # choose E (1 .. L - 1) while generating, from shadow tokens (what each
     #                                         layer would have drafted at the committed rows); exit_layer: the start
-    every: int = setting(8, min=1)          # auto: shadow tokens on every verify step while the counts are young,
-    #                                         then on one step in `every` (after which E may switch mid-call)
+    every: int = setting(8, min=1)          # auto, or as auto's drafter (which prices its calls by them): shadow tokens
+    #                                         on every verify step while the counts are young, then on one step in
+    #                                         `every` (after which, with auto, E may switch mid-call)
 
 
 CONFIG_SECTIONS = {"early_exit": EarlyExitConfig}
