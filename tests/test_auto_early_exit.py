@@ -6,7 +6,9 @@
   waits for the counts, which come from the steps it verifies without calling it, then prices it out;
 * where the target's first layers draft its own tokens, it is called once the counts say so;
 * the expected call itself: the counts' acceptance at the layer it drafts at, and nothing it cannot say
-  (sampling, trees, a batch's steps, which give no hidden states).
+  (sampling, trees, a batch's steps, which give no hidden states); inside auto every committed row is
+  counted once, as a fresh forward over the committed text counts it;
+* sampled requests (rejection and coupled) ask for no hidden states and keep the rules before.
 """
 from __future__ import annotations
 
@@ -211,3 +213,25 @@ def test_hidden_states_are_asked_on_counting_steps_only():
     sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True)
     assert len(asked) > 4 and asked == [step % 4 == 0 for step in range(len(asked))]
     assert strategy.neural_calls == 0
+
+
+@pytest.mark.parametrize("sampler", ["rejection", "coupled"])
+def test_sampled_requests_are_decided_by_the_rules_before(sampler):
+    """At T > 0 a shadow token (an argmax) prices nothing: no hidden states are asked, nothing is counted,
+    and auto calls the drafter by its other rules (its first calls, then looks); the coupled sampler's text
+    is autoregressive's for the same seed."""
+    target = random_target()
+    drafter = EarlyExit(3, num_tokens=3)
+    strategy = auto_with(drafter)
+    calls = counted_proposals(drafter)
+    asked = []
+    observe = strategy.observe
+    strategy.observe = lambda state, result: (asked.append(result.hidden is not None), observe(state, result))
+    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=3,
+                                                      sampler=sampler, ignore_eos=True)
+    assert asked and not any(asked) and drafter.counts.rows == 0 and len(calls) > 0
+    if sampler == "coupled":
+        from specdec.strategies.autoregressive import Autoregressive
+        plain = Speculator(target, None, Autoregressive()).generate(PROMPT, max_new_tokens=N, temperature=0.8, seed=3,
+                                                                    sampler="coupled", ignore_eos=True)
+        assert out.token_ids == plain.token_ids
