@@ -18,7 +18,9 @@ tokens lookup's own plan would have kept on them, both priced at the verify cost
 measured cost per call (Auto.planned_loss, Auto.measured_loss; the calls by more than their call-to-call
 spread: clear_loss). Where it loses, it is called only on looks, spaced by what a
 call loses (priced_gap), so a dear drafter (early_exit or layer_skip on a shallow target, lookahead's
-rows on a CPU) costs a few calls, and one that starts paying comes back.
+rows on a CPU) costs a few calls, and one that starts paying comes back. A drafter that can say what a
+call would add without being called (BaseStrategy.expected_call: early_exit, from the target's own hidden
+states on the steps auto verifies) is priced by that before each call, and not called where it loses.
 
 The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
 rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
@@ -41,7 +43,7 @@ from specdec.costmodel import CostProfile, load_or_measure, planning_costs, prof
 from specdec.tree import CandidateTree, merge_into_trie
 from specdec.types import DecodeState, StepResult
 
-from .base import BaseStrategy, as_strategy
+from .base import BaseStrategy, ExpectedCall, as_strategy
 from .batch_gate import BatchGate
 from .batch_width import best_width
 from .mixed import LOOKUP, NEURAL, merge_paths
@@ -191,8 +193,8 @@ class Auto(BaseStrategy):
         self.lookup = None if lookup is None else as_strategy(lookup)   # None: the drafter's trees alone, sized
         #                                                                  by the planner (a LookupPart besides)
         self.drafter = None if drafter is None else as_strategy(drafter)
-        self.needs_hidden_states = self.drafter is not None and bool(self.drafter.needs_hidden_states)
-        self.feature_layers = None if self.drafter is None else self.drafter.feature_layers
+        if self.drafter is not None:
+            self.drafter.price_calls()        # a drafter that can price a call without making it does (expected_call)
         self.top_k_ids = 0 if self.drafter is None else self.drafter.top_k_ids   # token_recycling's table
         self.match_length = None              # suffix: the match its last paths continue (keys their calibration)
         self.costs = costs
@@ -243,6 +245,16 @@ class Auto(BaseStrategy):
         # compiled forward, the one each step runs (use_compiled_verifier, called before bind)
         self.compiled_verifier = False
         self.row_linear = 0                 # likewise the verifier's row_linear setting (use_row_linear)
+
+    # the hidden states the drafter asks for, read through on every step (early_exit asks on some steps only,
+    # whether auto calls it or not) and from the per-call copy's own drafter
+    @property
+    def needs_hidden_states(self) -> bool:
+        return self.drafter is not None and bool(self.drafter.needs_hidden_states)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...] | None:
+        return None if self.drafter is None else self.drafter.feature_layers
 
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.compiled_verifier = bool(compiled)
@@ -365,7 +377,7 @@ class Auto(BaseStrategy):
         self.plan_without[context] = _ema_pair(self.plan_without.get(context),
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
         self.steps_since_call += 1
-        self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept)
+        self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept, lookup_rate)
         return drafter_allowed and self._call_drafter(state, context)
 
     def propose_end(self, state: DecodeState, neural_tree: CandidateTree | None,
@@ -374,7 +386,7 @@ class Auto(BaseStrategy):
         if self.started is None:
             return self._plain()
         end_start = time.perf_counter()
-        paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept = self.started
+        paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept, _ = self.started
         lookup_alone = None
         if neural_tree is not None:
             self.neural_calls += 1
@@ -629,11 +641,17 @@ class Auto(BaseStrategy):
         nor what its last calls did there (measured_rates, beyond their noise: clear_loss) loses to lookup
         alone. Otherwise only look again, on the temperature kind's one schedule, after a gap that doubles each
         look, up to MAX_EXPLORE_GAP or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time
-        (priced_gap): a useless or dear drafter costs next to nothing, and one that starts paying comes back."""
+        (priced_gap): a useless or dear drafter costs next to nothing, and one that starts paying comes back.
+        A drafter that knows what a call would add without making it (expected_call: early_exit's shadow
+        tokens) is not called, not even to look, where that loses to lookup alone (expected_loses), nor while
+        that is about to be known; where it pays, the rules above decide."""
         if self.drafter is None or state.max_depth <= 0:
             return False
         if self.explore_every <= 1:                          # every step
             return True
+        expected = self.drafter.expected_call(state)
+        if expected is not None and (expected.accept is None or self.expected_loses(expected)):
+            return False       # known without a call, or soon: neither called nor looked at (no call teaches more)
         if self.steps_since_call == 1 and not self.steady_call:
             # the last step called after a gap (a catch-up, not what a call costs): call once more, so
             # every look times a steady call; else a cost once measured high would never be measured again
@@ -648,6 +666,18 @@ class Auto(BaseStrategy):
             return False
         self.looks[context[0]] = (0, min(2 * gap, max(MAX_EXPLORE_GAP, priced_gap(max(losses)))))
         return True
+
+    def expected_loses(self, expected: ExpectedCall) -> bool:
+        """Whether this step's best tree with the drafter's expected call (its chain beside lookup's paths, its
+        drafting at expected.cost plain verify forwards) makes fewer tokens/s by the planner than lookup's own
+        plan. Optimistic for the drafter: its chain shares no node with lookup's paths, so their gains add."""
+        _, _, lookup_tree, _, _, _, _, accept, lookup_rate = self.started
+        first = lookup_tree.num_nodes
+        chain = len(expected.accept)
+        parents = list(lookup_tree.parents) + [first + i - 1 if i else -1 for i in range(chain)]
+        _, rate = plan(parents, list(accept) + list(expected.accept), self.verify_cost,
+                       expected.cost * self.verify_cost(0), self.max_nodes)
+        return rate < lookup_rate
 
     def _record_call(self, state: DecodeState, result: StepResult, verified: int, lookup_alone: tuple,
                      context: tuple) -> None:

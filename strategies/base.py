@@ -12,12 +12,20 @@ it defines are its own, the others the defaults. Two optional protocols sit besi
 from __future__ import annotations
 
 import copy
-from typing import Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
+
+
+class ExpectedCall(NamedTuple):
+    """What one call of a drafter is expected to add, known without calling it (BaseStrategy.expected_call)."""
+    accept: tuple[float, ...] | None   # per token the call drafts along its path (a chain), the probability that
+    #                                    the target keeps it given it kept the one before; None: not known yet, but
+    #                                    it will be from the coming steps' verify forwards, without a call
+    cost: float                        # the call's drafting, in target forwards of one row
 
 
 @runtime_checkable
@@ -93,6 +101,18 @@ class BaseStrategy:
         strategy means to share across calls (auto's calibration) stays shared by reference; a
         strategy made of parts gives each part its own per-call copy here (auto)."""
         return copy.copy(self)
+
+    # ------------------------------------------------------------------ inside a strategy that calls it (auto)
+    def price_calls(self) -> None:
+        """Called once, before bind, by a strategy that calls this one only where a call pays (auto): a
+        drafter that can tell what a call would add without being called (expected_call) gets ready to, and
+        reads what it needs from every step it observes, called or not. Default: nothing."""
+
+    def expected_call(self, state: DecodeState) -> ExpectedCall | None:
+        """What a call now would add and cost, known from the steps observed without calling it (early_exit:
+        its acceptance from the target's own hidden states, strategies/shadow.py), after price_calls; None
+        (the default) where the drafter cannot say without being called."""
+        return None
 
     # ------------------------------------------------------------------ set-up
     def use_compiled_verifier(self, compiled: bool) -> None:
@@ -249,6 +269,14 @@ class _WithDefaults(BaseStrategy):
     def for_call(self) -> "BaseStrategy":
         own = self._own("for_call")
         return _WithDefaults(own() if own is not None else copy.copy(self._strategy))
+
+    def price_calls(self) -> None:
+        if (own := self._own("price_calls")) is not None:
+            own()
+
+    def expected_call(self, state: DecodeState) -> ExpectedCall | None:
+        own = self._own("expected_call")
+        return own(state) if own is not None else None
 
     def use_compiled_verifier(self, compiled: bool) -> None:
         if (own := self._own("use_compiled_verifier")) is not None:

@@ -29,6 +29,12 @@ cache of its own holds layers < E only: a new E there waits for the next call. A
 hidden states verifies without the KV reuse (the verifier's parts give logits only), so shadow tokens are
 computed on every step while the counts are young, then on one step in `every`; the counts stay on the
 device and are read back once per choice.
+
+Inside `auto` (price_calls) the same counts price each call before it is made (expected_call): the shadow
+acceptance at its exit layer (the best one with `auto`) is what a greedy chain drafted there would keep, so
+auto leaves the drafter uncalled where even that loses to lookup alone. The counts come from every step
+auto verifies, the drafter called or not: a drafter that loses is never called once they are in, and auto
+waits for them (a few steps) rather than call it to find out.
 """
 from __future__ import annotations
 
@@ -46,7 +52,8 @@ from specdec.errors import ConfigError, IncompatibleModelsError
 from specdec.tree import CandidateTree, LowerRun, host_to_device
 from specdec.types import DecodeState, StepResult
 
-from .draft_model import DraftConfig, DraftModel, ViewDraftConfig, chains
+from .base import ExpectedCall
+from .draft_model import DraftConfig, DraftModel, ViewDraftConfig, chain_rate, chains
 from .exit_split import SplitTarget, final_norm
 # the views, read from here too by the tests and scripts/measure
 from .layer_views import _check_runs_its_layers, decoder_layers, exit_view, num_layers, part_view  # noqa: F401
@@ -66,8 +73,9 @@ class EarlyExitConfig(ViewDraftConfig):
     #                                         the draft keeps a cache of its own (trees and batches always do)
     auto: bool = False                      # choose E (1 .. L - 1) while generating, from shadow tokens (what each
     #                                         layer would have drafted at the committed rows); exit_layer: the start
-    every: int = setting(8, min=1)          # auto: shadow tokens on every verify step while the counts are young,
-    #                                         then on one step in `every` (after which E may switch mid-call)
+    every: int = setting(8, min=1)          # auto, or as auto's drafter (which prices its calls by them): shadow tokens
+    #                                         on every verify step while the counts are young, then on one step in
+    #                                         `every` (after which, with auto, E may switch mid-call)
 
 
 CONFIG_SECTIONS = {"early_exit": EarlyExitConfig}
@@ -77,6 +85,8 @@ class EarlyExit(DraftModel):
     """A DraftModel whose draft is exit_view(target, exit_layer), made at bind. With reuse_kv, a chain
     of one sequence drafts on the target's own cache instead (see the module's docstring)."""
     name = "early_exit"
+
+    counted_layers: tuple[int, ...] = ()      # the exit layers whose shadow tokens it counts (bind), in counts' order
 
     def __init__(self, exit_layer: int = EarlyExitConfig.exit_layer, *, num_tokens: int = EarlyExitConfig.num_tokens,
                  branching: List[int] | None = EarlyExitConfig.branching, max_nodes: int = EarlyExitConfig.max_nodes,
@@ -107,7 +117,9 @@ class EarlyExit(DraftModel):
         # SplitTarget (or the reason the reuse is off there)
         self.views: dict[int, nn.Module] = {}
         self.splits: dict[int, SplitTarget | str] = {}
-        self.needs_hidden_states = False      # auto: true for the verify of a step that counts shadow tokens
+        self.needs_hidden_states = False      # true for the verify of a step that counts shadow tokens
+        self.priced = False                   # price_calls: a strategy around it (auto) calls it where a call pays
+        self.counts_arrive = True             # this call's steps that asked for hidden states got them (reset)
 
     def bind(self, target, tokenizer) -> None:
         self.target, self.layers = target, num_layers(target)
@@ -115,11 +127,14 @@ class EarlyExit(DraftModel):
         if self.given_draft_cost is None:
             self.draft_cost = self.exit_layer / self.layers
         super().bind(target, tokenizer)
-        if self.auto:
+        if self.counting:
             _, norm = final_norm(target, decoder_layers(target), "early_exit.auto")
             self.shadow_head = ShadowHead(norm, target.get_output_embeddings())
-            self.counts = ShadowCounts(self.layers - 1, target.device)
-            self.feature_layers = tuple(range(1, self.layers))      # hidden states after layers 1 .. L - 1
+            # choosing E: every exit layer's counts; pricing one fixed E: its own alone (a seventh of the head's work
+            # on an 8-layer target), as E stays fixed
+            self.counted_layers = tuple(range(1, self.layers)) if self.auto else (self.exit_layer,)
+            self.counts = ShadowCounts(len(self.counted_layers), target.device)
+            self.feature_layers = self.counted_layers                # hidden states after those layers
         if self.reuse_kv:
             self._split_target(self.exit_layer)
 
@@ -146,6 +161,40 @@ class EarlyExit(DraftModel):
         self.split, self.reuse_off = (found, None) if isinstance(found, SplitTarget) else (None, found)
 
     # ------------------------------------------------------------------ the exit layer from shadow tokens
+    @property
+    def counting(self) -> bool:
+        """Whether it counts shadow tokens: to choose its exit layer (auto), or to price its calls (priced)."""
+        return self.auto or self.priced
+
+    def price_calls(self) -> None:
+        self.priced = True
+
+    def expected_call(self, state: DecodeState) -> ExpectedCall | None:
+        """A greedy chain's call, priced from the shadow counts: at the exit layer it drafts at (the one the
+        counts make pay most, with auto), each token kept with that layer's shadow acceptance, at the chain
+        length that pays most there. Not yet known while the counts are few and still arriving; None where
+        they cannot say: a tree (its siblings keep what a shadow token misses), sampling (a shadow token is
+        an argmax), or a call whose steps give no hidden states (a batch's)."""
+        if not self.priced or self.branching is not None or not state.sampling.greedy:
+            return None
+        if self.counts.rows < CHOOSE_ROWS:
+            if not self.counts_arrive:
+                return None
+            return ExpectedCall(None, self.draft_cost * min(self.num_tokens, state.max_depth))
+        acceptance = self.counts.acceptance()                                   # one host read
+        lengths = self._lengths()
+        exit_layer = best_exit(acceptance, self.layers, lengths) if self.auto else self.exit_layer
+        cost = exit_layer / self.layers if self.auto else self.draft_cost
+        kept = acceptance[self.counted_layers.index(exit_layer)]
+        length = min(max(lengths, key=lambda g: chain_rate(kept, cost, g)), state.max_depth)
+        return ExpectedCall((kept,) * length, cost * length)
+
+    def _lengths(self) -> list[int] | range:
+        """The chain lengths it may draft (a tree: its depth, priced as a chain: its accepted path)."""
+        if self.branching is not None:
+            return [len(self.branching)]
+        return range(self.min_tokens, self.max_tokens + 1) if self.adaptive else [self.num_tokens]
+
     def _use_exit(self, exit_layer: int) -> None:
         """Draft at `exit_layer` from now: its view, its draft cost and (where the reuse applies) its split."""
         self.exit_layer = exit_layer
@@ -158,20 +207,29 @@ class EarlyExit(DraftModel):
         """The exit layer the counts make pay most (one host read); the current one while they are few."""
         if self.counts.rows < CHOOSE_ROWS:
             return self.exit_layer
-        if self.branching is not None:        # a tree priced as a chain of its depth (its accepted path)
-            lengths = [len(self.branching)]
-        else:
-            lengths = range(self.min_tokens, self.max_tokens + 1) if self.adaptive else [self.num_tokens]
-        return best_exit(self.counts.acceptance(), self.layers, lengths)
+        return best_exit(self.counts.acceptance(), self.layers, self._lengths())
 
     @torch.inference_mode()
     def _count_shadows(self, state: DecodeState, result: StepResult) -> None:
-        """Add this step's shadow matches at its committed rows (pending + accepted), where it asked for them."""
-        self.needs_hidden_states = False
+        """Add this step's shadow matches at its committed rows (pending + accepted), where it asked for them.
+        Inside auto a step comes in parts (drafter_steps), each with its own rows: the token after each row."""
         if result.hidden is None:           # a step that did not ask, or a forward that gives none (a batch's)
+            if self.needs_hidden_states:
+                self.counts_arrive = False  # asked and got none: this call's steps cannot price its calls
             return
-        committed = host_to_device(state.token_ids[result.committed_before:], result.hidden.device)  # [1 + accepted]
+        before = result.committed_before
+        committed = host_to_device(state.token_ids[before: before + len(result.hidden)], result.hidden.device)  # [R]
         self.counts.add(shadow_matches(result.hidden, committed, self.shadow_head), len(committed))
+
+    def _next_step(self, state: DecodeState) -> None:
+        """Whether the coming verify step counts shadow tokens (asks for the hidden states): every step while
+        the counts are young, then one in `every`; with auto, after that step E may be chosen again. Set at
+        the start of a call and after each step, so it holds on the steps auto verifies without calling it.
+        Pricing alone counts greedy steps only (a sampled step's committed token is no argmax)."""
+        count = self.steps % self.every == 0
+        self.choosing = self.auto and count
+        self.needs_hidden_states = (count or self.counts.young) and (self.auto or state.sampling.greedy)
+        self.steps += 1
 
     def _switch_mid_call(self) -> None:
         """Drafting on the target's cache, after a step that chose again: move to the chosen E where its split works."""
@@ -185,21 +243,20 @@ class EarlyExit(DraftModel):
 
     def reset(self, state: DecodeState) -> None:
         self.needs_hidden_states = False
+        self.steps = 0                        # verify steps of this call (which of them count shadow tokens)
+        self.choosing = False
+        self.counts_arrive = True             # every step that asked for hidden states got them (a batch's: none)
         if self.auto:
             self._use_exit(self._choice())
-            self.steps = 0                    # verify steps of this call (which of them count shadow tokens)
-            self.choosing = False
         super().reset(state)
         # one sequence on the eager verifier: draft on the target's cache; a batch row, or under compile, on its own
         self.sharing = self.split is not None and state.target_cache is not None
         self.exit_states: list[torch.Tensor] = []      # per fed row: [1, H] its exit state (sharing)
+        if self.counting:
+            self._next_step(state)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
-        if self.auto:
-            self.choosing = self.steps % self.every == 0      # a step after which E may be chosen again
-            self.needs_hidden_states = self.choosing or self.counts.young
-            self.steps += 1
         if not self.sharing:
             return super().propose(state)
         depth = min(self.gamma, state.max_depth)
@@ -227,16 +284,21 @@ class EarlyExit(DraftModel):
         return self.fit_vocab(self.split.head(states))[-1]
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        if self.auto:
+        if self.counting:
             self._count_shadows(state, result)
+        # the verify step's last part (auto hands a step over in parts: drafter_steps)
+        ends = result.committed_before + result.num_accepted + 1 >= len(state.token_ids)
         if not self.sharing:
-            return super().observe(state, result)
-        # the verify committed the accepted rows in every layer of the target's cache: nothing to keep here
-        self.fed_nodes, self.exit_states = [], []
-        if self.adaptive:
-            self._adapt(result.num_accepted, result.tree.num_nodes)
-        if self.auto and self.choosing:
-            self._switch_mid_call()
+            super().observe(state, result)
+        else:
+            # the verify committed the accepted rows in every layer of the target's cache: nothing to keep here
+            self.fed_nodes, self.exit_states = [], []
+            if self.adaptive:
+                self._adapt(result.num_accepted, result.tree.num_nodes)
+            if self.auto and self.choosing and ends:
+                self._switch_mid_call()
+        if self.counting and ends:
+            self._next_step(state)
 
     def finish(self, state: DecodeState) -> None:
         self.needs_hidden_states = False      # the next call's prefill asks for no features

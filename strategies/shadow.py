@@ -28,8 +28,8 @@ COUNT_CAP = 4096     # rows past which the counts halve, so that the estimate fo
 
 def shadow_matches(hidden: torch.Tensor, committed: torch.Tensor, head: "ShadowHead") -> torch.Tensor:
     """[X] per exit layer, the rows whose shadow token equals the committed one, on the device.
-    hidden [R, X * H]: each committed row's hidden states after the X exit layers, side by side (the
-    verifier's features of layers 1 .. X); committed [R]: the token the target committed after each
+    hidden [R, X * H]: each committed row's hidden states after the X exit layers counted, side by side
+    (the verifier's features of those layers); committed [R]: the token the target committed after each
     row; head: the target's final norm then lm_head."""
     states = hidden.view(hidden.shape[0], -1, head.width)                                       # [R, X, H]
     shadow = head(states).argmax(dim=-1)                                                        # [R, X]

@@ -13,6 +13,9 @@ machine can move them a little; no time is printed.
 read while auto binds, then generate with one thread. On a loaded machine a profile measured in the run
 is noise that moves every decision (and is not stored): two checkouts compared should plan with one
 profile measured on a quiet machine. auto still scales it by the step times it observes.
+
+After the table, for a drafter that counts shadow tokens (early_exit inside auto), the rows counted and
+each exit layer's shadow acceptance at the end: what priced its calls.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ def main(argv: list[str]) -> int:
     from specdec.strategies.auto import Auto, from_config
     target, tokenizer, prompts = held_out_code(args.target, args.split, args.prompts, args.prompt_tokens)
     reasons = traced_reasons(Auto)
+    shadows = []                      # (auto.drafter, the drafter) of drafters that count shadow tokens
     print("| auto.drafter | steps | drafter called | share | looks | priced as paying | tok/fwd | profile's wait |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.drafters.split(","):
@@ -86,6 +90,13 @@ def main(argv: list[str]) -> int:
         calls, forwards, new = count_calls(sd, prompts, args.new)
         print(f"| {name} | {forwards} | {calls} | {calls / forwards:.1%} | {reasons['look']} | {reasons['pays']} | "
               f"{new / forwards:.2f} | {strategy.costs.cpu_wait} |", flush=True)
+        if getattr(strategy.drafter, "counts", None) is not None:
+            shadows.append((name, strategy.drafter))
+    for name, drafter in shadows:
+        counts = drafter.counts
+        acceptance = ", ".join(f"E={layer} {value:.3f}" for layer, value in zip(drafter.counted_layers, counts.acceptance()))
+        print(f"\n{name} (exit layer at the end: {drafter.exit_layer}): shadow acceptance over {counts.rows:g} "
+              f"committed rows: {acceptance}")
     return 0
 
 
