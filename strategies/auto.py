@@ -668,9 +668,10 @@ class Auto(BaseStrategy):
         return True
 
     def expected_loses(self, expected: ExpectedCall) -> bool:
-        """Whether this step's best tree with the drafter's expected call (its chain beside lookup's paths, its
-        drafting at expected.cost plain verify forwards) makes fewer tokens/s by the planner than lookup's own
-        plan. Optimistic for the drafter: its chain shares no node with lookup's paths, so their gains add."""
+        """Whether this step's best tree with the drafter's expected call (its chain beside lookup's paths, the
+        planner keeping what pays of it, its drafting at expected.cost plain verify forwards whatever is kept)
+        makes fewer tokens/s by the planner than lookup's own plan. Optimistic for the drafter: its chain shares
+        no node with lookup's paths, so their gains add."""
         _, _, lookup_tree, _, _, _, _, accept, lookup_rate = self.started
         first = lookup_tree.num_nodes
         chain = len(expected.accept)

@@ -21,7 +21,8 @@ from specdec.types import DecodeState, StepResult
 
 
 class ExpectedCall(NamedTuple):
-    """What one call of a drafter is expected to add, known without calling it (BaseStrategy.expected_call)."""
+    """What one call of a drafter is expected to add, known without calling it (BaseStrategy.expected_call), or
+    at most adds (a bound: a call priced by it that loses to lookup alone loses whatever it drafts)."""
     accept: tuple[float, ...] | None   # per token the call drafts along its path (a chain), the probability that
     #                                    the target keeps it given it kept the one before; None: not known yet, but
     #                                    it will be from the coming steps' verify forwards, without a call
@@ -110,8 +111,9 @@ class BaseStrategy:
 
     def expected_call(self, state: DecodeState) -> ExpectedCall | None:
         """What a call now would add and cost, known from the steps observed without calling it (early_exit:
-        its acceptance from the target's own hidden states, strategies/shadow.py), after price_calls; None
-        (the default) where the drafter cannot say without being called."""
+        its acceptance from the target's own hidden states, strategies/shadow.py), after price_calls, or the
+        most it could add (layer_skip: every token kept, at its draft cost); None (the default) where the
+        drafter cannot say without being called. A caller does not call a drafter whose expected call loses."""
         return None
 
     # ------------------------------------------------------------------ set-up

@@ -159,6 +159,12 @@ class DraftModel(BaseStrategy):
         return self._tree(pending_logits, self.branching[:depth], state)
 
     # ------------------------------------------------------------------ batched drafting (specdec.batch)
+    def chain_lengths(self) -> list[int] | range:
+        """The chain lengths it may draft (a tree: its depth, priced as a chain: its accepted path)."""
+        if self.branching is not None:
+            return [len(self.branching)]
+        return range(self.min_tokens, self.max_tokens + 1) if self.adaptive else [self.num_tokens]
+
     def batch_drafter(self):
         """The drafter whose proposals a batch runs together across its rows (propose_many): chains and
         trees alike (batch_rows false: each row drafts alone, for the A/B)."""

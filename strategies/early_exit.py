@@ -182,18 +182,12 @@ class EarlyExit(DraftModel):
                 return None
             return ExpectedCall(None, self.draft_cost * min(self.num_tokens, state.max_depth))
         acceptance = self.counts.acceptance()                                   # one host read
-        lengths = self._lengths()
+        lengths = self.chain_lengths()
         exit_layer = best_exit(acceptance, self.layers, lengths) if self.auto else self.exit_layer
         cost = exit_layer / self.layers if self.auto else self.draft_cost
         kept = acceptance[self.counted_layers.index(exit_layer)]
         length = min(max(lengths, key=lambda g: chain_rate(kept, cost, g)), state.max_depth)
         return ExpectedCall((kept,) * length, cost * length)
-
-    def _lengths(self) -> list[int] | range:
-        """The chain lengths it may draft (a tree: its depth, priced as a chain: its accepted path)."""
-        if self.branching is not None:
-            return [len(self.branching)]
-        return range(self.min_tokens, self.max_tokens + 1) if self.adaptive else [self.num_tokens]
 
     def _use_exit(self, exit_layer: int) -> None:
         """Draft at `exit_layer` from now: its view, its draft cost and (where the reuse applies) its split."""
@@ -207,7 +201,7 @@ class EarlyExit(DraftModel):
         """The exit layer the counts make pay most (one host read); the current one while they are few."""
         if self.counts.rows < CHOOSE_ROWS:
             return self.exit_layer
-        return best_exit(self.counts.acceptance(), self.layers, self._lengths())
+        return best_exit(self.counts.acceptance(), self.layers, self.chain_lengths())
 
     @torch.inference_mode()
     def _count_shadows(self, state: DecodeState, result: StepResult) -> None:

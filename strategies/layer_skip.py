@@ -48,6 +48,7 @@ from specdec.models import cache_kwargs, shallow_module
 from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState
 
+from .base import ExpectedCall
 from .draft_model import DraftModel, ViewDraftConfig
 from .layer_views import decoder_layers, num_layers, probe_forward, view_with_layers
 
@@ -364,6 +365,17 @@ class LayerSkip(DraftModel):
                 self._search(state.token_ids)
                 self.steps_to_search = self.every - 1
         return super().propose(state)
+
+    def expected_call(self, state: DecodeState) -> ExpectedCall | None:
+        """At best, every token of its path kept, at the draft cost of the set it drafts with: a bound, not an
+        expectation. Its acceptance cannot be read off the target's own forwards (a skipped sublayer changes
+        the input of every layer after it), but a call whose every token is kept and still loses to lookup
+        alone loses whatever it drafts, so auto need not call it to find out. The search of `auto` costs on
+        top of this, which keeps the bound a bound."""
+        if self.skipper is None:
+            return None
+        length = min(len(self.branching) if self.branching else self.gamma, state.max_depth)   # what a call drafts now
+        return ExpectedCall((1.0,) * length, self.draft_cost * length) if length > 0 else None
 
     def batch_drafter(self):
         """Rows of a batch draft together when they share one set: always, unless auto chooses each row's."""
