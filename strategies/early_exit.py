@@ -62,8 +62,9 @@ from .shadow import ShadowCounts, ShadowHead, best_exit, shadow_matches
 log = logging.getLogger(__name__)
 
 CHOOSE_ROWS = 32      # committed rows counted before auto first moves E from exit_layer
-PRICING_ROWS = 64     # as auto's drafter at a fixed E: committed rows counted on every step, then one step in `every`
-#                       (each counted step runs the lm_head once more a row; a fixed E needs no layer-by-layer choice)
+PRICING_ROWS = 64     # as auto's drafter: committed rows counted on every step, then one step in `every` (each
+#                       counted step runs the lm_head once more a row, per exit layer counted; pricing a call needs
+#                       the acceptance roughly, and the later counts keep refining it)
 
 
 @dataclass
@@ -224,7 +225,7 @@ class EarlyExit(DraftModel):
         Pricing alone counts greedy steps only (a sampled step's committed token is no argmax)."""
         count = self.steps % self.every == 0
         self.choosing = self.auto and count
-        young = self.counts.rows < PRICING_ROWS if self.priced and not self.auto else self.counts.young
+        young = self.counts.rows < PRICING_ROWS if self.priced else self.counts.young
         self.needs_hidden_states = (count or young) and (self.auto or state.sampling.greedy)
         self.steps += 1
 
