@@ -146,10 +146,13 @@ class DraftModel(BaseStrategy):
         self._committed: torch.Tensor | None = None   # [C] the committed ids on the device (processing only)
         self.batch = None   # the DraftBatch whose rows hold this row's KV (batched calls: specdec.batch), else own cache
 
+    def draft_depth(self, state: DecodeState) -> int:
+        """How deep a call now drafts: its tree's depth, or its chain's current length, within the step's room."""
+        return min(len(self.branching) if self.branching else self.gamma, state.max_depth)
+
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
-        depth = len(self.branching) if self.branching else self.gamma
-        depth = min(depth, state.max_depth)
+        depth = self.draft_depth(state)
         device = self.draft.device
         if depth <= 0:
             return CandidateTree.empty(device)

@@ -374,7 +374,7 @@ class LayerSkip(DraftModel):
         top of this, which keeps the bound a bound."""
         if self.skipper is None:
             return None
-        length = min(len(self.branching) if self.branching else self.gamma, state.max_depth)   # what a call drafts now
+        length = self.draft_depth(state)
         return ExpectedCall((1.0,) * length, self.draft_cost * length) if length > 0 else None
 
     def batch_drafter(self):
