@@ -19,7 +19,7 @@ from unittest import mock
 import pytest
 import torch
 
-from zoo import strategies
+from zoo import NAMES, strategies
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -62,9 +62,7 @@ def syncs_are_errors_from_first_propose(strategy_class):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", ["autoregressive", "prompt_lookup", "suffix", "token_recycling", "lookahead",
-                                  "draft chain", "draft tree", "medusa", "medusa conditioned", "eagle",
-                                  "early_exit chain", "early_exit tree", "layer_skip chain", "layer_skip auto", "auto"])
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch", [False, True])
 def test_hot_loop_has_no_hidden_sync(name, mode, batch):
     from conftest import tiny_model

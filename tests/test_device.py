@@ -15,15 +15,12 @@ import torch
 
 from conftest import tiny_model
 from law import generation_law, laws_close, model_dist, sequence_law, token_law, total_variation
-from zoo import strategies
+from zoo import NAMES, strategies
 
 DEVICE = torch.device(os.environ.get("SPECDEC_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cuda" and not torch.cuda.is_available():
     pytest.skip("SPECDEC_TEST_DEVICE=cuda, but this machine has no CUDA GPU", allow_module_level=True)
 
-NAMES = ["autoregressive", "prompt_lookup", "suffix", "token_recycling", "lookahead", "draft chain", "draft tree",
-         "medusa", "medusa conditioned", "eagle", "early_exit chain", "early_exit tree", "layer_skip chain",
-         "layer_skip auto", "auto"]
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11], [7, 8, 9, 10, 7, 8, 9], [3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7]]
 NEW = 24
 
@@ -40,6 +37,11 @@ def reference(prompt: tuple[int, ...], new: int = NEW) -> tuple[int, ...]:
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                          eos_token_id=None)
     return tuple(out[0, len(prompt):].tolist())
+
+
+def test_the_names_are_every_strategy_the_zoo_builds():
+    """The device and sync tests parametrize over zoo.NAMES: a strategy added to the zoo is run by them."""
+    assert tuple(strategies(target())) == NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -18,6 +18,12 @@ def random_heads(model):
     return heads
 
 
+# every strategy strategies() builds, in its order: the names the tests that run them all parametrize over
+NAMES = ("autoregressive", "prompt_lookup", "suffix", "token_recycling", "lookahead", "draft chain", "draft tree",
+         "medusa", "medusa conditioned", "eagle", "early_exit chain", "early_exit tree", "layer_skip chain",
+         "layer_skip auto", "auto")
+
+
 def strategies(target):
     from conftest import noisy_copy
     from eagle_helpers import random_drafter
