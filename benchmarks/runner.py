@@ -14,7 +14,7 @@ from specdec.check import first_divergence
 
 from .generation import Generation, shared_generation_config
 from .meter import ForwardMeter
-from .ties import MISMATCH, classify, describe
+from .ties import classify, describe, unclassified
 
 
 def _progress(enabled: bool, console: Console) -> Progress:
@@ -132,7 +132,7 @@ def _check_identity(batch: list[dict], outputs: dict, reference_label: str, cons
         if target is not None:      # processed as every row's generation_config processes it
             difference = classify(target, prompt_ids, tokens, expected, shared_generation_config(target))
         else:
-            difference = {"position": at, "kind": MISMATCH, "excused": False}
+            difference = unclassified(at)
         record["difference"] = difference
         where = (f"row {record['row']!r} differs from {reference_label!r} (T={record['temperature']:g}) on "
                  f"{record['prompt_set']} prompt #{record['prompt_index']} ")

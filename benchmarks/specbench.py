@@ -29,7 +29,7 @@ from specdec.errors import ConfigError
 
 from .questions import answer_text, turn_prompt
 from .runner import _check_identity, _progress, coupled_rows, timed_generation
-from .ties import MISMATCH
+from .ties import unclassified
 
 ANSWERS_DIR = "model_answer"
 
@@ -162,7 +162,7 @@ def _carry_identity(batch: list[dict], outputs: dict, reference_label: str, ques
         parted = max((r for r in question_records if r["row"] == record["row"] and r["turn"] < record["turn"]
                       and r["difference"] is not None), key=lambda r: r["turn"], default=None)
         if parted is None:          # the prompts differ, yet no earlier answer did: nothing to excuse it
-            record["difference"] = {"position": at, "kind": MISMATCH, "excused": False}
+            record["difference"] = unclassified(at)
         else:
             record["difference"] = {**parted["difference"], "from_turn": parted["difference"].get("from_turn",
                                                                                                   parted["turn"])}

@@ -57,6 +57,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def unclassified(position: int) -> dict:
+    """A difference at new token `position` that is not looked into (sampled outputs; a turn whose prompt an
+    earlier difference already changed): a mismatch."""
+    return {"position": position, "kind": MISMATCH, "excused": False}
+
+
 @torch.inference_mode()
 def classify(model, prompt_ids: list[int], ours: list[int], reference: list[int],
              generation_config=None) -> dict | None:
@@ -69,7 +75,7 @@ def classify(model, prompt_ids: list[int], ours: list[int], reference: list[int]
     if at is None:
         return None
     dtype = model.dtype
-    difference = {"position": at, "kind": MISMATCH, "excused": False, "dtype": dtype_name(dtype)}
+    difference = {**unclassified(at), "dtype": dtype_name(dtype)}
     if at >= min(len(ours), len(reference)):           # one output is longer: never a tie
         return difference
     context = prompt_ids + reference[:at]
