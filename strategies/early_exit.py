@@ -184,7 +184,7 @@ class EarlyExit(DraftModel):
             if not self.counts_arrive:
                 return None
             return ExpectedCall(None, self.draft_cost * min(self.num_tokens, state.max_depth))
-        acceptance = self.counts.acceptance()                                   # one host read
+        acceptance = self.counts.acceptance()                  # a host read where a step was counted since
         lengths = self.chain_lengths()
         exit_layer = best_exit(acceptance, self.layers, lengths) if self.auto else self.exit_layer
         cost = exit_layer / self.layers if self.auto else self.draft_cost

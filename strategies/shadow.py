@@ -56,6 +56,8 @@ class ShadowCounts:
         self.matches = torch.zeros(exits, device=device)   # [L - 1] float: exit layer E at index E - 1
         self.rows = 0.0
         self.lock = threading.Lock()
+        self.added = 0                          # steps added so far: what the last read is checked against
+        self.last_read: tuple[int, list[float]] | None = None   # (added, acceptance) at the last read
 
     @property
     def young(self) -> bool:
@@ -66,14 +68,18 @@ class ShadowCounts:
         with self.lock:
             self.matches += matches
             self.rows += rows
+            self.added += 1
             if self.rows > COUNT_CAP:
                 self.matches *= 0.5
                 self.rows *= 0.5
 
     def acceptance(self) -> list[float]:
-        """Smoothed per-layer acceptance, (matches + 1) / (rows + 2), exit layer E at index E - 1: one host read."""
+        """Smoothed per-layer acceptance, (matches + 1) / (rows + 2), exit layer E at index E - 1: one host read,
+        made again only after a step was added (auto prices its drafter by it on every step; most add nothing)."""
         with self.lock:
-            return ((self.matches + 1) / (self.rows + 2)).tolist()
+            if self.last_read is None or self.last_read[0] != self.added:
+                self.last_read = (self.added, ((self.matches + 1) / (self.rows + 2)).tolist())
+            return list(self.last_read[1])
 
 
 def best_exit(acceptance: Sequence[float], num_layers: int, lengths: Iterable[int],
