@@ -23,6 +23,7 @@ from torch import nn
 
 from specdec.cache import BufferedLayer
 from specdec.models import has_native_bf16
+from specdec.row_linear import pack_layers, row_twin
 
 from .eagle import EagleDrafter, EagleLayout
 from .eagle3 import Eagle3Drafter, Eagle3Layout
@@ -77,6 +78,9 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
     values, not saved) and input embedding (read as is and cast)."""
     dtype = dtype or target.dtype
     drafter.to(device=target.device, dtype=dtype)
+    # on a CPU its large linear layers run oneDNN's kernel on packed weights (specdec.row_linear): a
+    # tree level's forward of a few rows then costs about what one row does
+    pack_layers(drafter)
     drafter.attach_embedding(target.get_input_embeddings())
     if not drafter.uses_target_lm_head:
         return drafter
@@ -87,6 +91,9 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
         with torch.no_grad():
             head_copy.load_state_dict(lm_head.state_dict())
         lm_head = head_copy.requires_grad_(False)
+        pack_layers(lm_head)                       # the drafter's own copy
+    else:                                          # the target's own layer: never changed, twinned
+        lm_head = row_twin(lm_head) or lm_head
     drafter.attach_lm_head(lm_head)
     return drafter
 

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .attention_backend import avoid_cudnn_attention
+from .row_linear import set_packing
 from .arguments import as_int, check_flag, check_int, check_generation_args, check_text, check_token_ids
 from .config import GenerationDefaults
 from .coupled import make_noise
@@ -208,6 +209,7 @@ class Speculator:
         self.tokenizer = tokenizer
         if not (config is not None and config.cudnn_attention):
             avoid_cudnn_attention(self.target.device)
+        set_packing(config.packed_linear if config is not None else True)    # before any twin is made
         # the strategy as a BaseStrategy (every hook the engine calls): the object itself, or for one written
         # against the bare Strategy protocol a view that adds the default hooks (its attributes read through)
         self.strategy = strategy = as_strategy(strategy)

@@ -190,8 +190,9 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
                 row_linear: int = 0) -> str:
     """What a profile depends on: the target's weights (heads.io's fingerprint), device, dtype,
     torch threads, sizes, context length, batch, whether the verifier is compiled and its
-    row_linear setting."""
+    row_linear setting (and whether its weights are packed: specdec.row_linear)."""
     from .heads.io import target_identity
+    from .row_linear import packs
     identity = target_identity(target)
     parts = [identity["architecture"], identity["hidden_size"], identity["vocab_size"],
              [round(x, 5) for x in identity["fingerprint"]], sum(p.numel() for p in target.parameters()),
@@ -202,6 +203,8 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
         parts.append("compiled")
     if row_linear:                    # likewise keys with the setting off
         parts.append(["row_linear", int(row_linear)])
+        if packs(target, row_linear):     # and keys of the kernels before packed weights
+            parts.append("packed")
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

@@ -17,6 +17,16 @@ output is identical but for exact ties (tests/test_row_linear.py). Where it pays
 business, so it is an engine setting (`row_linear`: the most rows a forward may have to use the twin;
 0 turns it off) and the cost profile that plans trees measures the forwards through it.
 
+Where PyTorch has oneDNN (every x86 and Arm CPU build), a weight large enough to matter is also kept
+packed in oneDNN's blocked layout, and forwards of more than PACKED_ROWS rows run oneDNN's linear on
+it: a tree's 4 to 64 rows then cost little more than one row does, where both products above slow
+down with every row past 8. The packed copy is memory beside the weight (as much again as the
+layers packed), so it is made only while it fits well inside the memory the machine has free
+(PACK_SHARE); it is shared by every twin of the same weight and made again if the weight changes in
+place (its version counter moves). bfloat16 layers are twinned where oneDNN runs bfloat16 natively,
+and then always take the packed kernel: PyTorch's own bfloat16 product is the slower one at every
+row count.
+
 Hooks: the twin's top module shares the model's hook registries (a hook put on the model runs for the
 twin's forwards too), but the modules below have registries of their own, copied when the twin is
 made, because Hugging Face installs its output-recording hooks once per model object. A hook put on
@@ -26,9 +36,11 @@ twin: set row_linear to 0 where one must.
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .models import shallow_module
 
@@ -38,13 +50,74 @@ from .models import shallow_module
 CACHED_WEIGHT = 1 << 17
 
 
+# past this many rows the weight @ input.T product is slower than PyTorch's own (the kernel table in
+# benchmarks/results/row_linear): an unpacked layer then runs nn.Linear's
+TRANSPOSED_ROWS = 8
+
+# a float32 forward of at most this many rows takes the weight @ input.T product above even where a
+# packed weight exists: at one or two rows oneDNN's fixed cost per call (about 15 us) outweighs what
+# its kernel saves, from 4 rows on its kernel wins (benchmarks/results/row_linear: the kernel table)
+PACKED_ROWS = 2
+
+# the packed copies a twin makes may take at most this share of the memory free when it is made
+PACK_SHARE = 0.25
+
+# the `packed_linear` setting, process-wide as PyTorch's own backend switches are: whether twins made
+# from now on pack their weights (each Speculator sets it from its config as it is built)
+PACK = True
+
+# weight -> (its version counter when packed, the packed copy): one copy per weight for every twin
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def set_packing(on: bool) -> None:
+    """The `packed_linear` setting: twins made from now on pack their large weights (on) or not."""
+    global PACK
+    PACK = bool(on)
+
+
+def packs(model: nn.Module, row_linear: int) -> bool:
+    """Whether a verifier of `model` with this row_linear setting would run packed weights now (the
+    fit in memory aside): cost profiles are keyed by it."""
+    return bool(row_linear) and PACK and model.device.type == "cpu" and can_pack(model.dtype)
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    """oneDNN runs linear layers of this dtype on this CPU: float32 wherever PyTorch has oneDNN,
+    bfloat16 only where the CPU has native bfloat16 instructions (else oneDNN emulates it, slowly)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight in oneDNN's blocked layout, made once per version of the weight."""
+    held = _PACKED.get(weight)
+    if held is None or held[0] != weight._version:
+        with torch.no_grad():
+            held = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+        _PACKED[weight] = held
+    return held[1]
+
+
 class RowLinear(nn.Linear):
-    """nn.Linear computing weight @ input.T (see the module's docstring). Made only by row_twin, as a
-    class change of a shallow copy of an nn.Linear: it holds that layer's own parameters and hooks."""
+    """nn.Linear computing weight @ input.T, or oneDNN's linear on a packed copy of the weight (see
+    the module's docstring). Made only by row_twin, as a class change of a shallow copy of an
+    nn.Linear: it holds that layer's own parameters and hooks, and `packed` says whether it may use
+    the packed kernel."""
+
+    packed = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // input.shape[-1]
-        if rows == 1 and self.weight.numel() < CACHED_WEIGHT:
+        # no gradient reaches a weight through its packed copy: a layer being trained takes the products
+        # of the weight itself
+        if (self.packed and (rows > PACKED_ROWS or self.weight.dtype != torch.float32)
+                and not (self.weight.requires_grad and torch.is_grad_enabled())):
+            return torch.ops.mkldnn._linear_pointwise(input, packed_weight(self.weight), self.bias, "none", [], "")
+        if rows > TRANSPOSED_ROWS or (rows == 1 and self.weight.numel() < CACHED_WEIGHT):
             return super().forward(input)
         flat = input.reshape(rows, input.shape[-1])                          # [rows, in]
         if rows == 1:
@@ -55,21 +128,62 @@ class RowLinear(nn.Linear):
         return out.contiguous().reshape(*input.shape[:-1], self.out_features)
 
 
-def qualifies(module: nn.Module) -> bool:
-    """A plain nn.Linear (no subclass: a quantized or adapted layer keeps its own forward) with a
-    float32 weight on the CPU."""
-    return type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+def free_memory() -> int | None:
+    """Bytes of memory the machine has free for new allocations (Linux: MemAvailable), or None where
+    that cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
-def row_twin(model: nn.Module) -> nn.Module | None:
-    """The model's twin with RowLinear layers, or None when it has no layer that qualifies. The top
-    module is a plain copy, so hooks put on the model later (a forward meter's) see the twin's
-    forwards too; every module below has registries of its own (specdec.models.shallow_module), so
-    what Hugging Face hooks into the layers it calls for recorded outputs is installed once in each."""
+def qualifies(module: nn.Module, pack: bool) -> bool:
+    """A plain nn.Linear (no subclass: a quantized or adapted layer keeps its own forward) on the CPU,
+    with a float32 weight, or with a bfloat16 one where it will be packed (PyTorch's own bfloat16
+    product is the slower one at every row count, and a small weight is left alone)."""
+    if type(module) is not nn.Linear or module.weight.device.type != "cpu":
+        return False
+    dtype = module.weight.dtype
+    return dtype == torch.float32 or (pack and dtype == torch.bfloat16 and worth_packing(module))
+
+
+def worth_packing(layer: nn.Linear) -> bool:
+    """A weight too large to stay in a core's cache, in a dtype oneDNN runs here."""
+    return layer.weight.numel() >= CACHED_WEIGHT and can_pack(layer.weight.dtype)
+
+
+def pack_fits(weights: list[torch.Tensor]) -> bool:
+    """Packed copies of these weights (those not packed already) fit in PACK_SHARE of the free memory."""
+    new = {id(w): w for w in weights if (held := _PACKED.get(w)) is None or held[0] != w._version}
+    free = free_memory()
+    return free is None or sum(w.numel() * w.element_size() for w in new.values()) <= PACK_SHARE * free
+
+
+def row_twin(model: nn.Module, pack: bool | None = None) -> nn.Module | None:
+    """The model's twin with RowLinear layers, or None when it has no layer that qualifies. With
+    `pack` (default: the `packed_linear` setting, PACK), its large layers run oneDNN's kernel on packed copies of their weights, made here (where
+    they fit in memory: pack_fits). The top module is a plain copy, so hooks put on the model later
+    (a forward meter's) see the twin's forwards too; every module below has registries of its own
+    (specdec.models.shallow_module), so what Hugging Face hooks into the layers it calls for recorded
+    outputs is installed once in each."""
+    pack = PACK if pack is None else pack
+    large = [m for m in model.modules() if qualifies(m, pack) and worth_packing(m)]
+    pack = pack and bool(large) and pack_fits([m.weight for m in large])
+
     def twin(module: nn.Module, top: bool = False) -> nn.Module:
-        if qualifies(module):
+        if qualifies(module, pack):
             layer = shallow_module(module)
             layer.__class__ = RowLinear
+            if pack and worth_packing(module):
+                layer.packed = True
+                packed_weight(module.weight)           # now, not inside a timed step
             return layer
         shell = copy.copy(module) if top else shallow_module(module)
         shell._modules = {name: None if child is None else twin(child) for name, child in module._modules.items()}
@@ -77,3 +191,19 @@ def row_twin(model: nn.Module) -> nn.Module | None:
 
     result = twin(model, top=True)
     return result if any(isinstance(module, RowLinear) for module in result.modules()) else None
+
+
+def pack_layers(module: nn.Module) -> int:
+    """Give a module of specdec's own (a drafter, not a user's model: its layers change class in place)
+    packed weights in its large linear layers, as row_twin gives a twin (where they fit in memory and
+    the `packed_linear` setting is on; with it off, layers packed before are turned back). Returns
+    the number of layers that run packed."""
+    layers = [m for m in module.modules() if type(m) in (nn.Linear, RowLinear)
+              and m.weight.device.type == "cpu" and worth_packing(m)]
+    pack = PACK and bool(layers) and pack_fits([m.weight for m in layers])
+    for layer in layers:
+        layer.__class__ = RowLinear if pack else nn.Linear
+        layer.packed = pack
+        if pack:
+            packed_weight(layer.weight)
+    return len(layers) if pack else 0

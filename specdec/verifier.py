@@ -47,7 +47,7 @@ def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
-ROW_LINEAR = 8           # EngineConfig.row_linear's default: the most rows a forward through the RowLinear twin has
+ROW_LINEAR = 256           # EngineConfig.row_linear's default: the most rows a forward through the RowLinear twin has
 # prompt rows per drafter forward when a drafter catches up on a prompt (draft model, EAGLE): it runs
 # on top of the target's whole KV cache and the prompt's features, so with a quarter of the prefill's
 # chunk its activations stay below the target prefill's last chunk

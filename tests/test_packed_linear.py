@@ -1,0 +1,154 @@
+"""Packed linear weights (specdec.row_linear, the `packed_linear` setting): oneDNN's kernel on a packed
+copy computes the layer's product, the copy follows the weight, training never runs through it, it
+is made only where it fits in memory, EAGLE drafters and twins of the target get it while the
+target's own layers never change, and greedy output stays identical to generate(do_sample=False)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import specdec.row_linear as row_linear_module
+from conftest import hf_greedy, noisy_copy, tiny_model
+from eagle_helpers import random_drafter
+from specdec import Speculator
+from specdec.config import EngineConfig
+from specdec.costmodel import profile_key
+from specdec.row_linear import RowLinear, can_pack, pack_layers, packed_weight, row_twin, set_packing
+from specdec.strategies.autoregressive import Autoregressive
+from specdec.strategies.draft_model import DraftModel
+from specdec.strategies.eagle import Eagle
+from specdec.strategies.prompt_lookup import PromptLookup
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.float32), reason="this PyTorch has no oneDNN")
+
+N = 24
+PROMPT = [5, 17, 33, 9, 41, 5, 17, 33, 9, 41, 60, 70, 5, 17]
+
+
+@pytest.fixture(autouse=True)
+def pack_every_layer(monkeypatch):
+    """Every layer of the tiny models counts as large (they are far below the size that packs), and
+    the setting is restored whatever a test sets."""
+    monkeypatch.setattr(row_linear_module, "CACHED_WEIGHT", 0)
+    yield
+    set_packing(True)
+
+
+def packed_layers(module: nn.Module) -> list[RowLinear]:
+    return [m for m in module.modules() if isinstance(m, RowLinear) and m.packed]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 9, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_layer_computes_the_linear_product(rows, dtype, bias):
+    if not can_pack(dtype):
+        pytest.skip(f"oneDNN does not run {dtype} natively on this CPU")
+    torch.manual_seed(rows)
+    layer = nn.Linear(48, 64, bias=bias).to(dtype)
+    twin = row_twin(layer)
+    assert type(twin) is RowLinear and twin.packed and twin.weight is layer.weight
+    x = torch.randn(1, rows, 48, dtype=dtype)
+    out = twin(x)
+    assert out.shape == (1, rows, 64) and out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, layer(x), rtol=tolerance, atol=tolerance)
+
+
+def test_bfloat16_layers_are_twinned_only_where_they_pack():
+    model = tiny_model("llama").to(torch.bfloat16)
+    if can_pack(torch.bfloat16):
+        assert len(packed_layers(row_twin(model))) == sum(type(m) is nn.Linear for m in model.modules())
+    assert row_twin(model, pack=False) is None             # PyTorch's own bf16 product beats weight @ x.T
+
+
+def test_the_packed_copy_follows_the_weight_and_is_shared():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 16)
+    first, second = row_twin(layer), row_twin(layer)
+    x = torch.randn(5, 32)
+    assert packed_weight(layer.weight) is packed_weight(layer.weight)     # one copy for both twins
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)                                         # in place: its version moves
+    for twin in (first, second):
+        torch.testing.assert_close(twin(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_being_trained_never_runs_through_the_copy():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 16)
+    twin = row_twin(layer)
+    x = torch.randn(5, 32)
+    twin(x).sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+    torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(16, 32))
+
+
+def test_no_packing_where_it_does_not_fit_in_memory(monkeypatch):
+    model = tiny_model("llama")
+    weights = sum(m.weight.nbytes for m in model.modules() if type(m) is nn.Linear)
+    monkeypatch.setattr(row_linear_module, "free_memory", lambda: weights)     # a quarter is too little
+    twin = row_twin(model)
+    assert twin is not None and not packed_layers(twin)                # float32: the unpacked kernels
+    assert row_twin(model.to(torch.bfloat16)) is None                  # bfloat16: nothing to gain
+    monkeypatch.setattr(row_linear_module, "free_memory", lambda: 8 * weights)
+    assert packed_layers(row_twin(model.float()))
+
+
+def test_the_setting_turns_packing_off_and_keys_profiles():
+    target = tiny_model("llama")
+    packed_key = profile_key(target, (0, 1, 2), 64, row_linear=8)
+    sd = Speculator(target, None, Autoregressive(), config=_config(packed_linear=False, row_linear=8))
+    assert sd.verifier.row_model is not None and not packed_layers(sd.verifier.row_model)
+    unpacked_key = profile_key(target, (0, 1, 2), 64, row_linear=8)
+    assert unpacked_key != packed_key
+    sd = Speculator(target, None, Autoregressive(), config=_config(row_linear=8))
+    assert packed_layers(sd.verifier.row_model)
+    assert profile_key(target, (0, 1, 2), 64, row_linear=8) == packed_key
+
+
+def _config(**engine):
+    from specdec.config import load_spec_config
+    return load_spec_config("autoregressive", [f"{key}={str(value).lower()}" for key, value in engine.items()])
+
+
+def test_eagle_drafter_layers_pack_and_the_target_stays_as_it_was():
+    target = tiny_model("llama", seed=2)
+    before = {name: type(m) for name, m in target.named_modules()}
+    drafter = random_drafter(target)
+    Speculator(target, None, Eagle(drafter, max_nodes=6))
+    assert {name: type(m) for name, m in target.named_modules()} == before
+    drafter_linears = [m for m in drafter.modules() if isinstance(m, nn.Linear)]
+    assert drafter_linears and all(isinstance(m, RowLinear) and m.packed for m in drafter_linears)
+    head = drafter._shared_lm_head[0]
+    assert isinstance(head, RowLinear) and head.packed and head is not target.get_output_embeddings()
+    set_packing(False)
+    assert pack_layers(drafter) == 0 and not any(isinstance(m, RowLinear) for m in drafter.modules())
+
+
+@pytest.mark.parametrize("strategy", ["autoregressive", "prompt_lookup", "draft_model", "eagle"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_identity_with_packed_weights(strategy, arch):
+    target = tiny_model(arch, seed=0)
+    make = {"autoregressive": Autoregressive,
+            "prompt_lookup": lambda: PromptLookup(max_ngram=3, num_tokens=5),
+            "draft_model": lambda: DraftModel(noisy_copy(target), num_tokens=4),
+            "eagle": lambda: Eagle(random_drafter(target, seed=3), max_nodes=6)}[strategy]
+    sd = Speculator(target, None, make(), row_linear=64)
+    assert packed_layers(sd.verifier.row_model)
+    assert sd.generate(PROMPT, max_new_tokens=N, ignore_eos=True).token_ids == hf_greedy(target, PROMPT, N,
+                                                                                       eos_token_id=None)
+
+
+def test_batched_greedy_identity_with_packed_weights():
+    target = tiny_model("llama", seed=0)
+    prompts = [PROMPT, [9, 8, 7, 9, 8, 7, 9, 8], [3, 4, 5, 6]]
+    sd = Speculator(target, None, PromptLookup(max_ngram=3, num_tokens=3), row_linear=64)
+    outs = sd.generate(prompts, max_new_tokens=[N, N - 5, N], ignore_eos=True, batch_size=3)
+    assert [out.token_ids for out in outs] == [hf_greedy(target, p, n, eos_token_id=None)
+                                             for p, n in zip(prompts, [N, N - 5, N])]
+
+
+def test_the_config_default_packs():
+    assert EngineConfig().packed_linear is True
