@@ -31,6 +31,7 @@ from .compiled import padded_parents
 from .loop import Decoding, feature_layers
 from .sampling import logits_to_probs
 from .models import AttentionLayout, cache_kwargs, check_cacheable
+from .row_linear import runs_packed
 from .tables import ShapeTables
 from .tree import (CandidateTree, chain_masks, chain_position_ids, to_device, tree_masks, tree_position_ids,
                    with_pending_root)
@@ -98,6 +99,7 @@ class BatchVerifier:
         # forwards of at most row_linear rows in all (batch x width) run through row_model, the model's
         # RowLinear twin (specdec.row_linear), as the single-row verifier's do (0: none)
         self.row_model, self.row_linear = row_model, int(row_linear) if row_model is not None else 0
+        self.packed = runs_packed(row_model)     # packed weights win at every row count: every forward takes them
         self.tables = tables if tables is not None else ShapeTables()
         self.cache = DynamicCache(config=model.config)
         self.cache.layers = [RowLayer() for _ in check_cacheable(model, "target")]
@@ -257,8 +259,8 @@ class BatchVerifier:
         write_at = self.fills_on_device                                                    # [B]
         for layer in self.cache.layers:
             layer.write_at, layer.width = write_at, width
-        small = not prefill and input_ids.numel() <= self.row_linear
-        out = (self.row_model if small else self.model)(
+        twin = self.packed or (not prefill and input_ids.numel() <= self.row_linear)
+        out = (self.row_model if twin else self.model)(
             input_ids=input_ids, attention_mask=mask, position_ids=torch.cat(positions),
             **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=logits_to_keep,
             output_hidden_states=hidden_request(layers))

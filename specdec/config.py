@@ -66,13 +66,15 @@ class EngineConfig:
     #                                     (specdec.attention_backend; process-wide)
     prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
     #                                     long prompt is bounded by the chunk (greedy output unchanged)
-    row_linear: int = setting(256, min=0)  # verify forwards of at most this many rows (pending token + tree
-    #                                     nodes, all rows of a batch) run CPU linear layers with the kernels
-    #                                     of specdec.row_linear (weight @ input.T, or packed weights); 0: off
-    packed_linear: bool = True          # on a CPU with oneDNN, large linear layers of the target's verify forwards
-    #                                     and of EAGLE drafters run on a packed copy of their weights (memory:
-    #                                     as much again as those weights; made only where it fits in a quarter
-    #                                     of the free memory). Process-wide, set by each Speculator as it is built
+    row_linear: int = setting(8, min=0)   # verify forwards of at most this many rows (pending token + tree
+    #                                     nodes, a batch's rows together) compute float32 CPU linear layers as
+    #                                     weight @ input.T, which streams the weights on every core
+    #                                     (specdec.row_linear); with packed_linear, every forward; 0: off
+    packed_linear: bool = True          # on a CPU with oneDNN, the large linear layers of every target forward
+    #                                     (with row_linear > 0) and of EAGLE drafters run oneDNN's kernel on a
+    #                                     packed copy of their weights (memory: as much again as those weights;
+    #                                     made only where it fits in a quarter of the free memory).
+    #                                     Process-wide, set by each Speculator as it is built
     target: TargetConfig = field(default_factory=TargetConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around

@@ -66,7 +66,7 @@ PACK_SHARE = 0.25
 # from now on pack their weights (each Speculator sets it from its config as it is built)
 PACK = True
 
-# weight -> (its version counter when packed, the packed copy): one copy per weight for every twin
+# weight -> (its stamp when packed, the packed copy): one copy per weight for every twin
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -92,12 +92,19 @@ def can_pack(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def stamp(weight: torch.Tensor) -> tuple[int, int]:
+    """What the packed copy of a weight was made from: its storage (which `.to()` and `.data =` swap
+    under the same Parameter) and its version counter (which every in-place change moves; -1 for a
+    tensor made in inference mode, which has none and is changed in place only inside inference mode)."""
+    return weight.data_ptr(), -1 if weight.is_inference() else weight._version
+
+
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight in oneDNN's blocked layout, made once per version of the weight."""
+    """The weight in oneDNN's blocked layout, made once per storage and version of the weight."""
     held = _PACKED.get(weight)
-    if held is None or held[0] != weight._version:
+    if held is None or held[0] != stamp(weight):
         with torch.no_grad():
-            held = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+            held = (stamp(weight), torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
         _PACKED[weight] = held
     return held[1]
 
@@ -126,6 +133,11 @@ class RowLinear(nn.Linear):
         if self.bias is not None:
             out = out + self.bias
         return out.contiguous().reshape(*input.shape[:-1], self.out_features)
+
+
+def runs_packed(twin: nn.Module | None) -> bool:
+    """Whether a twin's large layers run packed weights: then forwards of any row count gain by it."""
+    return twin is not None and any(isinstance(m, RowLinear) and m.packed for m in twin.modules())
 
 
 def free_memory() -> int | None:
@@ -161,7 +173,7 @@ def worth_packing(layer: nn.Linear) -> bool:
 
 def pack_fits(weights: list[torch.Tensor]) -> bool:
     """Packed copies of these weights (those not packed already) fit in PACK_SHARE of the free memory."""
-    new = {id(w): w for w in weights if (held := _PACKED.get(w)) is None or held[0] != w._version}
+    new = {id(w): w for w in weights if (held := _PACKED.get(w)) is None or held[0] != stamp(w)}
     free = free_memory()
     return free is None or sum(w.numel() * w.element_size() for w in new.values()) <= PACK_SHARE * free
 

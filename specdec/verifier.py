@@ -18,7 +18,7 @@ import torch
 from .cache import commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
 from .models import attention_layout, cache_kwargs
-from .row_linear import row_twin
+from .row_linear import row_twin, runs_packed
 from .tables import ShapeTables
 from .tree import CandidateTree, LowerRun, tree_masks, tree_position_ids, with_pending_root, host_to_device
 
@@ -47,7 +47,7 @@ def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 PREFILL_CHUNK = 2048     # EngineConfig.prefill_chunk's default: prompt tokens per prefill forward
-ROW_LINEAR = 256           # EngineConfig.row_linear's default: the most rows a forward through the RowLinear twin has
+ROW_LINEAR = 8           # EngineConfig.row_linear's default: the most rows a forward through the RowLinear twin has
 # prompt rows per drafter forward when a drafter catches up on a prompt (draft model, EAGLE): it runs
 # on top of the target's whole KV cache and the prompt's features, so with a quarter of the prefill's
 # chunk its activations stay below the target prefill's last chunk
@@ -112,6 +112,9 @@ class Verifier:
         # row_linear is the setting in effect: 0 where the model has no twin (compiled, no float32 CPU linear)
         self.row_model = row_twin(model) if int(row_linear) > 0 and self.static is None else None
         self.row_linear = int(row_linear) if self.row_model is not None else 0
+        # whether the twin's large layers run packed weights: they win at every row count, so then every
+        # forward takes the twin, the prefill's included
+        self.packed = runs_packed(self.row_model)
 
     def for_call(self) -> "Verifier":
         """A verifier for a call that overlaps another: the same model, attention layout and shape
@@ -170,7 +173,8 @@ class Verifier:
             return self.static.run(chunk, None, self.prefix_len, hidden_request(feature_layers),
                                    last_logits_only=not every_row)
         positions = torch.arange(self.prefix_len, self.prefix_len + chunk.shape[1], device=self.device)[None]
-        return self.model(input_ids=chunk, position_ids=positions, **cache_kwargs(self.model, self.cache),  # as
+        model = self.row_model if self.packed else self.model
+        return model(input_ids=chunk, position_ids=positions, **cache_kwargs(self.model, self.cache),  # as
                           use_cache=True, logits_to_keep=0 if every_row else 1,                     # generate() does
                           output_hidden_states=hidden_request(feature_layers))
 
@@ -197,7 +201,7 @@ class Verifier:
             parents = with_pending_root(tree.parents)
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device, tables=self.tables)
             positions = tree_position_ids(parents, self.prefix_len, self.device, self.tables)
-        model = self.row_model if input_ids.shape[1] <= self.row_linear else self.model
+        model = self.row_model if self.packed or input_ids.shape[1] <= self.row_linear else self.model
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                     **cache_kwargs(self.model, self.cache), use_cache=True,
                     output_hidden_states=hidden_request(feature_layers))

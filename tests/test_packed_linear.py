@@ -152,3 +152,45 @@ def test_batched_greedy_identity_with_packed_weights():
 
 def test_the_config_default_packs():
     assert EngineConfig().packed_linear is True
+
+
+def test_weights_made_in_inference_mode_pack():
+    with torch.inference_mode():
+        layer = nn.Linear(32, 16)
+        x = torch.randn(5, 32)
+        twin = row_twin(layer)
+        assert twin.packed
+        torch.testing.assert_close(twin(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_moved_to_another_dtype_is_packed_again():
+    """Module.to() swaps a Parameter's storage without moving its version counter: the copy follows."""
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 16)
+    assert pack_layers(layer) == 1
+    x = torch.randn(5, 32)
+    layer(x)
+    layer.float().to(torch.float64).to(torch.float32)
+    with torch.no_grad():
+        layer.weight.data = torch.randn(16, 32)
+    torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    if can_pack(torch.bfloat16):
+        layer.to(torch.bfloat16)
+        out = layer(x.bfloat16())
+        torch.testing.assert_close(out, nn.functional.linear(x.bfloat16(), layer.weight, layer.bias),
+                                   rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_with_packed_weights_every_forward_takes_the_twin(packed):
+    """The prefill (14 rows, above row_linear's 8) takes the twin only where its weights are packed."""
+    target = tiny_model("llama", seed=0)
+    sd = Speculator(target, None, Autoregressive(), config=_config(packed_linear=packed))
+    rows = []
+    twin = sd.verifier.row_model
+    forward = type(twin).forward
+    twin.forward = lambda *a, **k: rows.append(k["input_ids"].shape[1]) or forward(twin, *a, **k)
+    assert sd.generate(PROMPT, max_new_tokens=4, ignore_eos=True).token_ids == hf_greedy(target, PROMPT, 4,
+                                                                                      eos_token_id=None)
+    decode = [n for n in rows if n == 1]
+    assert decode and rows == ([len(PROMPT) - 1] if packed else []) + decode
