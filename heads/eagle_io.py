@@ -81,6 +81,9 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
     # on a CPU its large linear layers run oneDNN's kernel on packed weights (specdec.row_linear): a
     # tree level's forward of a few rows then costs about what one row does
     pack_layers(drafter)
+    for block in drafter.modules():
+        if hasattr(block, "group_projections"):
+            block.group_projections()
     drafter.attach_embedding(target.get_input_embeddings())
     if not drafter.uses_target_lm_head:
         return drafter

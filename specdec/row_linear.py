@@ -109,6 +109,51 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return held[1]
 
 
+def training(weights) -> bool:
+    """Some weight takes gradients now: no gradient reaches a weight through a packed copy, so such a
+    layer takes the products of the weight itself."""
+    return torch.is_grad_enabled() and any(w.requires_grad for w in weights)
+
+
+class PackedGroup:
+    """Linear layers that read the same input (a block's q, k and v projections; its gate and up
+    projections) run as ONE packed product of their weights stacked, its output split back: one call
+    of oneDNN's fixed cost instead of one per layer. The layers keep their own parameters (what is
+    saved and trained); the stacked copy follows them as a layer's packed copy does, and while one
+    of them takes gradients each runs on its own."""
+
+    def __init__(self, layers: list[nn.Linear]):
+        self.layers = list(layers)
+        self.sizes = [layer.out_features for layer in self.layers]
+        self._held: tuple | None = None           # (the layers' stamps, packed stacked weight, stacked bias)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_held": None}      # as RowLinear's: the packed copy is not copied
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        weights = [layer.weight for layer in self.layers]
+        if training(weights):
+            return tuple(layer(x) for layer in self.layers)
+        stamps = tuple(stamp(w) for w in weights)
+        if self._held is None or self._held[0] != stamps:
+            with torch.no_grad():
+                stacked = torch.cat([w.detach() for w in weights])                     # [sum(out), in]
+                biases = [layer.bias for layer in self.layers]
+                bias = None if all(b is None for b in biases) else torch.cat(
+                    [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+                self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked), bias)
+        out = torch.ops.mkldnn._linear_pointwise(x, self._held[1], self._held[2], "none", [], "")
+        return out.split(self.sizes, dim=-1)
+
+
+def packed_group(layers: list[nn.Linear]) -> PackedGroup | None:
+    """A PackedGroup of these layers where their own packed kernel is in effect (pack_layers packed
+    them all: same dtype, the setting on, the copy fits), else None: each runs on its own."""
+    if all(isinstance(layer, RowLinear) and layer.packed for layer in layers):
+        return PackedGroup(layers)
+    return None
+
+
 class RowLinear(nn.Linear):
     """nn.Linear computing weight @ input.T, or oneDNN's linear on a packed copy of the weight (see
     the module's docstring). Made only by row_twin, as a class change of a shallow copy of an
@@ -117,13 +162,20 @@ class RowLinear(nn.Linear):
 
     packed = False
 
+    def __getstate__(self) -> dict:
+        """Copies (copy.deepcopy, pickle) leave the packed copy behind: oneDNN's layout cannot be copied,
+        and the copy's weight is another tensor, packed when first used."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {key: value for key, value in state.items() if key != "_held"}
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // input.shape[-1]
-        # no gradient reaches a weight through its packed copy: a layer being trained takes the products
-        # of the weight itself
         if (self.packed and (rows > PACKED_ROWS or self.weight.dtype != torch.float32)
-                and not (self.weight.requires_grad and torch.is_grad_enabled())):
-            return torch.ops.mkldnn._linear_pointwise(input, packed_weight(self.weight), self.bias, "none", [], "")
+                and not training((self.weight,))):
+            held = self.__dict__.get("_held")         # this layer's own hold on the shared copy: no lookup
+            if held is None or held[0] != stamp(self.weight):
+                held = self._held = (stamp(self.weight), packed_weight(self.weight))
+            return torch.ops.mkldnn._linear_pointwise(input, held[1], self.bias, "none", [], "")
         if rows > TRANSPOSED_ROWS or (rows == 1 and self.weight.numel() < CACHED_WEIGHT):
             return super().forward(input)
         flat = input.reshape(rows, input.shape[-1])                          # [rows, in]
