@@ -19,13 +19,15 @@ business, so it is an engine setting (`row_linear`: the most rows a forward may 
 
 Where PyTorch has oneDNN (every x86 and Arm CPU build), a weight large enough to matter is also kept
 packed in oneDNN's blocked layout, and forwards of more than PACKED_ROWS rows run oneDNN's linear on
-it: a tree's 4 to 64 rows then cost little more than one row does, where both products above slow
-down with every row past 8. The packed copy is memory beside the weight (as much again as the
-layers packed), so it is made only while it fits well inside the memory the machine has free
-(PACK_SHARE); it is shared by every twin of the same weight and made again if the weight changes in
-place (its version counter moves). bfloat16 layers are twinned where oneDNN runs bfloat16 natively,
-and then always take the packed kernel: PyTorch's own bfloat16 product is the slower one at every
-row count.
+it: a tree's 3 to 16 rows then cost little more than one row does, where both products above slow
+down with every row, and a prompt's rows cost less than PyTorch's own product. So with packed
+weights every forward of the target takes the twin. The packed copy is memory beside the weight (as
+much again as the layers packed), so it is made only while it fits well inside the memory the
+machine has free (PACK_SHARE); it is shared by every twin of the same weight and made again if the
+weight changes (stamp). bfloat16 layers are twinned where oneDNN runs bfloat16 natively, and then
+always take the packed kernel: PyTorch's own bfloat16 product is the slower one at every row count.
+EAGLE drafters, specdec's own modules, get packed layers in place (pack_layers) and run their q/k/v
+and gate/up projections as one product each (PackedGroup).
 
 Hooks: the twin's top module shares the model's hook registries (a hook put on the model runs for the
 twin's forwards too), but the modules below have registries of their own, copied when the twin is
@@ -56,7 +58,7 @@ TRANSPOSED_ROWS = 8
 
 # a float32 forward of at most this many rows takes the weight @ input.T product above even where a
 # packed weight exists: at one or two rows oneDNN's fixed cost per call (about 15 us) outweighs what
-# its kernel saves, from 4 rows on its kernel wins (benchmarks/results/row_linear: the kernel table)
+# its kernel saves, from 3 rows on its kernel wins (benchmarks/results/packed_linear: the kernels)
 PACKED_ROWS = 2
 
 # the row count oneDNN lays a packed weight out for: a tree's forwards run 3 to about 16 rows, where this
@@ -236,8 +238,8 @@ def pack_fits(weights: list[torch.Tensor]) -> bool:
 
 def row_twin(model: nn.Module, pack: bool | None = None) -> nn.Module | None:
     """The model's twin with RowLinear layers, or None when it has no layer that qualifies. With
-    `pack` (default: the `packed_linear` setting, PACK), its large layers run oneDNN's kernel on packed copies of their weights, made here (where
-    they fit in memory: pack_fits). The top module is a plain copy, so hooks put on the model later
+    `pack` (default: the `packed_linear` setting, PACK), its large layers run oneDNN's kernel on
+    packed copies of their weights, made here (where they fit in memory: pack_fits). The top module is a plain copy, so hooks put on the model later
     (a forward meter's) see the twin's forwards too; every module below has registries of its own
     (specdec.models.shallow_module), so what Hugging Face hooks into the layers it calls for recorded
     outputs is installed once in each."""
@@ -263,15 +265,20 @@ def row_twin(model: nn.Module, pack: bool | None = None) -> nn.Module | None:
 
 def pack_layers(module: nn.Module) -> int:
     """Give a module of specdec's own (a drafter, not a user's model: its layers change class in place)
-    packed weights in its large linear layers, as row_twin gives a twin (where they fit in memory and
-    the `packed_linear` setting is on; with it off, layers packed before are turned back). Returns
-    the number of layers that run packed."""
-    layers = [m for m in module.modules() if type(m) in (nn.Linear, RowLinear)
-              and m.weight.device.type == "cpu" and worth_packing(m)]
-    pack = PACK and bool(layers) and pack_fits([m.weight for m in layers])
-    for layer in layers:
-        layer.__class__ = RowLinear if pack else nn.Linear
-        layer.packed = pack
-        if pack:
+    packed weights in its large CPU linear layers, as row_twin gives a twin (where they fit in memory
+    and the `packed_linear` setting is on). Every other linear layer, one packed before included (the
+    setting turned off, the module moved to another device), is a plain nn.Linear again. Returns the
+    number of layers that run packed."""
+    linears = [m for m in module.modules() if type(m) in (nn.Linear, RowLinear)]
+    large = [m for m in linears if m.weight.device.type == "cpu" and worth_packing(m)]
+    pack = PACK and bool(large) and pack_fits([m.weight for m in large])
+    packed = {id(m) for m in large} if pack else set()
+    for layer in linears:
+        if id(layer) in packed:
+            layer.__class__, layer.packed = RowLinear, True
             packed_weight(layer.weight)
-    return len(layers) if pack else 0
+        else:
+            layer.__class__ = nn.Linear
+            for name in ("packed", "_held"):          # and the copy it held, freed
+                layer.__dict__.pop(name, None)
+    return len(packed)

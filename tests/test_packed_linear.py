@@ -194,3 +194,15 @@ def test_with_packed_weights_every_forward_takes_the_twin(packed):
                                                                                       eos_token_id=None)
     decode = [n for n in rows if n == 1]
     assert decode and rows == ([len(PROMPT) - 1] if packed else []) + decode
+
+
+def test_a_drafter_moved_off_the_cpu_or_unpacked_holds_no_packed_layer():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 8))
+    assert pack_layers(block) == 2 and all(type(m) is RowLinear for m in block)
+    block(torch.randn(3, 32))
+    set_packing(False)
+    assert pack_layers(block) == 0
+    assert all(type(m) is nn.Linear and "packed" not in vars(m) and "_held" not in vars(m) for m in block)
+    set_packing(True)
+    assert pack_layers(block.to("meta")) == 0 and all(type(m) is nn.Linear for m in block)
