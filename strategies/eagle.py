@@ -59,7 +59,7 @@ class EagleConfig:
     """The `eagle:` section. Defaults suit a CPU (configs/eagle.yaml); on a GPU wider trees are
     nearly free (max_nodes 60, top_k 10)."""
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
-    max_nodes: int = setting(7, min=1)      # tree node budget
+    max_nodes: int = setting(5, min=1)      # tree node budget
     top_k: int = setting(4, min=1)          # children considered per node (greedy and the coupled sampler)
     depth: int = setting(8, min=1)          # tree levels at most
     expand: Optional[int] = setting(None, min=1)   # greedy: nodes expanded per depth (None = top_k, EAGLE-2;
