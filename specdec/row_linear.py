@@ -38,6 +38,7 @@ twin: set row_linear to 0 where one must.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 
 import torch
@@ -91,11 +92,21 @@ def packs(model: nn.Module, row_linear: int) -> bool:
 def can_pack(dtype: torch.dtype) -> bool:
     """oneDNN runs linear layers of this dtype on this CPU: float32 wherever PyTorch has oneDNN,
     bfloat16 only where the CPU has native bfloat16 instructions (else oneDNN emulates it, slowly)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype in _packable_dtypes()
+
+
+@functools.cache
+def _packable_dtypes() -> frozenset:
+    """The dtypes can_pack accepts, asked of this PyTorch once: none where it lacks oneDNN or the ops
+    (torch >= 2.1 is allowed; the packed linear ops came with oneDNN's inductor support)."""
+    try:
+        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+            return frozenset()
+        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return frozenset()
+    return frozenset({torch.float32, torch.bfloat16} if bf16 else {torch.float32})
 
 
 def stamp(weight: torch.Tensor) -> tuple[int, int]:
@@ -140,6 +151,13 @@ class PackedGroup:
         weights = [layer.weight for layer in self.layers]
         if training(weights):
             return tuple(layer(x) for layer in self.layers)
+        held = self.prepare()
+        out = torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")
+        return out.split(self.sizes, dim=-1)
+
+    def prepare(self) -> tuple:
+        """The stacked packed copy (and bias) of the layers' weights as they are now, made if needed."""
+        weights = [layer.weight for layer in self.layers]
         stamps = tuple(stamp(w) for w in weights)
         if self._held is None or self._held[0] != stamps:
             with torch.no_grad():
@@ -148,8 +166,7 @@ class PackedGroup:
                 bias = None if all(b is None for b in biases) else torch.cat(
                     [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
                 self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT), bias)
-        out = torch.ops.mkldnn._linear_pointwise(x, self._held[1], self._held[2], "none", [], "")
-        return out.split(self.sizes, dim=-1)
+        return self._held
 
 
 def packed_group(layers: list[nn.Linear]) -> PackedGroup | None:
@@ -239,10 +256,10 @@ def pack_fits(weights: list[torch.Tensor]) -> bool:
 def row_twin(model: nn.Module, pack: bool | None = None) -> nn.Module | None:
     """The model's twin with RowLinear layers, or None when it has no layer that qualifies. With
     `pack` (default: the `packed_linear` setting, PACK), its large layers run oneDNN's kernel on
-    packed copies of their weights, made here (where they fit in memory: pack_fits). The top module is a plain copy, so hooks put on the model later
-    (a forward meter's) see the twin's forwards too; every module below has registries of its own
-    (specdec.models.shallow_module), so what Hugging Face hooks into the layers it calls for recorded
-    outputs is installed once in each."""
+    packed copies of their weights, made here (where they fit in memory: pack_fits). The top module
+    is a plain copy, so hooks put on the model later (a forward meter's) see the twin's forwards
+    too; every module below has registries of its own (specdec.models.shallow_module), so what
+    Hugging Face hooks into the layers it calls for recorded outputs is installed once in each."""
     pack = PACK if pack is None else pack
     large = [m for m in model.modules() if qualifies(m, pack) and worth_packing(m)]
     pack = pack and bool(large) and pack_fits([m.weight for m in large])
