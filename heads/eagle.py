@@ -265,6 +265,11 @@ class DrafterBlock(nn.Module):
         call's fixed cost instead of three, in every drafter forward."""
         self._qkv = packed_group([self.q_proj, self.k_proj, self.v_proj])
         self._gate_up = packed_group([self.gate_proj, self.up_proj])
+        for group in (self._qkv, self._gate_up):
+            if group is not None:
+                group.prepare()                            # now, not inside a timed step
+                for layer in group.layers:                 # the group's copy is the one used: theirs is freed
+                    layer.__dict__.pop("_held", None)
 
 
 class EagleDrafter(nn.Module):

@@ -23,7 +23,7 @@ from torch import nn
 
 from specdec.cache import BufferedLayer
 from specdec.models import has_native_bf16
-from specdec.row_linear import pack_layers, row_twin
+from specdec.row_linear import pack_layers, row_twin, runs_packed
 
 from .eagle import EagleDrafter, EagleLayout
 from .eagle3 import Eagle3Drafter, Eagle3Layout
@@ -95,8 +95,8 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
             head_copy.load_state_dict(lm_head.state_dict())
         lm_head = head_copy.requires_grad_(False)
         pack_layers(lm_head)                       # the drafter's own copy
-    else:                                          # the target's own layer: never changed, twinned
-        lm_head = row_twin(lm_head) or lm_head
+    elif runs_packed(twin := row_twin(lm_head)):   # the target's own layer: never changed, twinned
+        lm_head = twin
     drafter.attach_lm_head(lm_head)
     return drafter
 

@@ -67,14 +67,17 @@ class EngineConfig:
     prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
     #                                     long prompt is bounded by the chunk (greedy output unchanged)
     row_linear: int = setting(8, min=0)   # verify forwards of at most this many rows (pending token + tree
-    #                                     nodes, a batch's rows together) compute float32 CPU linear layers as
-    #                                     weight @ input.T, which streams the weights on every core
-    #                                     (specdec.row_linear); with packed_linear, every forward; 0: off
+    #                                     nodes, a batch's rows together) run the target's CPU linear layers
+    #                                     through a twin (specdec.row_linear): up to 8 rows as weight @ input.T,
+    #                                     which streams the weights on every core; with packed_linear, every
+    #                                     forward, past 2 rows on packed weights; 0: off
     packed_linear: bool = True          # on a CPU with oneDNN, the large linear layers of every target forward
     #                                     (with row_linear > 0) and of EAGLE drafters run oneDNN's kernel on a
-    #                                     packed copy of their weights (memory: as much again as those weights;
-    #                                     made only where it fits in a quarter of the free memory).
-    #                                     Process-wide, set by each Speculator as it is built
+    #                                     packed copy of their weights (memory: about as much again as those
+    #                                     weights, while a Speculator uses them; made only where it fits in a
+    #                                     quarter of the free memory). A weight changed in place through
+    #                                     `.data` is not seen: build the Speculator again. Process-wide, set
+    #                                     by each Speculator as it is built
     target: TargetConfig = field(default_factory=TargetConfig)
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     profile: bool = False               # exact draft / verify time split on a GPU (a synchronisation around

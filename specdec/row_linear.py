@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import weakref
 
 import torch
 from torch import nn
@@ -73,7 +74,8 @@ PACK_SHARE = 0.25
 # from now on pack their weights (each Speculator sets it from its config as it is built)
 PACK = True
 
-# weight -> (its stamp when packed, the packed copy): one copy per weight for every twin
+# weight -> (its stamp when packed, a weak reference to the packed copy): one copy per weight for every
+# twin and drafter alive (they hold it; specdec.row_linear.packed_weight)
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -84,9 +86,12 @@ def set_packing(on: bool) -> None:
 
 
 def packs(model: nn.Module, row_linear: int) -> bool:
-    """Whether a verifier of `model` with this row_linear setting would run packed weights now (the
-    fit in memory aside): cost profiles are keyed by it."""
-    return bool(row_linear) and PACK and model.device.type == "cpu" and can_pack(model.dtype)
+    """Whether a verifier of `model` made now with this row_linear setting runs packed weights (the
+    setting on, a layer worth packing, the copies fitting in memory): cost profiles are keyed by it."""
+    if not (row_linear and PACK):
+        return False
+    large = [m for m in model.modules() if qualifies(m, True) and worth_packing(m)]
+    return bool(large) and pack_fits([m.weight for m in large])
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -111,25 +116,34 @@ def _packable_dtypes() -> frozenset:
 
 def stamp(weight: torch.Tensor) -> tuple[int, int]:
     """What the packed copy of a weight was made from: its storage (which `.to()` and `.data =` swap
-    under the same Parameter) and its version counter (which every in-place change moves; -1 for a
-    tensor made in inference mode, which has none and is changed in place only inside inference mode)."""
+    under the same Parameter) and its version counter (which every in-place change of the weight
+    moves). Not seen: an in-place change through `weight.data` (a tensor with a version counter of
+    its own) or of a tensor made in inference mode (it has none: -1 here). After such a change, build
+    the Speculator again (docs/configuration.md, `packed_linear`)."""
     return weight.data_ptr(), -1 if weight.is_inference() else weight._version
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The weight in oneDNN's blocked layout, made once per storage and version of the weight."""
+def packed_weight(weight: torch.Tensor) -> tuple[tuple[int, int], torch.Tensor] | None:
+    """(the weight's stamp, the weight in oneDNN's blocked layout), made once per stamp and shared by
+    every layer that holds it; None where the weight cannot run packed now (moved off the CPU, cast to
+    a dtype oneDNN does not run here). The layers that use a copy hold it: this cache holds it weakly,
+    so a copy lives as long as some twin or drafter uses it, not as long as the user's model."""
+    if weight.device.type != "cpu" or not can_pack(weight.dtype):
+        return None
     held = _PACKED.get(weight)
-    if held is None or held[0] != stamp(weight):
+    packed = held[1]() if held is not None and held[0] == stamp(weight) else None
+    if packed is None:
         with torch.no_grad():
-            held = (stamp(weight), torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT))
-        _PACKED[weight] = held
-    return held[1]
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+        _PACKED[weight] = (stamp(weight), weakref.ref(packed))
+    return stamp(weight), packed
 
 
-def training(weights) -> bool:
-    """Some weight takes gradients now: no gradient reaches a weight through a packed copy, so such a
-    layer takes the products of the weight itself."""
-    return torch.is_grad_enabled() and any(w.requires_grad for w in weights)
+def training(weights, input: torch.Tensor | None = None) -> bool:
+    """Gradients are being taken through this product (of a weight, or of the input reaching a frozen
+    layer): none flows through a packed copy, so the layer takes the products of the weight itself."""
+    return torch.is_grad_enabled() and (any(w.requires_grad for w in weights)
+                                        or (input is not None and input.requires_grad))
 
 
 class PackedGroup:
@@ -149,15 +163,19 @@ class PackedGroup:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         weights = [layer.weight for layer in self.layers]
-        if training(weights):
+        held = None if training(weights, x) else self.prepare()
+        if held is None:
             return tuple(layer(x) for layer in self.layers)
-        held = self.prepare()
         out = torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")
         return out.split(self.sizes, dim=-1)
 
-    def prepare(self) -> tuple:
-        """The stacked packed copy (and bias) of the layers' weights as they are now, made if needed."""
+    def prepare(self) -> tuple | None:
+        """The stacked packed copy (and bias) of the layers' weights as they are now, made if needed;
+        None where they cannot run packed now (moved off the CPU, another dtype): each runs on its own."""
         weights = [layer.weight for layer in self.layers]
+        if any(w.device.type != "cpu" or w.dtype != weights[0].dtype for w in weights) or not can_pack(weights[0].dtype):
+            self._held = None
+            return None
         stamps = tuple(stamp(w) for w in weights)
         if self._held is None or self._held[0] != stamps:
             with torch.no_grad():
@@ -194,11 +212,14 @@ class RowLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // input.shape[-1]
         if (self.packed and (rows > PACKED_ROWS or self.weight.dtype != torch.float32)
-                and not training((self.weight,))):
-            held = self.__dict__.get("_held")         # this layer's own hold on the shared copy: no lookup
+                and not training((self.weight,), input)):
+            held = self.__dict__.get("_held")         # this layer's hold on the shared copy: no lookup
             if held is None or held[0] != stamp(self.weight):
-                held = self._held = (stamp(self.weight), packed_weight(self.weight))
-            return torch.ops.mkldnn._linear_pointwise(input, held[1], self.bias, "none", [], "")
+                held = self._held = packed_weight(self.weight)    # None: moved off the CPU or to another dtype
+            if held is not None:
+                return torch.ops.mkldnn._linear_pointwise(input, held[1], self.bias, "none", [], "")
+            if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
+                return super().forward(input)             # the products below are for float32 on a CPU
         if rows > TRANSPOSED_ROWS or (rows == 1 and self.weight.numel() < CACHED_WEIGHT):
             return super().forward(input)
         flat = input.reshape(rows, input.shape[-1])                          # [rows, in]
@@ -216,19 +237,29 @@ def runs_packed(twin: nn.Module | None) -> bool:
 
 
 def free_memory() -> int | None:
-    """Bytes of memory the machine has free for new allocations (Linux: MemAvailable), or None where
-    that cannot be read."""
+    """Bytes of memory this process may still allocate: the machine's free memory (Linux:
+    MemAvailable), or less where a cgroup (a container) caps the process lower; None where neither
+    can be read."""
+    free = None
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    try:                                    # cgroup v2: the limit less what the group uses
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            cap = limit.read().strip()
+            if cap != "max":
+                room = max(0, int(cap) - int(used.read().strip()))
+                free = room if free is None else min(free, room)
+    except (OSError, ValueError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return free
 
 
 def qualifies(module: nn.Module, pack: bool) -> bool:
@@ -242,13 +273,17 @@ def qualifies(module: nn.Module, pack: bool) -> bool:
 
 
 def worth_packing(layer: nn.Linear) -> bool:
-    """A weight too large to stay in a core's cache, in a dtype oneDNN runs here."""
-    return layer.weight.numel() >= CACHED_WEIGHT and can_pack(layer.weight.dtype)
+    """A plain weight (not a tensor subclass: a quantized one keeps its own kernels) too large to stay
+    in a core's cache, in a dtype oneDNN runs here."""
+    weight = layer.weight
+    return (type(weight.data) is torch.Tensor and weight.numel() >= CACHED_WEIGHT
+            and can_pack(weight.dtype))
 
 
 def pack_fits(weights: list[torch.Tensor]) -> bool:
     """Packed copies of these weights (those not packed already) fit in PACK_SHARE of the free memory."""
-    new = {id(w): w for w in weights if (held := _PACKED.get(w)) is None or held[0] != stamp(w)}
+    new = {id(w): w for w in weights
+           if (held := _PACKED.get(w)) is None or held[0] != stamp(w) or held[1]() is None}
     free = free_memory()
     return free is None or sum(w.numel() * w.element_size() for w in new.values()) <= PACK_SHARE * free
 
@@ -270,7 +305,7 @@ def row_twin(model: nn.Module, pack: bool | None = None) -> nn.Module | None:
             layer.__class__ = RowLinear
             if pack and worth_packing(module):
                 layer.packed = True
-                packed_weight(module.weight)           # now, not inside a timed step
+                layer._held = packed_weight(module.weight)     # now, not inside a timed step
             return layer
         shell = copy.copy(module) if top else shallow_module(module)
         shell._modules = {name: None if child is None else twin(child) for name, child in module._modules.items()}
@@ -293,7 +328,7 @@ def pack_layers(module: nn.Module) -> int:
     for layer in linears:
         if id(layer) in packed:
             layer.__class__, layer.packed = RowLinear, True
-            packed_weight(layer.weight)
+            layer._held = packed_weight(layer.weight)
         else:
             layer.__class__ = nn.Linear
             for name in ("packed", "_held"):          # and the copy it held, freed

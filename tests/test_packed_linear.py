@@ -68,7 +68,7 @@ def test_the_packed_copy_follows_the_weight_and_is_shared():
     layer = nn.Linear(32, 16)
     first, second = row_twin(layer), row_twin(layer)
     x = torch.randn(5, 32)
-    assert packed_weight(layer.weight) is packed_weight(layer.weight)     # one copy for both twins
+    assert first._held[1] is second._held[1] is packed_weight(layer.weight)[1]     # one copy for both twins
     with torch.no_grad():
         layer.weight.mul_(-2.0)                                         # in place: its version moves
     for twin in (first, second):
@@ -206,3 +206,83 @@ def test_a_drafter_moved_off_the_cpu_or_unpacked_holds_no_packed_layer():
     assert all(type(m) is nn.Linear and "packed" not in vars(m) and "_held" not in vars(m) for m in block)
     set_packing(True)
     assert pack_layers(block.to("meta")) == 0 and all(type(m) is nn.Linear for m in block)
+
+
+def _drafter_outputs(packed: bool):
+    target = tiny_model("llama", seed=2)
+    drafter = random_drafter(target, seed=5)
+    Speculator(target, None, Eagle(drafter, max_nodes=6),               # binds it (float32, the target's)
+               config=_config(packed_linear=packed))
+    torch.manual_seed(9)
+    g, tokens = torch.randn(1, 5, 32), torch.randint(3, 90, (1, 5))
+    with torch.inference_mode():
+        out, logits, k, v = drafter(g, tokens, torch.arange(5)[None])
+    return drafter, (out, logits, k, v)
+
+
+def test_a_packed_drafter_computes_what_the_unpacked_one_does():
+    """q/k/v and gate/up as one product each (PackedGroup) and every layer packed: the same outputs,
+    keys and values as the drafter's own layers."""
+    packed, got = _drafter_outputs(True)
+    plain, expected = _drafter_outputs(False)
+    assert packed.block._qkv is not None and packed.block._gate_up is not None
+    assert plain.block._qkv is None and not any(isinstance(m, RowLinear) for m in plain.modules())
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_packed_drafter_copies_and_its_groups_follow_their_weights():
+    import copy
+    drafter, (out, _, _, _) = _drafter_outputs(True)
+    clone = copy.deepcopy(drafter)                                  # oneDNN's layout is not copied
+    torch.manual_seed(9)
+    g, tokens = torch.randn(1, 5, 32), torch.randint(3, 90, (1, 5))
+    with torch.inference_mode():
+        torch.testing.assert_close(clone(g, tokens, torch.arange(5)[None])[0], out, rtol=1e-5, atol=1e-6)
+        drafter.block.k_proj.weight.mul_(3.0)                       # in place: the group's copy follows
+        changed = drafter(g, tokens, torch.arange(5)[None])[2]
+    set_packing(False)
+    pack_layers(clone)
+    clone.block.group_projections()
+    with torch.no_grad():
+        clone.block.k_proj.weight.mul_(3.0)
+    with torch.inference_mode():
+        torch.testing.assert_close(changed, clone(g, tokens, torch.arange(5)[None])[2], rtol=1e-4, atol=1e-5)
+
+
+def test_gradients_reach_the_input_of_a_frozen_packed_layer():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 16).requires_grad_(False)
+    twin = row_twin(layer)
+    x = torch.randn(5, 32, requires_grad=True)
+    twin(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(5, 32))
+
+
+def test_a_layer_moved_off_the_cpu_runs_its_own_product():
+    twin = row_twin(nn.Linear(32, 16))
+    assert twin.packed
+    twin.to("meta")
+    assert twin(torch.randn(5, 32, device="meta")).shape == (5, 16)
+
+
+def test_profiles_are_keyed_unpacked_where_packing_does_not_fit(monkeypatch):
+    target = tiny_model("llama")
+    set_packing(False)
+    unpacked = profile_key(target, (0, 1, 2), 64, row_linear=8)
+    set_packing(True)
+    assert profile_key(target, (0, 1, 2), 64, row_linear=8) != unpacked
+    monkeypatch.setattr(row_linear_module, "free_memory", lambda: 1)
+    assert profile_key(target, (0, 1, 2), 64, row_linear=8) == unpacked
+    assert not packed_layers(Speculator(target, None, Autoregressive(), row_linear=8).verifier.row_model)
+
+
+def test_a_packed_copy_lives_as_long_as_a_layer_holds_it():
+    import gc
+    layer = nn.Linear(32, 16)
+    twin = row_twin(layer)
+    copy_ref = row_linear_module._PACKED[layer.weight][1]
+    assert copy_ref() is twin._held[1]
+    del twin
+    gc.collect()
+    assert copy_ref() is None                                      # the user's layer keeps no copy alive
