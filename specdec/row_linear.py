@@ -58,10 +58,19 @@ CACHED_WEIGHT = 1 << 17
 # benchmarks/results/row_linear): an unpacked layer then runs nn.Linear's
 TRANSPOSED_ROWS = 8
 
-# a float32 forward of at most this many rows takes the weight @ input.T product above even where a
-# packed weight exists: at one or two rows oneDNN's fixed cost per call (about 15 us) outweighs what
-# its kernel saves, from 3 rows on its kernel wins (benchmarks/results/packed_linear: the kernels)
-PACKED_ROWS = 2
+def _packed_rows() -> int:
+    """A float32 forward of at most this many rows takes the weight @ input.T product above even where a
+    packed weight exists: at a few rows oneDNN's fixed cost per call (about 15 us) outweighs what its
+    kernel saves. With AVX-512 its kernel wins from 3 rows on, with AVX2 only from 5
+    (benchmarks/results/packed_linear: the kernels, with oneDNN, MKL and ATen held to AVX2)."""
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        capability = "DEFAULT"
+    return 2 if capability.startswith("AVX512") else 4
+
+
+PACKED_ROWS = _packed_rows()
 
 # the row count oneDNN lays a packed weight out for: a tree's forwards run 3 to about 16 rows, where this
 # layout is about 8% faster than the default one, and a prompt's hundreds of rows lose nothing by it
