@@ -58,6 +58,7 @@ CACHED_WEIGHT = 1 << 17
 # benchmarks/results/row_linear): an unpacked layer then runs nn.Linear's
 TRANSPOSED_ROWS = 8
 
+
 def _packed_rows() -> int:
     """A float32 forward of at most this many rows takes the weight @ input.T product above even where a
     packed weight exists: at a few rows oneDNN's fixed cost per call (about 15 us) outweighs what its
@@ -98,10 +99,7 @@ def set_packing(on: bool) -> None:
 def packs(model: nn.Module, row_linear: int) -> bool:
     """Whether a verifier of `model` made now with this row_linear setting runs packed weights (the
     setting on, a layer worth packing, the copies fitting in memory): cost profiles are keyed by it."""
-    if not (row_linear and PACK):
-        return False
-    large = [m for m in model.modules() if qualifies(m, True) and worth_packing(m)]
-    return bool(large) and pack_fits([m.weight for m in large])
+    return bool(row_linear) and PACK and pack_fits(large_layers(model, True))
 
 
 def can_pack(dtype: torch.dtype) -> bool:
@@ -140,13 +138,14 @@ def packed_weight(weight: torch.Tensor) -> tuple[tuple[int, int], torch.Tensor] 
     so a copy lives as long as some twin or drafter uses it, not as long as the user's model."""
     if weight.device.type != "cpu" or not can_pack(weight.dtype):
         return None
+    now = stamp(weight)
     held = _PACKED.get(weight)
-    packed = held[1]() if held is not None and held[0] == stamp(weight) else None
+    packed = held[1]() if held is not None and held[0] == now else None
     if packed is None:
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
-        _PACKED[weight] = (stamp(weight), weakref.ref(packed))
-    return stamp(weight), packed
+        _PACKED[weight] = (now, weakref.ref(packed))
+    return now, packed
 
 
 def training(weights, input: torch.Tensor | None = None) -> bool:
@@ -183,17 +182,19 @@ class PackedGroup:
         """The stacked packed copy (and bias) of the layers' weights as they are now, made if needed;
         None where they cannot run packed now (moved off the CPU, another dtype): each runs on its own."""
         weights = [layer.weight for layer in self.layers]
+        stamps = tuple(stamp(w) for w in weights)
+        if self._held is not None and self._held[0] == stamps:
+            return self._held
+        # a move off the CPU or a cast swaps a weight's storage, so it is looked for only when the stamps move
         if any(w.device.type != "cpu" or w.dtype != weights[0].dtype for w in weights) or not can_pack(weights[0].dtype):
             self._held = None
             return None
-        stamps = tuple(stamp(w) for w in weights)
-        if self._held is None or self._held[0] != stamps:
-            with torch.no_grad():
-                stacked = torch.cat([w.detach() for w in weights])                     # [sum(out), in]
-                biases = [layer.bias for layer in self.layers]
-                bias = None if all(b is None for b in biases) else torch.cat(
-                    [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-                self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT), bias)
+        with torch.no_grad():
+            stacked = torch.cat([w.detach() for w in weights])                         # [sum(out), in]
+            biases = [layer.bias for layer in self.layers]
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+            self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT), bias)
         return self._held
 
 
@@ -290,10 +291,18 @@ def worth_packing(layer: nn.Linear) -> bool:
             and can_pack(weight.dtype))
 
 
-def pack_fits(weights: list[torch.Tensor]) -> bool:
-    """Packed copies of these weights (those not packed already) fit in PACK_SHARE of the free memory."""
-    new = {id(w): w for w in weights
-           if (held := _PACKED.get(w)) is None or held[0] != stamp(w) or held[1]() is None}
+def large_layers(model: nn.Module, pack: bool) -> list[nn.Linear]:
+    """The layers of `model` a twin made with `pack` would pack (where they fit: pack_fits)."""
+    return [m for m in model.modules() if qualifies(m, pack) and worth_packing(m)]
+
+
+def pack_fits(layers: list[nn.Linear]) -> bool:
+    """There are layers to pack, and packed copies of their weights (those not packed already) fit in
+    PACK_SHARE of the free memory."""
+    if not layers:
+        return False
+    new = {id(m.weight): m.weight for m in layers
+           if (held := _PACKED.get(m.weight)) is None or held[0] != stamp(m.weight) or held[1]() is None}
     free = free_memory()
     return free is None or sum(w.numel() * w.element_size() for w in new.values()) <= PACK_SHARE * free
 
@@ -306,8 +315,7 @@ def row_twin(model: nn.Module, pack: bool | None = None) -> nn.Module | None:
     too; every module below has registries of its own (specdec.models.shallow_module), so what
     Hugging Face hooks into the layers it calls for recorded outputs is installed once in each."""
     pack = PACK if pack is None else pack
-    large = [m for m in model.modules() if qualifies(m, pack) and worth_packing(m)]
-    pack = pack and bool(large) and pack_fits([m.weight for m in large])
+    pack = pack and pack_fits(large_layers(model, pack))
 
     def twin(module: nn.Module, top: bool = False) -> nn.Module:
         if qualifies(module, pack):
@@ -333,7 +341,7 @@ def pack_layers(module: nn.Module) -> int:
     number of layers that run packed."""
     linears = [m for m in module.modules() if type(m) in (nn.Linear, RowLinear)]
     large = [m for m in linears if m.weight.device.type == "cpu" and worth_packing(m)]
-    pack = PACK and bool(large) and pack_fits([m.weight for m in large])
+    pack = PACK and pack_fits(large)
     packed = {id(m) for m in large} if pack else set()
     for layer in linears:
         if id(layer) in packed:

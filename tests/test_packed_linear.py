@@ -14,7 +14,7 @@ from eagle_helpers import random_drafter
 from specdec import Speculator
 from specdec.config import EngineConfig
 from specdec.costmodel import profile_key
-from specdec.row_linear import RowLinear, can_pack, pack_layers, packed_weight, row_twin, set_packing
+from specdec.row_linear import RowLinear, can_pack, pack_layers, packed_group, packed_weight, row_twin, set_packing
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.eagle import Eagle
@@ -286,3 +286,17 @@ def test_a_packed_copy_lives_as_long_as_a_layer_holds_it():
     del twin
     gc.collect()
     assert copy_ref() is None                                      # the user's layer keeps no copy alive
+
+
+def test_a_group_moved_off_the_cpu_runs_each_layer():
+    layers = [nn.Linear(32, 16), nn.Linear(32, 8)]
+    for layer in layers:
+        pack_layers(layer)
+    group = packed_group(layers)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert [part.shape for part in group(x)] == [(3, 16), (3, 8)] and group._held is not None
+        for layer in layers:
+            layer.to("meta")
+        assert [part.shape for part in group(torch.randn(3, 32, device="meta"))] == [(3, 16), (3, 8)]
+    assert group._held is None
