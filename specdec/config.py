@@ -67,8 +67,9 @@ class EngineConfig:
     prefill_chunk: int = setting(2048, min=1)   # prompt tokens per prefill forward: peak activation memory of a
     #                                     long prompt is bounded by the chunk (greedy output unchanged)
     row_linear: int = setting(8, min=0)   # verify forwards of at most this many rows (pending token + tree
-    #                                     nodes, a batch's rows together) run the target's CPU linear layers
-    #                                     through a twin (specdec.row_linear): up to 8 rows as weight @ input.T,
+    #                                     nodes, a batch's rows together) run the target's large CPU linear
+    #                                     layers (weights past a core's cache; smaller ones keep PyTorch's
+    #                                     product) through a twin (specdec.row_linear): up to 8 rows as weight @ input.T,
     #                                     which streams the weights on every core; with packed_linear, every
     #                                     forward, past 2 rows on packed weights; 0: off
     packed_linear: bool = True          # on a CPU with oneDNN, the large linear layers of every target forward

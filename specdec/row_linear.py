@@ -9,8 +9,11 @@ cost. Written as weight @ input.T (the weight the left operand, as stored), the 
 streams the weight once on every thread. One row is padded to two, since a one-column product is
 the matrix-vector product again.
 
+Only layers whose weights are too large to stay in a core's cache are twinned (CACHED_WEIGHT): a
+small weight is never starved for memory, and PyTorch's own product is then the faster one.
+
 The twin shares the model's parameters, buffers and config: its modules are shallow copies, and
-each nn.Linear copy only changes class, to RowLinear, whose forward is the other
+each large nn.Linear copy only changes class, to RowLinear, whose forward is the other
 kernel. The model itself is never changed. The result is the same product summed in another order:
 it differs from the model's in the last bits, as a forward of another row count does, and greedy
 output is identical but for exact ties (tests/test_row_linear.py). Where it pays is the machine's
@@ -49,8 +52,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .models import shallow_module
 
 
-# weights below this many elements (512 KiB of float32) stay in a core's cache between forwards, so
-# the one-thread matrix-vector product is not starved for memory and padding a row costs more than it saves
+# weights below this many elements (512 KiB of float32) stay in a core's cache between forwards: their
+# products are not starved for memory, so neither streaming them (weight @ input.T) nor packing them pays.
+# Such a layer is not twinned: PyTorch's own product is up to twice as fast on one thread at 2-9 rows
+# (128 x 128 to 344 x 128 weights), and the twin's Python costs a little on every call
+# (benchmarks/results/packed_linear: small weights)
 CACHED_WEIGHT = 1 << 17
 
 
@@ -231,7 +237,7 @@ class RowLinear(nn.Linear):
                 return torch.ops.mkldnn._linear_pointwise(input, held[1], self.bias, "none", [], "")
             if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
                 return super().forward(input)             # the products below are for float32 on a CPU
-        if rows > TRANSPOSED_ROWS or (rows == 1 and self.weight.numel() < CACHED_WEIGHT):
+        if rows > TRANSPOSED_ROWS:
             return super().forward(input)
         flat = input.reshape(rows, input.shape[-1])                          # [rows, in]
         if rows == 1:
@@ -275,9 +281,9 @@ def free_memory() -> int | None:
 
 def qualifies(module: nn.Module, pack: bool) -> bool:
     """A plain nn.Linear (no subclass: a quantized or adapted layer keeps its own forward) on the CPU,
-    with a float32 weight, or with a bfloat16 one where it will be packed (PyTorch's own bfloat16
-    product is the slower one at every row count, and a small weight is left alone)."""
-    if type(module) is not nn.Linear or module.weight.device.type != "cpu":
+    with a weight too large to stay in a core's cache (CACHED_WEIGHT), float32, or bfloat16 where it
+    will be packed (PyTorch's own bfloat16 product is the slower one at every row count)."""
+    if type(module) is not nn.Linear or module.weight.device.type != "cpu" or module.weight.numel() < CACHED_WEIGHT:
         return False
     dtype = module.weight.dtype
     return dtype == torch.float32 or (pack and dtype == torch.bfloat16 and worth_packing(module))

@@ -3,6 +3,8 @@ linear layers, the model itself untouched, Hugging Face's recorded outputs and a
 hooks working through it, and greedy output identical to generate(do_sample=False) with it on."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -18,6 +20,8 @@ from specdec.strategies.prompt_lookup import PromptLookup
 
 N = 24
 PROMPT = [5, 17, 33, 9, 41, 5, 17, 33, 9, 41, 60, 70, 5, 17]
+# a tiny model with this vocabulary has one large weight, its output layer (4096 x 32 = CACHED_WEIGHT)
+LARGE_VOCAB = 4096
 
 
 @pytest.fixture
@@ -41,11 +45,19 @@ def test_row_linear_computes_the_linear_product(pad_every_row, rows, bias, batch
     torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
 
 
-def test_one_row_on_a_cached_weight_is_the_plain_linear():
-    layer = nn.Linear(16, 8)
-    x = torch.randn(1, 16)
-    assert layer.weight.numel() < row_linear_module.CACHED_WEIGHT
-    assert torch.equal(row_twin(layer)(x), layer(x))           # the same kernel: bit for bit
+def test_cached_weights_are_not_twinned():
+    """A weight small enough to stay in a core's cache keeps PyTorch's own product: a model of such
+    layers has no twin, and in a model with both only the large layers are twinned."""
+    small = nn.Linear(16, 8)
+    assert small.weight.numel() < row_linear_module.CACHED_WEIGHT
+    assert row_twin(small) is None
+    assert row_twin(tiny_model("llama")) is None                 # every weight of the tiny model is small
+    side = math.isqrt(row_linear_module.CACHED_WEIGHT - 1) + 1
+    mixed = nn.Sequential(nn.Linear(side, side), nn.Linear(side, 8))     # side x side >= CACHED_WEIGHT: large
+    twin = row_twin(mixed)
+    assert [type(m) for m in twin] == [RowLinear, nn.Linear]
+    x = torch.randn(1, 3, side)
+    torch.testing.assert_close(twin(x), mixed(x), rtol=1e-5, atol=1e-5)
 
 
 def test_twin_shares_weights_and_leaves_the_model_alone(pad_every_row):
@@ -65,8 +77,9 @@ def test_twin_shares_weights_and_leaves_the_model_alone(pad_every_row):
     torch.testing.assert_close(twin(ids).logits, before, rtol=1e-4, atol=1e-5)
 
 
-def test_only_float32_cpu_nn_linear_layers_are_twinned():
-    assert row_twin(tiny_model("llama").to(torch.bfloat16)) is None
+def test_only_float32_cpu_nn_linear_layers_are_twinned(monkeypatch):
+    assert row_twin(tiny_model("llama", vocab=LARGE_VOCAB).to(torch.bfloat16), pack=False) is None
+    monkeypatch.setattr(row_linear_module, "CACHED_WEIGHT", 0)
     gpt2 = row_twin(tiny_model("gpt2"))           # its blocks' projections are Conv1D: they keep their forward
     assert [name for name, m in gpt2.named_modules() if isinstance(m, RowLinear)] == ["lm_head"]
 
@@ -118,9 +131,9 @@ def test_planners_are_told_the_setting():
         def use_row_linear(self, rows: int) -> None:
             told.append(rows)
 
-    Speculator(tiny_model("llama"), None, Spy(), row_linear=8)
-    Speculator(tiny_model("llama").to(torch.bfloat16), None, Spy(), row_linear=8)   # no twin: nothing to time
-    Speculator(tiny_model("llama"), None, Spy(), row_linear=0)
+    Speculator(tiny_model("llama", vocab=LARGE_VOCAB), None, Spy(), row_linear=8)
+    Speculator(tiny_model("llama"), None, Spy(), row_linear=8)      # no large weight, no twin: nothing to time
+    Speculator(tiny_model("llama", vocab=LARGE_VOCAB), None, Spy(), row_linear=0)
     assert told == [8, 0, 0]
 
 
@@ -136,7 +149,7 @@ def test_the_config_default_is_the_engines():
     from specdec.config import EngineConfig
     from specdec.verifier import ROW_LINEAR
     assert EngineConfig().row_linear == ROW_LINEAR
-    assert Speculator(tiny_model("llama"), None, Autoregressive()).verifier.row_linear == ROW_LINEAR
+    assert Speculator(tiny_model("llama", vocab=LARGE_VOCAB), None, Autoregressive()).verifier.row_linear == ROW_LINEAR
 
 
 @pytest.mark.parametrize("strategy", ["autoregressive", "prompt_lookup"])
