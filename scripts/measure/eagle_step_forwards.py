@@ -1,0 +1,133 @@
+"""Where an EAGLE step's drafting goes: drafter forwards per verify step, their rows, and one forward's
+time warm (called again and again, its weights in the CPU's caches) against its share of a step's
+drafting (after a target forward, which evicts them).
+
+One held-out file's window (`--tokens` tokens from token 200 on) completed greedily, `--new` tokens, 2
+torch threads; then the drafter alone on a `--past`-row cache, 1, 2 and 4 new rows, medians of 7 x 50
+calls.
+
+    python scripts/measure/eagle_step_forwards.py --target T --eagle E --file PATH.py
+    python scripts/measure/eagle_step_forwards.py --target T --eagle E --compile
+
+--compile: instead, the drafter's decoder block alone, eager against torch.compile (inductor, freezing,
+dynamic shapes), both on unpacked weights (inductor cannot lower oneDNN's packed linear), bfloat16.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--eagle", required=True)
+    parser.add_argument("--file", help="a source file the models never saw")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--tokens", type=int, default=384)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--past", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.compile:
+        return compiled_block(args)
+
+    import specdec
+    from specdec.cache import BufferedLayer
+    sd = specdec.load("eagle", **{"target.path": args.target, "eagle.path": args.eagle})
+    ids = sd.tokenizer(open(args.file).read())["input_ids"][200: 200 + args.tokens]
+    prompt = sd.tokenizer.decode(ids)
+    drafter = sd.strategy.drafter
+    counts = {"forwards": 0, "rows": 0}
+    forward = drafter.forward
+
+    def counted(g, *rest, **kwargs):
+        counts["forwards"] += 1
+        counts["rows"] += g.shape[1]
+        return forward(g, *rest, **kwargs)
+
+    drafter.forward = counted
+    sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True)     # warm-up
+    splits = []
+    for _ in range(5):
+        counts.update(forwards=0, rows=0)
+        stats = sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True).stats
+        steps = stats.target_forwards
+        splits.append((stats.draft_time_s / steps * 1e3, stats.verify_time_s / steps * 1e3, counts["forwards"] / steps,
+                       counts["rows"] / counts["forwards"], stats.tokens_per_forward))
+    drafter.forward = forward
+    draft_ms, verify_ms, per_step, rows, tau = sorted(splits)[2]
+    print(f"in steps: {per_step:.2f} drafter forwards per step ({rows:.1f} rows each), drafting {draft_ms:.2f} ms "
+          f"per step = {draft_ms / per_step:.2f} ms per forward; verify {verify_ms:.2f} ms; tau {tau:.2f} "
+          f"(median of 5 calls by drafting time)")
+
+    dtype = next(drafter.parameters()).dtype
+    width = drafter.layout.width
+    cache = BufferedLayer()
+    with torch.inference_mode():
+        drafter(torch.randn(1, args.past, width, dtype=dtype), torch.randint(0, 100, (1, args.past)),
+                torch.arange(args.past)[None], with_logits=False, cache=cache, start=0)
+        for n in (1, 2, 4):
+            g = torch.randn(1, n, width, dtype=dtype)
+            tokens = torch.randint(0, 100, (1, n))
+            positions = torch.full((1, n), args.past)
+            visible = torch.ones(1, n, args.past + n, dtype=torch.bool)
+
+            def call():
+                return drafter(g, tokens, positions, visible=visible, cache=cache, start=args.past)
+            for _ in range(20):
+                call()
+            times = []
+            for _ in range(7):
+                start = time.perf_counter()
+                for _ in range(50):
+                    call()
+                times.append((time.perf_counter() - start) / 50)
+            print(f"warm: one drafter forward of {n} rows over {args.past} cached rows, with logits "
+                  f"({dtype}): {statistics.median(times) * 1e3:.3f} ms")
+
+
+def compiled_block(args) -> None:
+    import torch._dynamo
+    import torch._inductor.config as inductor
+    from transformers import AutoModelForCausalLM
+    from specdec.cache import BufferedLayer
+    from specdec.heads.eagle_io import bind_eagle, load_eagle
+    from specdec.row_linear import set_packing
+    set_packing(False)
+    inductor.freezing = True
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    drafter = load_eagle(args.eagle, target)
+    bind_eagle(drafter, target, torch.bfloat16)
+    width, past = drafter.layout.width, args.past
+    cache = BufferedLayer()
+    blocks = {"eager": drafter.block, "compiled": torch.compile(drafter.block, dynamic=True)}
+    with torch.inference_mode():
+        drafter(torch.randn(1, past, width, dtype=torch.bfloat16), torch.randint(0, 100, (1, past)),
+                torch.arange(past)[None], with_logits=False, cache=cache, start=0)
+        for name, block in blocks.items():
+            for n in (1, 2, 4):
+                x = torch.randn(1, n, width, dtype=torch.bfloat16)
+                positions = torch.full((1, n), past)
+                visible = torch.ones(1, n, past + n, dtype=torch.bool)
+                start = time.perf_counter()
+                for _ in range(3):
+                    block(x, positions, None, None, visible, cache, past)
+                first = time.perf_counter() - start
+                times = []
+                for _ in range(7):
+                    start = time.perf_counter()
+                    for _ in range(50):
+                        block(x, positions, None, None, visible, cache, past)
+                    times.append((time.perf_counter() - start) / 50)
+                print(f"{name:>8} block, {n} rows: {statistics.median(times) * 1e3:.3f} ms "
+                      f"(first 3 calls: {first:.1f} s)", flush=True)
+    print("dynamo:", dict(torch._dynamo.utils.counters["stats"]))
+
+
+if __name__ == "__main__":
+    main()
