@@ -26,8 +26,9 @@ LARGE_VOCAB = 4096
 
 @pytest.fixture
 def pad_every_row(monkeypatch):
-    """Every RowLinear forward takes the weight @ input.T path, one row (padded) included: the tiny
-    models' weights are far below the size where one row would take it."""
+    """The tiny models' layers are twinned, and every forward of at most 8 rows takes the weight @ input.T
+    path, one row (padded) included: their weights are far below CACHED_WEIGHT, the size a layer must
+    have to be twinned at all."""
     monkeypatch.setattr(row_linear_module, "CACHED_WEIGHT", 0)
 
 

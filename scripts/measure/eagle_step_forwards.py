@@ -21,6 +21,17 @@ import time
 import torch
 
 
+def median_ms(call, rounds: int = 7, calls: int = 50) -> float:
+    """Milliseconds per call: the median over `rounds` of `calls` calls each (warmed up by the caller)."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times) * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", required=True)
@@ -81,14 +92,8 @@ def main() -> None:
                 return drafter(g, tokens, positions, visible=visible, cache=cache, start=args.past)
             for _ in range(20):
                 call()
-            times = []
-            for _ in range(7):
-                start = time.perf_counter()
-                for _ in range(50):
-                    call()
-                times.append((time.perf_counter() - start) / 50)
             print(f"warm: one drafter forward of {n} rows over {args.past} cached rows, with logits "
-                  f"({dtype}): {statistics.median(times) * 1e3:.3f} ms")
+                  f"({dtype}): {median_ms(call):.3f} ms")
 
 
 def compiled_block(args) -> None:
@@ -118,14 +123,8 @@ def compiled_block(args) -> None:
                 for _ in range(3):
                     block(x, positions, None, None, visible, cache, past)
                 first = time.perf_counter() - start
-                times = []
-                for _ in range(7):
-                    start = time.perf_counter()
-                    for _ in range(50):
-                        block(x, positions, None, None, visible, cache, past)
-                    times.append((time.perf_counter() - start) / 50)
-                print(f"{name:>8} block, {n} rows: {statistics.median(times) * 1e3:.3f} ms "
-                      f"(first 3 calls: {first:.1f} s)", flush=True)
+                ms = median_ms(lambda: block(x, positions, None, None, visible, cache, past))
+                print(f"{name:>8} block, {n} rows: {ms:.3f} ms (first 3 calls: {first:.1f} s)", flush=True)
     print("dynamo:", dict(torch._dynamo.utils.counters["stats"]))
 
 

@@ -16,6 +16,7 @@ family, built first if missing. The demo times the default family on one thread,
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -64,7 +65,7 @@ def generate(family: str | None, rounds: int, strategies: list[str]) -> None:
     from specdec.family.demo import DEFAULT_PROMPT, DemoModels, load_overrides
     if family is None:
         from specdec.family.defaults import default_family
-        family = default_family().target.rsplit("/", 1)[0]
+        family = os.path.dirname(default_family().target)
     models = DemoModels(f"{family}/target", f"{family}/draft", f"{family}/heads", "family", f"{family}/eagle")
     rule_now = row_linear.qualifies
     speculators = {}
