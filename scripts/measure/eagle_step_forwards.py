@@ -15,21 +15,16 @@ dynamic shapes), both on unpacked weights (inductor cannot lower oneDNN's packed
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
+from timing import median_seconds
 
-def median_ms(call, rounds: int = 7, calls: int = 50) -> float:
-    """Milliseconds per call: the median over `rounds` of `calls` calls each (warmed up by the caller)."""
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times) * 1e3
+
+def median_ms(call) -> float:
+    """Milliseconds per call: the median of 7 rounds of 50 calls (warmed up by the caller)."""
+    return median_seconds(call, calls=50, rounds=7) * 1e3
 
 
 def main() -> None:

@@ -18,23 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from timing import median_seconds
 
-def median_us(call, calls: int = 2000, rounds: int = 5) -> float:
-    for _ in range(200):
-        call()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times) * 1e6
+
+def median_us(call) -> float:
+    return median_seconds(call, calls=2000, rounds=5, warmup=200) * 1e6
 
 
 def kernels() -> None:
