@@ -30,6 +30,7 @@ from .acceptance import Verdict, accept_greedy, rejection_start, rejection_walk,
 from .compiled import padded_parents
 from .loop import Decoding, feature_layers
 from .sampling import logits_to_probs
+from .errors import IncompatibleModelsError
 from .models import AttentionLayout, cache_kwargs, check_cacheable
 from .row_linear import runs_packed
 from .tables import ShapeTables
@@ -95,6 +96,10 @@ class BatchVerifier:
 
     def __init__(self, model, layout: AttentionLayout, tables: ShapeTables | None = None,
                  row_model=None, row_linear: int = 0):
+        if layout.recurrent:
+            raise IncompatibleModelsError(
+                f"the target ({type(model).__name__}) has linear-attention layers, whose recurrent state specdec "
+                f"rolls back for one sequence only: generate one prompt at a time (one call per prompt, not a list of prompts)")
         self.model, self.layout = model, layout
         # forwards of at most row_linear rows in all (batch x width) run through row_model, the model's
         # RowLinear twin (specdec.row_linear), as the single-row verifier's do (0: none)

@@ -13,7 +13,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-from .models import check_cacheable
+try:                          # transformers releases with linear-attention models (Qwen3-Next)
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+except ImportError:
+    LinearAttentionCacheLayerMixin = ()
+
+from .models import RECURRENT_LAYER_TYPES, check_cacheable
 
 SPARE_SLOTS = 256        # room a BufferedLayer leaves after its first update when no capacity was given
 
@@ -147,16 +152,23 @@ class SlotLayer(StaticLayer):
             _move_rows(self.kv_buffer, slots, prefix_len)
 
 
-def new_cache(model, role: str = "draft", capacity: int | None = None) -> DynamicCache:
+def new_cache(model, role: str = "draft", capacity: int | None = None, recurrent: bool = False) -> DynamicCache:
     """A DynamicCache for `model` with a BufferedLayer for every layer, each allocated once for
     `capacity` entries when given (else grown as needed). Sliding-window layers keep their full
     KV too (Hugging Face's sliding layers drop old entries and then refuse to roll back): the
     window is applied by the attention mask instead, which Hugging Face builds from positions for
     a chain and `tree_attention_mask` builds for a tree. Layer kinds whose KV cannot be committed
-    this way (chunked, linear attention, ...) are refused with a clear error."""
-    layers = len(check_cacheable(model, role))
+    this way (chunked, linear attention, ...) are refused with a clear error; with `recurrent`
+    (the verifier of a target that has them), linear-attention layers keep Hugging Face's own
+    layer, whose state the verifier rolls back (commit_rows leaves it alone)."""
+    types = check_cacheable(model, role, recurrent=recurrent)
     cache = DynamicCache(config=model.config)
-    cache.layers = [BufferedLayer(capacity) for _ in range(layers)]
+    own = cache.layers if len(cache.layers) == len(types) else [None] * len(types)
+    cache.layers = [layer if isinstance(layer, LinearAttentionCacheLayerMixin) else BufferedLayer(capacity)
+                    for layer in own]
+    if sum(isinstance(layer, BufferedLayer) for layer in cache.layers) != sum(t not in RECURRENT_LAYER_TYPES for t in types):
+        raise NotImplementedError(f"Hugging Face's cache for {type(model).__name__} does not put a linear-attention "
+                                  f"layer where its config says one is ({types}): specdec cannot verify on it")
     return cache
 
 
@@ -196,4 +208,5 @@ def commit_rows(cache: Cache, prefix_len: int, kept_rows: Sequence[int],
         else:
             slots = torch.tensor(kept_rows, dtype=torch.long).add_(prefix_len).to(_device(cache), non_blocking=True)  # [K]
     for layer in cache.layers:
-        layer.keep(prefix_len, slots, new_len)
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):    # a recurrent state: the verifier's (rollback)
+            layer.keep(prefix_len, slots, new_len)

@@ -139,6 +139,11 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_vocab: int, d
 TREE_ATTENTION = ("sdpa", "eager", "flex_attention")
 # Layer kinds whose KV we can keep in full and commit, the window being applied by the mask.
 TREE_LAYER_TYPES = ("full_attention", "sliding_attention")
+# Layer kinds that keep a recurrent state (Hugging Face's LinearAttentionLayer: Qwen3-Next's gated delta
+# rule), which a target may have: no tree can be verified through them, since one state cannot hold two
+# branches, and a rejected draft's update cannot be undone; the verifier checks chains on such a target and
+# rolls the state back by keeping it from before the forward (specdec.verifier)
+RECURRENT_LAYER_TYPES = ("linear_attention",)
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,7 @@ class AttentionLayout:
     layer_types: tuple[str, ...]            # per decoder layer, Hugging Face's names
     windows: dict                           # layer type -> sliding window (None = plain causal)
     by_type: bool                           # forward takes attention_mask={layer type: 4-D mask}
+    recurrent: bool = False                 # some layers keep a recurrent state: chains only (RECURRENT_LAYER_TYPES)
 
 
 def decoder_layer_types(model) -> tuple[list[str], list[dict]]:
@@ -164,11 +170,16 @@ def decoder_layer_types(model) -> tuple[list[str], list[dict]]:
     return get_layer_types_and_kwargs(config)
 
 
-def check_cacheable(model, role: str = "draft") -> list[str]:
-    """The decoder's layer types, when every layer is one whose KV specdec can commit; else a
-    clear error."""
+def check_cacheable(model, role: str = "draft", recurrent: bool = False) -> list[str]:
+    """The decoder's layer types, when every layer is one whose KV specdec can commit (or, with
+    recurrent, one that keeps a recurrent state: a target verified on chains); else a clear error."""
     types, _ = decoder_layer_types(model)
-    bad = sorted(set(types) - set(TREE_LAYER_TYPES))
+    bad = sorted(set(types) - set(TREE_LAYER_TYPES) - set(RECURRENT_LAYER_TYPES if recurrent else ()))
+    if bad and recurrent:
+        raise IncompatibleModelsError(
+            f"the {role} model ({type(model).__name__}) has {bad[0]!r} layers: specdec verifies on layers of "
+            f"kinds {', '.join(TREE_LAYER_TYPES + RECURRENT_LAYER_TYPES)} only (chunked and KV-sharing layers "
+            f"are not supported yet); use a model without them, or plain model.generate()")
     if bad:
         raise IncompatibleModelsError(
             f"the {role} model ({type(model).__name__}) has {bad[0]!r} layers: specdec verifies trees on "
@@ -187,7 +198,9 @@ def attention_layout(model) -> AttentionLayout:
             f"the target was loaded with attn_implementation={impl!r}, whose kernels cannot apply a tree "
             f"attention mask (it would verify trees silently wrong): load it with "
             f"attn_implementation=\"sdpa\" (or \"eager\"), or call model.set_attn_implementation(\"sdpa\")")
-    types = check_cacheable(model, "target")
+    types = check_cacheable(model, "target", recurrent=True)
+    if set(types) & set(RECURRENT_LAYER_TYPES):
+        return AttentionLayout(tuple(types), {t: None for t in types}, False, recurrent=True)
     config = model.config.get_text_config(decoder=True)
     window = getattr(config, "sliding_window", None)
     _, per_layer = decoder_layer_types(model)

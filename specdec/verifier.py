@@ -15,8 +15,9 @@ from typing import Sequence
 
 import torch
 
-from .cache import commit_rows, new_cache
+from .cache import LinearAttentionCacheLayerMixin, commit_rows, new_cache
 from .compiled import StaticForward, bucket_rows, padded_parents
+from .errors import IncompatibleModelsError, StrategyError
 from .models import attention_layout, cache_kwargs
 from .row_linear import row_twin, runs_packed
 from .tables import ShapeTables
@@ -101,7 +102,15 @@ class Verifier:
         self.model = model
         self.prefill_chunk = int(prefill_chunk)
         self.layout = attention_layout(model)     # refuses attention it cannot verify trees on
+        if compile and self.layout.recurrent:
+            raise IncompatibleModelsError(
+                f"compile: true: the target ({type(model).__name__}) has linear-attention layers, whose state the "
+                f"verifier rolls back by running accepted tokens again, which the static compiled forward cannot; "
+                f"set compile: false")
         self.cache = None
+        # a target with recurrent layers (layout.recurrent): their state before the last forward, and that
+        # forward's input ids and positions, for the commit to roll back to (RecurrentRollback)
+        self.rollback: RecurrentRollback | None = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
         self.capacity: int | None = None     # cache entries to allocate at the next prefill (None: grow)
         # the tree shapes' tables this verifier's forwards, commits and acceptance read (shared by its
@@ -115,12 +124,14 @@ class Verifier:
         # whether the twin's large layers run packed weights: they win at every row count, so then every
         # forward takes the twin, the prefill's included
         self.packed = runs_packed(self.row_model)
+        if self.layout.recurrent:
+            check_rollback(self)
 
     def for_call(self) -> "Verifier":
         """A verifier for a call that overlaps another: the same model, attention layout and shape
         tables, a KV cache of its own (and, compiled, a static cache of its own)."""
         twin = copy.copy(self)
-        twin.cache, twin.prefix_len, twin.capacity = None, 0, None
+        twin.cache, twin.prefix_len, twin.capacity, twin.rollback = None, 0, None, None
         twin.static = self.static.for_call() if self.static is not None else None
         return twin
 
@@ -150,7 +161,8 @@ class Verifier:
             self.static.start(self.capacity or len(token_ids) + 1)
             self.cache = self.static.cache
         else:
-            self.cache = new_cache(self.model, "target", self.capacity)
+            self.cache = new_cache(self.model, "target", self.capacity, recurrent=self.layout.recurrent)
+        self.rollback = None
         if not len(token_ids):
             return Prefilled(None, None)
         ids = host_to_device([list(token_ids)], self.device)     # [1, P]
@@ -188,6 +200,8 @@ class Verifier:
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
         if self.static is not None:
             return self._static_forward(input_ids, tree, feature_layers)
+        if self.layout.recurrent:
+            return self._recurrent_forward(input_ids, tree, feature_layers)
         run = self._lower_run(tree, feature_layers)
         if run is not None:
             return self._resumed_forward(input_ids, run)
@@ -207,6 +221,25 @@ class Verifier:
                     output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden, None if tree.is_chain else parents)
+
+    def _recurrent_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
+                           feature_layers: Sequence[int] | None) -> TreeOutput:
+        """The forward over [pending] + a chain on a target with recurrent layers, their state kept from
+        before it (the commit rolls back to it when a draft is rejected). A tree is refused: one
+        recurrent state cannot follow two branches."""
+        if not tree.is_chain:
+            raise StrategyError(
+                f"the target ({type(self.model).__name__}) has linear-attention layers, so specdec verifies chains on "
+                f"it, and the strategy proposed a tree of {tree.num_nodes} nodes with branches: use a strategy that "
+                f"drafts chains (prompt_lookup, draft_model, mtp, eagle with eagle.max_nodes set to its depth), "
+                f"or autoregressive")
+        positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
+        self.rollback = RecurrentRollback.keep(self.cache, input_ids, positions)
+        model = self.row_model if self.packed or input_ids.shape[1] <= self.row_linear else self.model
+        out = model(input_ids=input_ids, position_ids=positions, **cache_kwargs(self.model, self.cache),
+                    use_cache=True, output_hidden_states=hidden_request(feature_layers))
+        hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
+        return TreeOutput(out.logits[0], hidden, None)
 
     def _lower_run(self, tree: CandidateTree, feature_layers: Sequence[int] | None) -> LowerRun | None:
         """The tree's LowerRun where this forward can resume it: a chain, no features asked (the parts
@@ -250,4 +283,89 @@ class Verifier:
         committed one before the next pending token. kept_on_device: the same rows [K] on the
         device (loop.kept_rows_on_device), used to move them without a copy from the host."""
         commit_rows(self.cache, self.prefix_len, kept_rows, kept_on_device)
+        if self.rollback is not None:
+            self._roll_back(len(kept_rows))
         self.prefix_len += len(kept_rows)
+
+    @torch.inference_mode()
+    def _roll_back(self, kept: int) -> None:
+        """After a chain's commit on a target with recurrent layers: where the forward's last rows were
+        rejected, put the recurrent state back as it was before the forward and run the kept rows (the
+        pending token and the accepted drafts, a leading run of the forward's rows) through the target
+        again. Their attention KV is rewritten with the same values; the logits are not computed but
+        for one row. This second forward is what a rejection costs on such a target."""
+        rollback, self.rollback = self.rollback, None
+        if kept == rollback.input_ids.shape[1]:
+            return                                   # every row kept: the state is the forward's own
+        rollback.restore(self.cache)
+        commit_rows(self.cache, self.prefix_len, [])                          # attention layers: the prefix only
+        model = self.row_model if self.packed or kept <= self.row_linear else self.model
+        model(input_ids=rollback.input_ids[:, :kept], position_ids=rollback.positions[:, :kept],
+              **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1)
+
+
+@dataclass
+class RecurrentRollback:
+    """The recurrent layers' state before a forward (copies of each LinearAttention layer's conv and
+    recurrent states and flags), and that forward's input ids [1, R] and positions [1, R]: what the
+    commit needs to undo the forward's rejected rows (Verifier._roll_back)."""
+    states: list
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+
+    @staticmethod
+    def keep(cache, input_ids: torch.Tensor, positions: torch.Tensor) -> "RecurrentRollback":
+        states = []
+        for layer in cache.layers:
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                states.append((layer, {i: None if t is None else t.clone() for i, t in layer.conv_states.items()},
+                               {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()},
+                               dict(layer.has_previous_state)))
+        return RecurrentRollback(states, input_ids, positions)
+
+    def restore(self, cache) -> None:
+        """Put the kept states back, in place where the layer's tensor is still the same size (its
+        address stays the one Hugging Face marked static), else as the layer's tensor."""
+        for layer, conv, recurrent, flags in self.states:
+            for held, saved in ((layer.conv_states, conv), (layer.recurrent_states, recurrent)):
+                for index, tensor in saved.items():
+                    current = held.get(index)
+                    if tensor is not None and current is not None and current.shape == tensor.shape:
+                        current.copy_(tensor)
+                    else:
+                        held[index] = tensor
+            layer.has_previous_state.update(flags)
+
+
+ROLLBACK_PROBE = (3, 5, 7, 9, 11, 13)    # token ids of the load-time rollback probe (any ids in the vocabulary)
+
+
+@torch.inference_mode()
+def check_rollback(verifier: Verifier) -> None:
+    """Refuse a target with recurrent layers unless a rolled-back step leaves what a plain forward
+    computes: on a cache of its own, a chain of three drafts of which one is kept, then the next
+    token's logits, against the model's own forward over the same five tokens. Raised as an
+    IncompatibleModelsError where the model cannot run on specdec's cache at all (MiniMax keeps a
+    cache class of its own) or where the logits differ (its state does not live where the rollback
+    keeps it)."""
+    from .models import output_vocab_size
+    model = verifier.model
+    ids = [token % output_vocab_size(model) for token in ROLLBACK_PROBE]
+    probe = verifier.for_call()
+    try:
+        probe.prefill(ids[:2])
+        probe.forward(ids[2], CandidateTree.chain(ids[3:6]))
+        probe.commit([0, 1])                                                 # ids[2], ids[3] kept: rolled back
+        rolled = probe.forward(ids[4], CandidateTree.empty(verifier.device)).logits[0]                  # [V]
+        plain = model(input_ids=host_to_device([ids[:5]], verifier.device)).logits[0, -1]                  # [V]
+    except Exception as exc:  # noqa: BLE001 - whatever the model raises on specdec's cache, said in the error
+        raise IncompatibleModelsError(
+            f"the target ({type(model).__name__}) has linear-attention layers, and a forward on specdec's cache "
+            f"failed ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}): use plain model.generate()") from exc
+    scale = plain.abs().max().clamp_min(1.0)
+    if not torch.allclose(rolled.float(), plain.float(), rtol=0, atol=float(scale) * 1e-2):
+        raise IncompatibleModelsError(
+            f"the target ({type(model).__name__}) has linear-attention layers whose state specdec cannot roll back: "
+            f"after a rejected draft its next logits differ from a plain forward's by "
+            f"{(rolled.float() - plain.float()).abs().max().item():.3g}; use plain model.generate()")
+

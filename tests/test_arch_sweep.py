@@ -46,7 +46,6 @@ def test_every_architecture_identical_or_refused(arch):
     ("gemma2", "identical"),         # sliding and full layers
     ("bloom", "refused"),            # ALiBi built from a 2-D mask: a 4-D tree mask raises inside it
     ("mpt", "refused"),              # ALiBi by key index: a tree forward is silently wrong
-    ("mamba", "refused"),            # a recurrent state, no KV
     ("moshi", "refused"),            # its window lives in HF's cache alone, not in its mask
 ])
 def test_representatives(arch, verdict):
@@ -54,6 +53,15 @@ def test_representatives(arch, verdict):
     assert set(row.cells.values()) == {verdict}, (row.cells, row.note)
     if verdict == "identical":
         assert "drafted tokens accepted" in row.note and not row.note.startswith("draft tree: 0 ")
+
+
+@pytest.mark.parametrize("arch", ["mamba", "qwen3_next", "qwen3_5"])
+def test_recurrent_targets_verify_chains(arch):
+    """A recurrent state (Mamba; Qwen3-Next's linear-attention layers beside full attention): prompt
+    lookup's chains identical on the target; as a draft (whose cache specdec commits per path) refused."""
+    row = assert_identical_or_refused(arch)
+    assert row.cells == {"prompt_lookup": "identical", "draft chain": "refused", "draft tree": "refused"}, row.cells
+    assert "the draft model" in row.note, row.note
 
 
 def test_encoder_without_is_decoder_refused():
