@@ -231,8 +231,8 @@ class Verifier:
             raise StrategyError(
                 f"the target ({type(self.model).__name__}) has linear-attention layers, so specdec verifies chains on "
                 f"it, and the strategy proposed a tree of {tree.num_nodes} nodes with branches: use a strategy that "
-                f"drafts chains (prompt_lookup, draft_model, mtp, eagle with eagle.max_nodes set to its depth), "
-                f"or autoregressive")
+                f"drafts chains (prompt_lookup with prompt_lookup.max_matches: 1, draft_model with its default "
+                f"chain), or autoregressive")
         positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
         self.rollback = RecurrentRollback.keep(self.cache, input_ids, positions)
         model = self.row_model if self.packed or input_ids.shape[1] <= self.row_linear else self.model
