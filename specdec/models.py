@@ -170,20 +170,24 @@ def decoder_layer_types(model) -> tuple[list[str], list[dict]]:
     return get_layer_types_and_kwargs(config)
 
 
+def recurrent_layer_kinds(model) -> list[str]:
+    """The decoder's layer kinds that keep a recurrent state (RECURRENT_LAYER_TYPES), sorted; [] for none."""
+    types, _ = decoder_layer_types(model)
+    return sorted(set(types) & set(RECURRENT_LAYER_TYPES))
+
+
 def check_cacheable(model, role: str = "draft", recurrent: bool = False) -> list[str]:
     """The decoder's layer types, when every layer is one whose KV specdec can commit (or, with
     recurrent, one that keeps a recurrent state: a target verified on chains); else a clear error."""
     types, _ = decoder_layer_types(model)
-    bad = sorted(set(types) - set(TREE_LAYER_TYPES) - set(RECURRENT_LAYER_TYPES if recurrent else ()))
-    if bad and recurrent:
-        raise IncompatibleModelsError(
-            f"the {role} model ({type(model).__name__}) has {bad[0]!r} layers: specdec verifies on layers of "
-            f"kinds {', '.join(TREE_LAYER_TYPES + RECURRENT_LAYER_TYPES)} only (chunked and KV-sharing layers "
-            f"are not supported yet); use a model without them, or plain model.generate()")
+    allowed = TREE_LAYER_TYPES + (RECURRENT_LAYER_TYPES if recurrent else ())
+    bad = sorted(set(types) - set(allowed))
     if bad:
+        verifies, unsupported = (("verifies", "chunked and KV-sharing") if recurrent else
+                                 ("verifies trees", "chunked, linear-attention and KV-sharing"))
         raise IncompatibleModelsError(
-            f"the {role} model ({type(model).__name__}) has {bad[0]!r} layers: specdec verifies trees on "
-            f"layers of kinds {', '.join(TREE_LAYER_TYPES)} only (chunked, linear-attention and KV-sharing "
+            f"the {role} model ({type(model).__name__}) has {bad[0]!r} layers: specdec {verifies} on "
+            f"layers of kinds {', '.join(allowed)} only ({unsupported} "
             f"layers are not supported yet); use a model without them, or plain model.generate()")
     return types
 
@@ -199,7 +203,7 @@ def attention_layout(model) -> AttentionLayout:
             f"attention mask (it would verify trees silently wrong): load it with "
             f"attn_implementation=\"sdpa\" (or \"eager\"), or call model.set_attn_implementation(\"sdpa\")")
     types = check_cacheable(model, "target", recurrent=True)
-    if set(types) & set(RECURRENT_LAYER_TYPES):
+    if recurrent_layer_kinds(model):
         return AttentionLayout(tuple(types), {t: None for t in types}, False, recurrent=True)
     config = model.config.get_text_config(decoder=True)
     window = getattr(config, "sliding_window", None)

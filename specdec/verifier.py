@@ -109,7 +109,7 @@ class Verifier:
                 f"set compile: false")
         self.cache = None
         # a target with recurrent layers (layout.recurrent): their state before the last forward, and that
-        # forward's input ids and positions, for the commit to roll back to (RecurrentRollback)
+        # forward's input ids, for the commit to roll back to (RecurrentRollback)
         self.rollback: RecurrentRollback | None = None
         self.prefix_len = 0            # committed tokens whose KV is in the cache (all but the pending one)
         self.capacity: int | None = None     # cache entries to allocate at the next prefill (None: grow)
@@ -184,7 +184,7 @@ class Verifier:
         if self.static is not None:      # parents None: a chain, its mask computed (no table per chunk length)
             return self.static.run(chunk, None, self.prefix_len, hidden_request(feature_layers),
                                    last_logits_only=not every_row)
-        positions = torch.arange(self.prefix_len, self.prefix_len + chunk.shape[1], device=self.device)[None]
+        positions = self._positions(chunk.shape[1])
         model = self.row_model if self.packed else self.model
         return model(input_ids=chunk, position_ids=positions, **cache_kwargs(self.model, self.cache),  # as
                           use_cache=True, logits_to_keep=0 if every_row else 1,                     # generate() does
@@ -200,46 +200,49 @@ class Verifier:
         input_ids = torch.cat([pending, tree.tokens.to(self.device)])[None]       # [1, 1 + N]
         if self.static is not None:
             return self._static_forward(input_ids, tree, feature_layers)
-        if self.layout.recurrent:
-            return self._recurrent_forward(input_ids, tree, feature_layers)
-        run = self._lower_run(tree, feature_layers)
-        if run is not None:
-            return self._resumed_forward(input_ids, run)
+        if self.layout.recurrent:      # nothing drafts through such a target's own layers: no lower run
+            self._keep_rollback(input_ids, tree)
+        else:
+            run = self._lower_run(tree, feature_layers)
+            if run is not None:
+                return self._resumed_forward(input_ids, run)
         if tree.is_chain:   # a chain is causal: the model builds its own mask(s), windows included
             # with explicit positions, as generate() passes them: given none, some models derive other
             # positions (RoBERTa: from the input ids). No 2-D mask: an all-ones one costs a host read
             # inside transformers' mask building
             mask = None
-            positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
+            positions = self._positions(input_ids.shape[1])
         else:
             parents = with_pending_root(tree.parents)
             mask = tree_masks(self.layout, parents, self.prefix_len, self.model.dtype, self.device, tables=self.tables)
             positions = tree_position_ids(parents, self.prefix_len, self.device, self.tables)
-        model = self.row_model if self.packed or input_ids.shape[1] <= self.row_linear else self.model
+        model = self._forward_model(input_ids.shape[1])
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                     **cache_kwargs(self.model, self.cache), use_cache=True,
                     output_hidden_states=hidden_request(feature_layers))
         hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
         return TreeOutput(out.logits[0], hidden, None if tree.is_chain else parents)
 
-    def _recurrent_forward(self, input_ids: torch.Tensor, tree: CandidateTree,
-                           feature_layers: Sequence[int] | None) -> TreeOutput:
-        """The forward over [pending] + a chain on a target with recurrent layers, their state kept from
-        before it (the commit rolls back to it when a draft is rejected). A tree is refused: one
-        recurrent state cannot follow two branches."""
+    def _keep_rollback(self, input_ids: torch.Tensor, tree: CandidateTree) -> None:
+        """Before a forward over [pending] + a chain on a target with recurrent layers: keep their state
+        (the commit rolls back to it when a draft is rejected). A tree is refused: one recurrent state
+        cannot follow two branches."""
         if not tree.is_chain:
             raise StrategyError(
                 f"the target ({type(self.model).__name__}) has linear-attention layers, so specdec verifies chains on "
                 f"it, and the strategy proposed a tree of {tree.num_nodes} nodes with branches: use a strategy that "
                 f"drafts chains (prompt_lookup with prompt_lookup.max_matches: 1, draft_model with its default "
                 f"chain), or autoregressive")
-        positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
-        self.rollback = RecurrentRollback.keep(self.cache, input_ids, positions)
-        model = self.row_model if self.packed or input_ids.shape[1] <= self.row_linear else self.model
-        out = model(input_ids=input_ids, position_ids=positions, **cache_kwargs(self.model, self.cache),
-                    use_cache=True, output_hidden_states=hidden_request(feature_layers))
-        hidden = features(out.hidden_states, feature_layers) if feature_layers is not None else None
-        return TreeOutput(out.logits[0], hidden, None)
+        self.rollback = RecurrentRollback.keep(self.cache, input_ids)
+
+    def _positions(self, rows: int) -> torch.Tensor:
+        """[1, rows] the positions of a forward's rows after the prefix_len committed entries."""
+        return torch.arange(self.prefix_len, self.prefix_len + rows, device=self.device)[None]
+
+    def _forward_model(self, rows: int):
+        """What a forward of `rows` rows runs: the RowLinear twin (packed weights win at every row count;
+        else up to row_linear rows), or the model itself."""
+        return self.row_model if self.packed or rows <= self.row_linear else self.model
 
     def _lower_run(self, tree: CandidateTree, feature_layers: Sequence[int] | None) -> LowerRun | None:
         """The tree's LowerRun where this forward can resume it: a chain, no features asked (the parts
@@ -259,7 +262,7 @@ class Verifier:
         through the layers below the split: the layers below run on the other rows only (their KV
         appended after the run's), then the layers above on every row's exit states. The same logits
         and the same cache as the whole forward, up to rounding (tests/test_early_exit_reuse.py)."""
-        positions = torch.arange(self.prefix_len, self.prefix_len + input_ids.shape[1], device=self.device)[None]
+        positions = self._positions(input_ids.shape[1])
         states = run.states                                                         # [rows, H]
         if input_ids.shape[1] > run.rows:        # the chain's last node: drafted, never fed to the draft
             states = torch.cat([states, run.split.lower(input_ids[:, run.rows:], positions[:, run.rows:], self.cache)])
@@ -299,29 +302,27 @@ class Verifier:
             return                                   # every row kept: the state is the forward's own
         rollback.restore(self.cache)
         commit_rows(self.cache, self.prefix_len, [])                          # attention layers: the prefix only
-        model = self.row_model if self.packed or kept <= self.row_linear else self.model
-        model(input_ids=rollback.input_ids[:, :kept], position_ids=rollback.positions[:, :kept],
-              **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1)
+        self._forward_model(kept)(input_ids=rollback.input_ids[:, :kept], position_ids=self._positions(kept),
+                                  **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1)
 
 
 @dataclass
 class RecurrentRollback:
     """The recurrent layers' state before a forward (copies of each LinearAttention layer's conv and
-    recurrent states and flags), and that forward's input ids [1, R] and positions [1, R]: what the
-    commit needs to undo the forward's rejected rows (Verifier._roll_back)."""
+    recurrent states and flags), and that forward's input ids [1, R]: what the commit needs to undo
+    the forward's rejected rows (Verifier._roll_back; their positions follow the prefix)."""
     states: list
     input_ids: torch.Tensor
-    positions: torch.Tensor
 
     @staticmethod
-    def keep(cache, input_ids: torch.Tensor, positions: torch.Tensor) -> "RecurrentRollback":
+    def keep(cache, input_ids: torch.Tensor) -> "RecurrentRollback":
         states = []
         for layer in cache.layers:
             if isinstance(layer, LinearAttentionCacheLayerMixin):
                 states.append((layer, {i: None if t is None else t.clone() for i, t in layer.conv_states.items()},
                                {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()},
                                dict(layer.has_previous_state)))
-        return RecurrentRollback(states, input_ids, positions)
+        return RecurrentRollback(states, input_ids)
 
     def restore(self, cache) -> None:
         """Put the kept states back, in place where the layer's tensor is still the same size (its

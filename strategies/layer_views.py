@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from specdec.errors import ConfigError, IncompatibleModelsError
-from specdec.models import RECURRENT_LAYER_TYPES, shallow_module
+from specdec.models import recurrent_layer_kinds, shallow_module
 
 
 def num_layers(model) -> int:
@@ -24,13 +24,13 @@ def decoder_layers(model, strategy: str = "early_exit") -> str:
     of GPT-2; `model.decoder.layers` of OPT). Anything else is refused: an architecture whose layers
     cannot be run apart."""
     count = num_layers(model)
-    kinds = set(getattr(model.config.get_text_config(decoder=True), "layer_types", None) or ())
-    if kinds & set(RECURRENT_LAYER_TYPES):
+    recurrent = recurrent_layer_kinds(model)
+    if recurrent:
         # a view's forward would move the recurrent state of the layers it runs, which the verifier keeps
         # for the target's own forwards (specdec.verifier: its rollback), and whose draft-time updates
         # nothing could undo
         raise IncompatibleModelsError(
-            f"{strategy}: the target ({type(model).__name__}) has {sorted(kinds & set(RECURRENT_LAYER_TYPES))[0]!r} "
+            f"{strategy}: the target ({type(model).__name__}) has {recurrent[0]!r} "
             f"layers, whose recurrent state a draft through its own layers would move: its layers cannot be run "
             f"apart; use a strategy that drafts chains without them (prompt_lookup, draft_model, mtp)")
     found = [name for name, module in model.named_modules() if isinstance(module, nn.ModuleList) and len(module) == count]

@@ -176,13 +176,12 @@ def short(exc: BaseException, limit: int = 160) -> str:
 
 
 def strategy_of(name: str, draft, target=None):
-    from specdec.models import RECURRENT_LAYER_TYPES
+    from specdec.models import recurrent_layer_kinds
     from specdec.strategies.draft_model import DraftModel
     from specdec.strategies.prompt_lookup import PromptLookup
     if name == "prompt_lookup":
-        kinds = set(getattr(target.config, "layer_types", None) or ()) if target is not None else set()
         # a target with recurrent layers is verified on chains: one match per step
-        return PromptLookup(max_matches=1) if kinds & set(RECURRENT_LAYER_TYPES) else PromptLookup()
+        return PromptLookup(max_matches=1) if target is not None and recurrent_layer_kinds(target) else PromptLookup()
     if name == "draft chain":
         return DraftModel(draft, num_tokens=DRAFT_DEPTH)
     return DraftModel(draft, branching=[2, 2, 1, 1])
