@@ -4,7 +4,9 @@ The checkpoint holds them after the decoder's own layers, `model.layers.{L + i}.
 eh_proj, shared_head, one decoder block) for i < num_nextn_predict_layers; Hugging Face's model drops
 them at load. `load_mtp` reads them as the installed transformers' `MtpModel` reads them (its modules,
 its weight conversions), stricter: a missing, extra or wrongly shaped tensor, or a shared head or
-embedding that is not the target's, is refused with a message naming the tensor.
+embedding that is not the target's, is refused with a message naming the tensor. Qwen3-Next's and
+Qwen3.5's `mtp.*` layout is the same module under other names, read into the same MtpModel
+(heads/mtp_prefixed.py).
 
 `MtpDrafter` runs a module (module 0 unless told) with the call interface of specdec's EAGLE drafters (heads/eagle.py), so the
 eagle strategy's chains, trees and sampling drive it: row t reads the target's feature at t (the last
@@ -34,6 +36,7 @@ from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import ModelLoadError
 
+from . import mtp_prefixed
 from .io import DrafterFiles, check_fits_target, read_drafter_config, save_drafter
 
 CHECKPOINT_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -83,27 +86,51 @@ def _modules_in(tensors: dict[str, str], layers: int, count: int, folder: str) -
     return by_module
 
 
-def mtp_model_for(target, count: int):
+def mtp_model_for(target, count: int, block_type: str | None = None):
     """A transformers MtpModel of `count` fresh modules (random weights) sharing `target`'s embedding, head and
     rotary embedding. A target whose config announces no MTP modules (a Llama) gets them all the same:
-    MtpModel reads their number from the config, so it is given a copy of the config that announces them."""
+    MtpModel reads their number from the config, so it is given a copy of the config that announces them.
+    block_type (the mtp.* layout: heads/mtp_prefixed.py): each module's decoder block is of that layer type
+    (config.layer_types' names), and its norms are the decoder layer's own norm class."""
     from transformers.modeling_layers import MtpModel
+    text = target.config.get_text_config(decoder=True)
+    if block_type is None and getattr(text, "layer_types", None) and getattr(text, "mtp_layer_types", None) is None:
+        # transformers' get_mtp_config refuses layer_types (Qwen2's, Gemma-2's sliding layers) without
+        # mtp_layer_types: a module trained apart for such a target gets a full-attention block
+        block_type = "full_attention"
     announced = target
-    if mtp_count(target) != count:
-        announced = _Announcing(target, count)
+    if mtp_count(target) != count or block_type is not None:
+        announced = _Announcing(target, count, block_type)
     mtp = MtpModel(announced, count)
+    if block_type is not None:
+        _own_norms(mtp)
     mtp.tie_with_main_model(target)
     return mtp
 
 
+def _own_norms(mtp) -> None:
+    """MtpModel takes its norm class from the first norm inside the decoder's last layer, which on a hybrid model
+    may be a linear-attention layer's gated norm: each module's norms become its block's input norm class."""
+    for layer in mtp.layers:
+        norm_class = type(layer.mtp_block.input_layernorm)
+        for name in ("enorm", "hnorm", "post_norm"):
+            norm = getattr(layer, name)
+            if norm is not None and type(norm) is not norm_class:
+                setattr(layer, name, norm_class(mtp.config.hidden_size, eps=mtp.config.rms_norm_eps))
+
+
 class _Announcing:
     """`target` seen through a copy of its config that announces `count` MTP modules (for MtpModel's
-    constructor, which reads them from the config; the target itself is left as it is)."""
+    constructor, which reads them from the config; the target itself is left as it is), with blocks of
+    `block_type` where given."""
 
-    def __init__(self, target, count: int):
+    def __init__(self, target, count: int, block_type: str | None = None):
         import copy
         self.config = copy.deepcopy(target.config)
-        self.config.get_text_config(decoder=True).num_mtp_layers = count
+        text = self.config.get_text_config(decoder=True)
+        text.num_mtp_layers = count
+        if block_type is not None:
+            text.mtp_layer_types = [block_type] * count
         self._target = target
 
     def __getattr__(self, name):
@@ -114,64 +141,58 @@ class _Announcing:
 def load_mtp(target, folder: str | None = None, modules: str | None = None):
     """The target's MTP modules (a transformers MtpModel sharing the target's embedding, head and rotary
     embedding), read from `folder` (default: the folder the target was loaded from); or, given `modules`,
-    from that folder of modules trained apart for this target (mtp.json + mtp.safetensors)."""
-    from safetensors import safe_open
-    from transformers.core_model_loading import convert_and_load_state_dict_in_model
-    from transformers.modeling_utils import LoadStateDictConfig
+    from that folder of modules trained apart for this target (mtp.json + mtp.safetensors). A checkpoint
+    in the mtp.* layout (Qwen3-Next, Qwen3.5) is read as heads/mtp_prefixed.py says."""
     layers = int(target.config.get_text_config(decoder=True).num_hidden_layers)
     if modules:
         count, folder, tensors = _separate_modules(target, modules)
     else:
         folder = folder or target.config.name_or_path
         count = mtp_count(target)
-        if not count:
-            _refuse_unread_layout(target, folder)
+        prefixed = not count and mtp_prefixed.has_layout(target, folder, checkpoint_tensors)
+        if not (count or prefixed):
             raise ModelLoadError(f"mtp: the target ({type(target).__name__}) announces no MTP modules (no "
-                                 f"num_nextn_predict_layers in its config): use a checkpoint that ships them "
-                                 f"(DeepSeek-V3/R1, GLM-4.5), give modules trained for it (mtp.path=, made by "
-                                 f"{TRAIN_HINT}), or another strategy")
+                                 f"num_nextn_predict_layers or mtp_num_hidden_layers in its config): use a checkpoint "
+                                 f"that ships them (DeepSeek-V3/R1, GLM-4.5, Qwen3-Next, Qwen3.5), give modules "
+                                 f"trained for it (mtp.path=, made by {TRAIN_HINT}), or another strategy")
         if not folder or not os.path.isdir(folder):
             raise ModelLoadError(f"mtp: the MTP weights are read from the target's checkpoint folder, and {folder!r} "
                                  f"is not one: load the target from a folder (target.path)")
         tensors = checkpoint_tensors(folder)
+        if prefixed:
+            names = mtp_prefixed.model_names(target, tensors, folder, TRAIN_HINT)    # {MtpModel name: checkpoint name}
+            mtp = mtp_model_for(target, 1, mtp_prefixed.BLOCK_TYPE)
+            return _read(mtp, target, folder, tensors, names, mtp_prefixed.checkpoint_name)
     by_module = _modules_in(tensors, layers, count, folder)
-    mtp = mtp_model_for(target, count).to(device=target.device, dtype=target.dtype)
+    names = {name: name for module_names in by_module.values() for name in module_names}
+    return _read(mtp_model_for(target, count), target, folder, tensors, names,
+                 lambda name: _checkpoint_name(name, layers))
+
+
+def _read(mtp, target, folder: str, tensors: dict[str, str], names: dict[str, str], checkpoint_name):
+    """Load the checkpoint tensors names.values() (files: tensors) into `mtp` under the names names.keys(),
+    through transformers' weight conversions (its per-expert MoE tensors merged as the target's own are);
+    refuse what is missing, unexpected or misshaped, naming its checkpoint_name()."""
+    from safetensors import safe_open
+    from transformers.core_model_loading import convert_and_load_state_dict_in_model
+    from transformers.modeling_utils import LoadStateDictConfig
+    layers = int(target.config.get_text_config(decoder=True).num_hidden_layers)
+    mtp = mtp.to(device=target.device, dtype=target.dtype)
     state_dict, handles = {}, {}
-    for names in by_module.values():
-        for name in names:
-            file = tensors[name]
-            if file not in handles:
-                handles[file] = safe_open(os.path.join(folder, file), framework="pt")
-            state_dict[name] = handles[file].get_slice(name)
-            _check_shared(name, handles[file].get_tensor(name), target, layers, folder)
+    for name, stored in names.items():
+        file = tensors[stored]
+        if file not in handles:
+            handles[file] = safe_open(os.path.join(folder, file), framework="pt")
+        state_dict[name] = handles[file].get_slice(stored)
+        _check_shared(stored, handles[file].get_tensor(stored), target, layers, folder)
     info, _ = convert_and_load_state_dict_in_model(
         model=mtp, state_dict=state_dict,
         load_config=LoadStateDictConfig(weight_mapping=mtp.get_weight_conversions(target),
                                         device_map={"": target.device}, dtype=target.dtype))
     mtp._adjust_missing_and_unexpected_keys(info)
-    _refuse(info, folder, layers)
+    _refuse(info, folder, checkpoint_name)
     mtp.tie_with_main_model(target)
     return mtp.eval()
-
-
-def _refuse_unread_layout(target, folder: str | None) -> None:
-    """Refuse, by name, MTP modules in a layout that the installed transformers' MtpModel does not read: `mtp.*`
-    tensors (Qwen3-Next's, announced by mtp_num_hidden_layers), rather than take them for a checkpoint without any."""
-    announced = getattr(target.config.get_text_config(decoder=True), "mtp_num_hidden_layers", None)
-    names: list[str] = []
-    if folder and os.path.isdir(folder):
-        try:
-            names = sorted(name for name in checkpoint_tensors(folder) if name.startswith("mtp."))
-        except ModelLoadError:                  # no safetensors file: nothing to name
-            pass
-    if not (announced or names):
-        return
-    what = f"tensor {names[0]!r} ({len(names)} mtp.* tensors)" if names else "no mtp.* tensor"
-    raise ModelLoadError(f"mtp: the target ({type(target).__name__}) ships its MTP modules in the mtp.* layout "
-                         f"(Qwen3-Next's: mtp_num_hidden_layers={announced} in its config, {what} in {folder!r}), "
-                         f"which the installed transformers' MtpModel does not read (it reads "
-                         f"model.layers.{{num_hidden_layers + i}}.*, DeepSeek-V3's and GLM-4.5's): draft with "
-                         f"another strategy (eagle, draft_model, suffix) or train modules for it with {TRAIN_HINT}")
 
 
 def _separate_modules(target, folder: str) -> tuple[int, str, dict[str, str]]:
@@ -218,19 +239,25 @@ def _check_shared(name: str, tensor: torch.Tensor, target, layers: int, folder: 
                              f"these MTP modules belong to another target")
 
 
-def _refuse(info, folder: str, layers: int) -> None:
-    """Refuse what Hugging Face's loading left missing, unexpected or misshaped, naming the tensor."""
+def _refuse(info, folder: str, checkpoint_name) -> None:
+    """Refuse what Hugging Face's loading left missing, unexpected or misshaped, naming the tensor
+    (checkpoint_name: an MtpModel parameter name -> the checkpoint's name for it)."""
+    if info.conversion_errors:        # tensors merged on load (a MoE's per-expert ones) that did not merge
+        name, error = sorted(info.conversion_errors.items())[0]
+        cause = next((line for line in error.splitlines() if re.match(r"^\w+Error: ", line)), error.strip())
+        raise ModelLoadError(f"mtp: the tensors that make {checkpoint_name(name)!r} in {folder!r} do not merge "
+                             f"({cause}): one of them is missing or of another shape")
     if info.mismatched_keys:
         name, got, expected = sorted(info.mismatched_keys, key=str)[0]
-        raise ModelLoadError(f"mtp: tensor {_checkpoint_name(name, layers)!r} in {folder!r} has shape {tuple(got)}, "
+        raise ModelLoadError(f"mtp: tensor {checkpoint_name(name)!r} in {folder!r} has shape {tuple(got)}, "
                              f"the target's MTP module needs {tuple(expected)}")
     if info.missing_keys:
         missing = sorted(info.missing_keys)
-        raise ModelLoadError(f"mtp: {folder!r} lacks tensor {_checkpoint_name(missing[0], layers)!r} of an MTP module "
-                             f"({len(missing)} missing: {', '.join(missing[:4])})")
+        raise ModelLoadError(f"mtp: {folder!r} lacks tensor {checkpoint_name(missing[0])!r} of an MTP module "
+                             f"({len(missing)} missing: {', '.join(checkpoint_name(name) for name in missing[:4])})")
     if info.unexpected_keys:
         unexpected = sorted(info.unexpected_keys)
-        raise ModelLoadError(f"mtp: {folder!r} holds tensor {unexpected[0]!r}, which no MTP module of this target has "
+        raise ModelLoadError(f"mtp: {folder!r} holds tensor {checkpoint_name(unexpected[0])!r}, which no MTP module of this target has "
                              f"({len(unexpected)} such)")
 
 

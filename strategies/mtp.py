@@ -1,5 +1,5 @@
-"""mtp: the target's own multi-token-prediction modules draft (DeepSeek-V3/R1, GLM-4.5; Hugging Face's
-`generate(use_mtp=True)`, vLLM's `deepseek_mtp`, SGLang's NEXTN).
+"""mtp: the target's own multi-token-prediction modules draft (DeepSeek-V3/R1, GLM-4.5, Qwen3-Next, Qwen3.5;
+Hugging Face's `generate(use_mtp=True)`, vLLM's `deepseek_mtp` and `qwen3_next_mtp`, SGLang's NEXTN).
 
 The modules are read from the target's checkpoint (specdec.heads.mtp.load_mtp), or, with `mtp.path`,
 from a folder of modules trained apart for a target that ships none (`specdec train mtp`), and driven as an EAGLE

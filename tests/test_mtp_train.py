@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -76,6 +77,24 @@ def test_fresh_modules_leave_the_target_as_it_is():
     assert not hasattr(model.config, "num_mtp_layers")
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2", "qwen3_next"])
+def test_fresh_modules_for_targets_with_layer_types(arch):
+    """A config with layer_types (sliding or linear-attention layers) and no mtp_layer_types, which transformers'
+    get_mtp_config refuses as ambiguous: the module's block is a full-attention layer, normed with its own class."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts", "measure"))
+    import arch_sweep
+    model = arch_sweep.build(arch_sweep.tiny_config(arch))
+    layer = mtp_model_for(model, 1).layers[0]
+    block = layer.mtp_block
+    assert getattr(block, "attention_type", getattr(block, "block_type", "full_attention")) == "full_attention"
+    assert hasattr(block, "self_attn") and type(layer.enorm) is type(block.input_layernorm)
+    torch.manual_seed(0)
+    drafter = MtpDrafter(mtp_model_for(model, 1), id(model))
+    hidden = torch.randn(1, 5, model.config.get_text_config(decoder=True).hidden_size)
+    out, logits, _, _ = drafter(hidden, torch.arange(3, 8)[None], torch.arange(5)[None], cache=BufferedLayer())
+    assert out.shape == hidden.shape and torch.isfinite(logits).all()
 
 
 def test_training_lowers_the_step_losses_and_saves_the_layout(trained):
