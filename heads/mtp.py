@@ -104,6 +104,10 @@ def mtp_model_for(target, count: int, block_type: str | None = None):
     mtp = MtpModel(announced, count)
     if block_type is not None:
         _own_norms(mtp)
+    with torch.no_grad():
+        # MtpModel's own initialisation is the generic one, which leaves a MoE block's experts and router as
+        # allocated (zeros, or NaNs) and zero-centred norms at 1: the target's initialisation knows its classes
+        mtp.layers.apply(target._init_weights)
     mtp.tie_with_main_model(target)
     return mtp
 

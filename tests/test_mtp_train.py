@@ -82,7 +82,8 @@ def test_fresh_modules_leave_the_target_as_it_is():
 @pytest.mark.parametrize("arch", ["qwen2", "gemma2", "qwen3_next"])
 def test_fresh_modules_for_targets_with_layer_types(arch):
     """A config with layer_types (sliding or linear-attention layers) and no mtp_layer_types, which transformers'
-    get_mtp_config refuses as ambiguous: the module's block is a full-attention layer, normed with its own class."""
+    get_mtp_config refuses as ambiguous: the module's block is a full-attention layer, normed with its own class,
+    initialised as the target initialises its own layers."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts", "measure"))
     import arch_sweep
     model = arch_sweep.build(arch_sweep.tiny_config(arch))
@@ -90,6 +91,9 @@ def test_fresh_modules_for_targets_with_layer_types(arch):
     block = layer.mtp_block
     assert getattr(block, "attention_type", getattr(block, "block_type", "full_attention")) == "full_attention"
     assert hasattr(block, "self_attn") and type(layer.enorm) is type(block.input_layernorm)
+    for name, weight in layer.named_parameters():      # initialised as the target's own (MoE experts included)
+        assert torch.isfinite(weight).all(), name
+        assert weight.ndim == 1 or weight.std() > 0, f"{name} left as allocated"
     torch.manual_seed(0)
     drafter = MtpDrafter(mtp_model_for(model, 1), id(model))
     hidden = torch.randn(1, 5, model.config.get_text_config(decoder=True).hidden_size)
