@@ -153,8 +153,8 @@ def load_mtp(target, folder: str | None = None, modules: str | None = None):
     else:
         folder = folder or target.config.name_or_path
         count = mtp_count(target)
-        prefixed = not count and mtp_prefixed.has_layout(target, folder, checkpoint_tensors)
-        if not (count or prefixed):
+        prefixed = None if count else mtp_prefixed.find_layout(target, folder, checkpoint_tensors)
+        if not count and prefixed is None:
             raise ModelLoadError(f"mtp: the target ({type(target).__name__}) announces no MTP modules (no "
                                  f"num_nextn_predict_layers or mtp_num_hidden_layers in its config): use a checkpoint "
                                  f"that ships them (DeepSeek-V3/R1, GLM-4.5, Qwen3-Next, Qwen3.5), give modules "
@@ -162,8 +162,8 @@ def load_mtp(target, folder: str | None = None, modules: str | None = None):
         if not folder or not os.path.isdir(folder):
             raise ModelLoadError(f"mtp: the MTP weights are read from the target's checkpoint folder, and {folder!r} "
                                  f"is not one: load the target from a folder (target.path)")
-        tensors = checkpoint_tensors(folder)
-        if prefixed:
+        tensors = prefixed or checkpoint_tensors(folder)      # read once: find_layout's, where it read them
+        if prefixed is not None:
             names = mtp_prefixed.model_names(target, tensors, folder, TRAIN_HINT)    # {MtpModel name: checkpoint name}
             mtp = mtp_model_for(target, 1, mtp_prefixed.BLOCK_TYPE)
             return _read(mtp, target, folder, tensors, names, mtp_prefixed.checkpoint_name)
@@ -261,8 +261,8 @@ def _refuse(info, folder: str, checkpoint_name) -> None:
                              f"({len(missing)} missing: {', '.join(checkpoint_name(name) for name in missing[:4])})")
     if info.unexpected_keys:
         unexpected = sorted(info.unexpected_keys)
-        raise ModelLoadError(f"mtp: {folder!r} holds tensor {checkpoint_name(unexpected[0])!r}, which no MTP module of this target has "
-                             f"({len(unexpected)} such)")
+        raise ModelLoadError(f"mtp: {folder!r} holds tensor {checkpoint_name(unexpected[0])!r}, which no MTP module "
+                             f"of this target has ({len(unexpected)} such)")
 
 
 def _checkpoint_name(name: str, layers: int) -> str:

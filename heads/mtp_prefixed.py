@@ -77,13 +77,17 @@ def checkpoint_name(name: str) -> str:
     return name
 
 
-def has_layout(target, folder: str | None, tensors_of) -> bool:
-    """Whether the target's config or its checkpoint folder speaks of mtp.* modules."""
+def find_layout(target, folder: str | None, tensors_of) -> dict[str, str] | None:
+    """The checkpoint's tensors ({name: file}, from tensors_of(folder)) where the target's config or its
+    checkpoint folder speaks of mtp.* modules, read once for the loading to use ({} when the config announces
+    them and `folder` is no folder); None where neither does."""
+    found = None
+    if folder and os.path.isdir(folder):
+        try:
+            found = tensors_of(folder)
+        except ModelLoadError:                   # no safetensors file: the config alone can speak of them
+            if announced(target):
+                raise
     if announced(target):
-        return True
-    if not folder or not os.path.isdir(folder):
-        return False
-    try:
-        return bool(prefixed_tensors(tensors_of(folder)))
-    except ModelLoadError:                       # no safetensors file
-        return False
+        return found or {}
+    return found if found and prefixed_tensors(found) else None

@@ -203,7 +203,7 @@ def attention_layout(model) -> AttentionLayout:
             f"attention mask (it would verify trees silently wrong): load it with "
             f"attn_implementation=\"sdpa\" (or \"eager\"), or call model.set_attn_implementation(\"sdpa\")")
     types = check_cacheable(model, "target", recurrent=True)
-    if recurrent_layer_kinds(model):
+    if set(types) & set(RECURRENT_LAYER_TYPES):
         return AttentionLayout(tuple(types), {t: None for t in types}, False, recurrent=True)
     config = model.config.get_text_config(decoder=True)
     window = getattr(config, "sliding_window", None)

@@ -23,6 +23,8 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts", "measure"))
 import arch_sweep  # noqa: E402
 
+from conftest import hf_greedy  # noqa: E402
+
 import specdec  # noqa: E402
 from specdec.cache import BufferedLayer  # noqa: E402
 from specdec.errors import ModelLoadError  # noqa: E402
@@ -143,20 +145,13 @@ def test_the_module_computes_what_hugging_face_computes(saved):
     assert not torch.allclose(out, swapped, atol=1e-3), "the projection's order must show, or this proves little"
 
 
-def hf_greedy(model, prompt: list[int]) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 def test_greedy_identical_through_the_recurrent_targets_chains(saved):
     folder, target, _ = saved
     sd = specdec.load("mtp", **{"target.path": folder, "device": "cpu", "dtype": "float32"})
     drafted = 0
     for prompt in PROMPTS:
         out = sd.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
-        assert out.token_ids == hf_greedy(target, prompt), prompt
+        assert out.token_ids == hf_greedy(target, prompt, NEW, eos_token_id=None, pad_token_id=0), prompt
         drafted += out.stats.proposed_nodes
     assert drafted > 0, "the module must have drafted"
 
