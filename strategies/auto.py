@@ -256,11 +256,17 @@ class Auto(BaseStrategy):
     def feature_layers(self) -> tuple[int, ...] | None:
         return None if self.drafter is None else self.drafter.feature_layers
 
+    # the drafter is told too: one that plans its own trees on a cost profile (token_recycling) must time
+    # the forwards the steps run, not the stock layers' (which price a tree node several times dearer)
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.compiled_verifier = bool(compiled)
+        if self.drafter is not None:
+            self.drafter.use_compiled_verifier(compiled)
 
     def use_row_linear(self, rows: int) -> None:
         self.row_linear = int(rows)
+        if self.drafter is not None:
+            self.drafter.use_row_linear(rows)
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile

@@ -138,6 +138,27 @@ def test_planners_are_told_the_setting():
     assert told == [8, 0, 0]
 
 
+def test_auto_tells_its_drafter():
+    """A drafter that plans on its own cost profile inside auto (token_recycling) times the verifier's
+    forwards, not the stock layers'."""
+    from specdec.strategies.auto import Auto
+    from specdec.strategies.token_recycling import TokenRecycling
+    told = []
+
+    class Spy(TokenRecycling):
+        def use_row_linear(self, rows: int) -> None:
+            told.append(("rows", rows))
+
+        def use_compiled_verifier(self, compiled: bool) -> None:
+            told.append(("compiled", compiled))
+
+    auto = Auto(drafter=Spy(profile=False))
+    auto.use_compiled_verifier(False)
+    auto.use_row_linear(8)
+    assert told == [("compiled", False), ("rows", 8)]
+    assert auto.row_linear == 8
+
+
 def test_profiles_with_and_without_row_linear_are_kept_apart():
     target = tiny_model("llama")
     plain = profile_key(target, (0, 1, 2), 64)
