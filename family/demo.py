@@ -29,7 +29,7 @@ from rich.text import Text
 
 from specdec.log import log_to_stderr
 
-STRATEGIES = ("autoregressive", "draft_model", "medusa", "eagle", "prompt_lookup", "auto")
+STRATEGIES = ("autoregressive", "draft_model", "medusa", "eagle", "prompt_lookup", "token_recycling", "auto")
 DEFAULT_ORIGIN = "default family"
 
 # Ends mid-line: a prompt ending in a bare newline splits a whitespace token the tokenizer

@@ -1,7 +1,8 @@
 """auto: prompt lookup plus one neural drafter, merged into one tree, sized for this machine.
 
 Every step: the lookup continuations (a trie) and, when it has been paying lately, the neural
-drafter's tree (draft_model, medusa or eagle: whichever path was given) are merged into ONE
+drafter's tree (draft_model, medusa or eagle: whichever path was given; token_recycling when none
+was) are merged into ONE
 CandidateTree (strategies/mixed.py). Each node gets an acceptance estimate calibrated online
 (strategies/planner.Calibrator) and the planner keeps the prefix-closed part with the most expected
 new tokens per second of verify (the cost profile measured at load, specdec/costmodel.py, scaled
@@ -61,7 +62,7 @@ class AutoConfig:
     planner from the verify costs measured on this machine (specdec/costmodel.py)."""
     max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
     drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
-    #                                     with a path; "none" = lookup only; early_exit / layer_skip / mtp: the
+    #                                     with a path, else token_recycling; "none" = lookup only; early_exit / layer_skip / mtp: the
     #                                     target's own layers (its first, or all but skipped sublayers) or MTP
     #                                     modules; token_recycling: the target's own top-k table (needs no path;
     #                                     the token_recycling: section configures it); lookahead: its Jacobi window
@@ -270,17 +271,23 @@ class Auto(BaseStrategy):
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile
+        if self.drafter is not None and self.target is not None and self.drafter.profile_setup(self.target) is not None:
+            self.drafter.use_costs(profile)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
         self.device = target.device
         if self.lookup is not None:
             self.lookup.bind(target, tokenizer)
-        if self.drafter is not None:
-            self.drafter.bind(target, tokenizer)
         if self.costs is None:
             self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
                                         self.compiled_verifier, self.row_linear)
+        if self.drafter is not None:
+            # a drafter that plans its own trees on a cost profile (token_recycling) plans on auto's: one
+            # measurement at load, and the same prices for the tree it offers as for the tree auto keeps
+            if self.drafter.profile_setup(target) is not None:
+                self.drafter.use_costs(self.costs)
+            self.drafter.bind(target, tokenizer)
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
@@ -816,14 +823,15 @@ def _lookup_context(parents, accept, keep) -> int:
 
 
 def pick_drafter(cfg) -> str | None:
-    """Which neural drafter auto runs: auto.drafter, else the first of eagle / medusa / draft_model
-    whose path is given; None for lookup alone."""
+    """Which drafter auto runs: auto.drafter, else the first of eagle / medusa / draft_model whose path
+    is given, else token_recycling (it needs no training: the target's own top-k table); None ("none")
+    for lookup alone."""
     if cfg.auto.drafter is not None:
         return None if cfg.auto.drafter == "none" else cfg.auto.drafter
     for name, path in (("eagle", cfg.eagle.path), ("medusa", cfg.heads.path), ("draft_model", cfg.draft.path)):
         if path:
             return name
-    return None
+    return "token_recycling"
 
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
@@ -831,7 +839,7 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     lookup_from_config = importlib.import_module(f"specdec.strategies.{cfg.auto.lookup_with}").from_config
     name = pick_drafter(cfg)
     drafter = None
-    if name is not None and target is not None:
+    if name is not None and (target is not None or name == "token_recycling"):   # by name: no model, but a table
         drafter = importlib.import_module(f"specdec.strategies.{name}").from_config(cfg, target, tokenizer, device, dtype)
     a = cfg.auto
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None

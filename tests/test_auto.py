@@ -19,6 +19,7 @@ from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.mixed import LOOKUP, NEURAL, merge_paths
 from specdec.tree import CandidateTree
 from specdec.strategies.prompt_lookup import PromptLookup
+from specdec.strategies.token_recycling import TokenRecycling
 
 N = 24
 PROMPT = [5, 17, 33, 9, 41, 60, 70, 5, 17, 33]     # ends with a repeated 3-gram: lookup finds it
@@ -119,8 +120,15 @@ def test_load_auto_with_a_draft(tmp_path, monkeypatch):
     assert isinstance(sd.strategy, Auto) and isinstance(sd.strategy.drafter, DraftModel)
     out = sd.generate("abcabcab", max_new_tokens=8)
     assert len(out.token_ids) == 8 and len(sd.strategy.tree_sizes) == out.stats.target_forwards
-    lookup_only = Speculator(target, tok, "auto")                      # by name: lookup alone
-    assert lookup_only.strategy.drafter is None
+    by_name = Speculator(target, tok, "auto")              # by name: no trained drafter, so the target's own table
+    assert isinstance(by_name.strategy.drafter, TokenRecycling)
+    assert by_name.generate("abcabcab", max_new_tokens=8).token_ids == out.token_ids
+    untrained = specdec.load("auto", **{"target.path": str(tmp_path / "target"), "auto.profile_context": 16,
+                                        "auto.max_nodes": 8})
+    assert isinstance(untrained.strategy.drafter, TokenRecycling)
+    assert untrained.strategy.drafter.costs is untrained.strategy.costs     # one profile, auto's
+    assert specdec.load("auto", **{"target.path": str(tmp_path / "target"), "auto.drafter": "none",
+                                   "auto.profile": False}).strategy.drafter is None
     alone = specdec.load("auto", **{"target.path": str(tmp_path / "target"), "draft.path": str(tmp_path / "draft"),
                                     "auto.lookup": False, "auto.profile": False})
     assert alone.strategy.lookup is None
