@@ -2,9 +2,8 @@
 
 Every step: the lookup continuations (a trie) and, when it has been paying lately, the neural
 drafter's tree (draft_model, medusa or eagle: whichever path was given; token_recycling when none
-was) are merged into ONE
-CandidateTree (strategies/mixed.py). Each node gets an acceptance estimate calibrated online
-(strategies/planner.Calibrator) and the planner keeps the prefix-closed part with the most expected
+was) are merged into ONE CandidateTree (strategies/mixed.py). Each node gets an acceptance estimate
+calibrated online (strategies/planner.Calibrator) and the planner keeps the prefix-closed part with the most expected
 new tokens per second of verify (the cost profile measured at load, specdec/costmodel.py, scaled
 by the step times observed since) plus drafting; nothing when nothing pays.
 
@@ -62,12 +61,13 @@ class AutoConfig:
     planner from the verify costs measured on this machine (specdec/costmodel.py)."""
     max_nodes: int = setting(32, min=0)     # the planner's ceiling on tree nodes per step
     drafter: Optional[str] = setting(None, choices=DRAFTERS)   # null = the first of eagle / medusa / draft_model
-    #                                     with a path, else token_recycling; "none" = lookup only; early_exit / layer_skip / mtp: the
-    #                                     target's own layers (its first, or all but skipped sublayers) or MTP
-    #                                     modules; token_recycling: the target's own top-k table (needs no path;
-    #                                     the token_recycling: section configures it); lookahead: its Jacobi window
-    #                                     and n-gram pool, verified whole (the lookahead: section configures it); rest:
-    #                                     a corpus datastore (rest.datastore=DIR, from `specdec index`)
+    #                                     with a path, else token_recycling; "none" = lookup only; early_exit /
+    #                                     layer_skip / mtp: the target's own layers (its first, or all but skipped
+    #                                     sublayers) or MTP modules; token_recycling: the target's own top-k table
+    #                                     (needs no path; the token_recycling: section configures it); lookahead:
+    #                                     its Jacobi window and n-gram pool, verified whole (the lookahead: section
+    #                                     configures it); rest: a corpus datastore (rest.datastore=DIR, from
+    #                                     `specdec index`)
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
@@ -271,8 +271,8 @@ class Auto(BaseStrategy):
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile
-        if self.drafter is not None and self.target is not None and self.drafter.profile_setup(self.target) is not None:
-            self.drafter.use_costs(profile)
+        if self.drafter is not None and self.target is not None and self.drafter.profile_setup(self.target):
+            self.drafter.use_costs(profile)         # `specdec profile`: the drafter that plans, on the same one
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -839,7 +839,7 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     lookup_from_config = importlib.import_module(f"specdec.strategies.{cfg.auto.lookup_with}").from_config
     name = pick_drafter(cfg)
     drafter = None
-    if name is not None and (target is not None or name == "token_recycling"):   # by name: no model, but a table
+    if name is not None and (target is not None or name == "token_recycling"):   # by name: no model; a table
         drafter = importlib.import_module(f"specdec.strategies.{name}").from_config(cfg, target, tokenizer, device, dtype)
     a = cfg.auto
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
