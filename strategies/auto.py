@@ -271,8 +271,8 @@ class Auto(BaseStrategy):
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile
-        if self.drafter is not None and self.target is not None and self.drafter.profile_setup(self.target):
-            self.drafter.use_costs(profile)         # `specdec profile`: the drafter that plans, on the same one
+        if self.drafter is not None:        # one that plans its own trees (token_recycling) plans on auto's
+            self.drafter.use_costs(profile)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -284,9 +284,9 @@ class Auto(BaseStrategy):
                                         self.compiled_verifier, self.row_linear)
         if self.drafter is not None:
             # a drafter that plans its own trees on a cost profile (token_recycling) plans on auto's: one
-            # measurement at load, and the same prices for the tree it offers as for the tree auto keeps
-            if self.drafter.profile_setup(target) is not None:
-                self.drafter.use_costs(self.costs)
+            # measurement at load, and the same prices for the tree it offers as for the tree auto keeps (a
+            # drafter that plans on none ignores use_costs)
+            self.drafter.use_costs(self.costs)
             self.drafter.bind(target, tokenizer)
         self.target = target
 
