@@ -29,13 +29,17 @@ class TargetConfig:
 
 def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
             min: float | None = None, above: float | None = None, max: float | None = None,
-            choices: Sequence[Any] | None = None, item_min: float | None = None):
+            choices: Sequence[Any] | None = None, item_min: float | None = None,
+            item_choices: Sequence[Any] | None = None):
     """A config field with its valid values, checked at load by `check_values`: `min` / `max`
-    inclusive, `above` exclusive, `choices` a closed set, `item_min` for each entry of a list.
+    inclusive, `above` exclusive, `choices` a closed set, `item_min` and `item_choices` for each entry
+    of a list.
     A float field is also refused when NaN or infinite."""
     limits = {name: value for name, value in (("min", min), ("above", above), ("max", max),
                                                ("choices", tuple(choices) if choices is not None else None),
-                                               ("item_min", item_min)) if value is not None}
+                                               ("item_min", item_min),
+                                               ("item_choices", tuple(item_choices) if item_choices is not None else None))
+              if value is not None}
     return field(default=default, default_factory=default_factory, metadata={"limits": limits})
 
 
@@ -348,6 +352,11 @@ def _limit_problem(value: Any, limits: dict) -> str | None:
         return None
     if "choices" in limits and value not in limits["choices"]:
         return f"use one of: {', '.join('null' if c is None else str(c) for c in limits['choices'])}"
+    if "item_choices" in limits and isinstance(value, (list, tuple, ListConfig)):
+        wrong = [item for item in value if item not in limits["item_choices"]]
+        if wrong:
+            return f"{', '.join(map(str, wrong))}: every entry must be one of: {', '.join(map(str, limits['item_choices']))}"
+        return None
     if "item_min" in limits and isinstance(value, (list, tuple, ListConfig)):
         if any(item < limits["item_min"] for item in value):
             return f"every entry must be >= {limits['item_min']}"

@@ -71,6 +71,8 @@ def _limits(f: dataclasses.Field) -> str:
     parts = [words[k].format(v) for k, v in limits.items() if k in words]
     if "choices" in limits:
         parts.append(" / ".join(str(c) for c in limits["choices"]))
+    if "item_choices" in limits:
+        parts.append("each: " + " / ".join(str(c) for c in limits["item_choices"]))
     return ", ".join(parts)
 
 

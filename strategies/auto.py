@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 import copy
 import itertools
 import math
@@ -46,6 +46,7 @@ from specdec.types import DecodeState, StepResult
 from .base import BaseStrategy, ExpectedCall, as_strategy
 from .batch_gate import BatchGate
 from .batch_width import best_width
+from .drafter_slots import DRAFT_TIMES, LOOK, PAYS, STEADY, DrafterSlot, pick
 from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
@@ -68,6 +69,12 @@ class AutoConfig:
     #                                     its Jacobi window and n-gram pool, verified whole (the lookahead: section
     #                                     configures it); rest: a corpus datastore (rest.datastore=DIR, from
     #                                     `specdec index`)
+    more_drafters: List[str] = setting(default_factory=list, item_choices=DRAFTERS[2:])  # drafters auto holds
+    #                                     beside its first (auto.drafter, or the one picked as null says), e.g.
+    #                                     [token_recycling] beside eagle: each is judged against lookup alone as the
+    #                                     first is, and a step calls the one whose calls made the most tokens/s in its
+    #                                     lookup context (the first keeps the lead unless another beats it by 15%);
+    #                                     one that is the first is held once; none with auto.drafter none
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
@@ -120,9 +127,6 @@ MEASURED_MARGIN = 2.0
 LOOK_SHARE = 0.05
 LOOK_CALLS = 2            # calls a look makes: the one after the gap (a catch-up), then a steady, timed one
 MAX_PRICED_GAP = 1024     # steps: however dear, a drafter that starts paying is found again within a long call
-# steady drafter calls whose median is its cost: one slow call (the OS, a collection) must not price
-# the drafter out, because a drafter that looks dear is called only on looks, far apart
-DRAFT_TIMES = 9
 _ROW_IDS = itertools.count()          # a row's id for its batch gate (id() of a finished row's object is reused)
 
 # suffix decoding's nodes are calibrated per length of the match they were drafted from (a copy after
@@ -153,6 +157,7 @@ class _Step(NamedTuple):
     context: tuple                # (temperature key, lookup context: _lookup_context)
     lookup_alone: tuple | None = None   # the drafter was called: (lookup's paths, their node budget, the lookup
     #                                     nodes planned without it), what lookup alone would have verified
+    slot: object = None                 # the DrafterSlot called (None: none was)
 
 
 def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
@@ -180,23 +185,62 @@ def _check_arguments(**values) -> None:
             raise ConfigError(f"Auto({name}={value!r}): {problem} (the same limits as the auto.{name} setting)")
 
 
+def _first_slot(name: str) -> property:
+    """Auto's attribute `name`: its first drafter's (the one auto.drafter names) in slots[0]."""
+    return property(lambda self: getattr(self.slots[0], name), lambda self, value: setattr(self.slots[0], name, value))
+
+
+def _check_features(drafters) -> None:
+    """Refuse drafters that ask the verifier for different hidden states: one verify forward reads one set."""
+    from specdec.errors import ConfigError
+    asking = {part.name: part.feature_layers for part in drafters if part.needs_hidden_states}
+    if len(set(asking.values())) > 1:
+        raise ConfigError(f"auto: its drafters read different hidden states of the target ({asking}); one verify "
+                          "forward gives one set: keep one of them (auto.more_drafters)")
+
+
 class Auto(BaseStrategy):
     name = "auto"
+    # the first drafter's records, as attributes (what a single-drafter auto had): DrafterSlot says what each holds
+    drafter = _first_slot("drafter")
+    plan_with = _first_slot("plan_with")
+    call_values = _first_slot("call_values")
+    call_values_lock = _first_slot("call_values_lock")
+    looks = _first_slot("looks")
+    draft_cost_s = _first_slot("draft_cost_s")
+    steady_cost_known = _first_slot("steady_cost_known")
+    draft_times = _first_slot("draft_times")
+    steps_since_call = _first_slot("steps_since_call")
+    steady_call = _first_slot("steady_call")
+    neural_calls = _first_slot("neural_calls")
 
     def __init__(self, lookup: PromptLookup | None = None, drafter=None, *, costs: CostProfile | None = None,
                  max_nodes: int = AutoConfig.max_nodes, explore_every: int = AutoConfig.explore_every,
                  calibration_prior: float = AutoConfig.calibration_prior, profile: bool = AutoConfig.profile,
                  profile_context: int = AutoConfig.profile_context, profile_repeats: int = AutoConfig.profile_repeats,
                  draft_cost_s: float | None = None, adapt_costs: bool = True,
-                 sampled_confidence: bool = AutoConfig.sampled_confidence, batch_gate: bool = AutoConfig.batch_gate):
+                 sampled_confidence: bool = AutoConfig.sampled_confidence, batch_gate: bool = AutoConfig.batch_gate,
+                 more_drafters: Sequence = ()):
         _check_arguments(max_nodes=max_nodes, explore_every=explore_every, calibration_prior=calibration_prior,
                          profile_context=profile_context, profile_repeats=profile_repeats)
         self.lookup = None if lookup is None else as_strategy(lookup)   # None: the drafter's trees alone, sized
         #                                                                  by the planner (a LookupPart besides)
-        self.drafter = None if drafter is None else as_strategy(drafter)
-        if self.drafter is not None:
-            self.drafter.price_calls()        # a drafter that can price a call without making it does (expected_call)
-        self.top_k_ids = 0 if self.drafter is None else self.drafter.top_k_ids   # token_recycling's table
+        # the drafters auto holds, each with what auto learns of it (strategies/drafter_slots.py): the first is
+        # `drafter` (None: lookup alone), then more_drafters, each called on the steps where it pays most
+        drafters = [None if drafter is None else as_strategy(drafter)]
+        if drafter is not None:
+            drafters += [as_strategy(more) for more in more_drafters]
+        self.slots = [DrafterSlot(d, NEURAL if i == 0 else f"{NEURAL}:{getattr(d, 'name', type(d).__name__)}",
+                                  draft_cost_s if i == 0 else None) for i, d in enumerate(drafters)]
+        for slot in self.slots[1:]:
+            slot.steady_cost_known = False
+        _check_features(self.drafters())
+        for part in self.drafters():
+            part.price_calls()                # a drafter that can price a call without making it does (expected_call)
+        self.top_k_ids = max((part.top_k_ids for part in self.drafters()), default=0)   # token_recycling's table
+        self.called: DrafterSlot | None = None   # the slot this step calls (propose_start)
+        self.leaders: dict[tuple, str] = {}   # lookup context -> key of the drafter leading there (drafter_slots.pick)
+        self.side = None                      # (tree, seconds) of a slot other than the first, drafted in propose_start
         self.match_length = None              # suffix: the match its last paths continue (keys their calibration)
         self.costs = costs
         self.batch_size = 1                   # rows of this step's verify forward (its costs: costs_at)
@@ -214,33 +258,20 @@ class Auto(BaseStrategy):
         self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
         self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
-        self.draft_cost_s = draft_cost_s      # seconds a drafter call adds to a step (its propose and observe, merging
-        #                                       and planning its tree), measured as it runs
-        # planned (expected new tokens, nodes verified) of recent steps with the drafter / with lookup
-        # alone, per context (greedy or how hot the sampling, and what lookup offers this step: nothing, a
-        # short guess, a long one; see _lookup_context), as moving averages. Their rates are priced when a decision is made, at
-        # the costs known then: a rate stored when the drafter was last called would keep that step's
-        # costs (the first call's catch-up, a verify cost the step times have since corrected) and, as
-        # the drafter is not called while it looks dear, would never be corrected.
-        self.plan_with: dict[tuple, tuple[float, float]] = {}
+        # Each slot's plan_with, and plan_without here: planned (expected new tokens, nodes verified) of recent
+        # steps with the drafter / with lookup alone, per context (greedy or how hot the sampling, and what lookup
+        # offers this step: nothing, a short guess, a long one; see _lookup_context), as moving averages. Their
+        # rates are priced when a decision is made, at the costs known then: a rate stored when the drafter was
+        # last called would keep that step's costs (the first call's catch-up, a verify cost the step times have
+        # since corrected) and, as the drafter is not called while it looks dear, would never be corrected.
+        # Each slot's call_values: what calling it did (measured_rates). Its looks: per temperature kind, one
+        # schedule for all contexts, so a drafter that loses everywhere is looked at as rarely whatever lookup
+        # offers. Its draft_cost_s: seconds a call adds to a step (its propose and observe, merging and planning
+        # its tree), the median of its last steady calls (draft_times) once one is timed (steady_cost_known).
         self.plan_without: dict[tuple, tuple[float, float]] = {}
-        # per context, the drafter's last calls as (tokens the step kept, nodes verified, tokens lookup alone
-        # would have kept on that step, the nodes it had planned): what calling it did (measured_rates);
-        # shared like the plans, so its own lock
-        self.call_values: dict[tuple, deque] = {}
-        self.call_values_lock = threading.Lock()
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
-        self.neural_calls = 0
-        # per temperature kind: (steps since the last look, gap before the next look) at a drafter that loses in
-        # the step's context; one schedule for all contexts, so a drafter that loses everywhere is looked at
-        # as rarely whatever lookup offers
-        self.looks: dict[str, tuple[int, int]] = {}
-        self.steps_since_call = 0
-        self.steady_call = False
-        self.steady_cost_known = draft_cost_s is not None   # a steady call's time has set draft_cost_s
-        self.draft_times: deque = deque(maxlen=DRAFT_TIMES)  # seconds of the last steady calls (median: draft_cost_s)
         self.device = "cpu"
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
         # compiled forward, the one each step runs (use_compiled_verifier, called before bind)
@@ -251,28 +282,32 @@ class Auto(BaseStrategy):
     # whether auto calls it or not) and from the per-call copy's own drafter
     @property
     def needs_hidden_states(self) -> bool:
-        return self.drafter is not None and bool(self.drafter.needs_hidden_states)
+        return any(part.needs_hidden_states for part in self.drafters())
 
     @property
     def feature_layers(self) -> tuple[int, ...] | None:
-        return None if self.drafter is None else self.drafter.feature_layers
+        return next((part.feature_layers for part in self.drafters() if part.needs_hidden_states), None)
+
+    def drafters(self) -> list:
+        """The drafters auto holds, the first one first (none: lookup alone)."""
+        return [slot.drafter for slot in self.slots if slot.drafter is not None]
 
     # the drafter is told too: one that plans its own trees on a cost profile (token_recycling) must time
     # the forwards the steps run, not the stock layers' (which price a tree node several times dearer)
     def use_compiled_verifier(self, compiled: bool) -> None:
         self.compiled_verifier = bool(compiled)
-        if self.drafter is not None:
-            self.drafter.use_compiled_verifier(compiled)
+        for part in self.drafters():
+            part.use_compiled_verifier(compiled)
 
     def use_row_linear(self, rows: int) -> None:
         self.row_linear = int(rows)
-        if self.drafter is not None:
-            self.drafter.use_row_linear(rows)
+        for part in self.drafters():
+            part.use_row_linear(rows)
 
     def use_costs(self, profile: CostProfile) -> None:
         self.costs = profile
-        if self.drafter is not None:        # one that plans its own trees (token_recycling) plans on auto's
-            self.drafter.use_costs(profile)
+        for part in self.drafters():        # one that plans its own trees (token_recycling) plans on auto's
+            part.use_costs(profile)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -282,12 +317,12 @@ class Auto(BaseStrategy):
         if self.costs is None:
             self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
                                         self.compiled_verifier, self.row_linear)
-        if self.drafter is not None:
+        for part in self.drafters():
             # a drafter that plans its own trees on a cost profile (token_recycling) plans on auto's: one
             # measurement at load, and the same prices for the tree it offers as for the tree auto keeps (a
             # drafter that plans on none ignores use_costs)
-            self.drafter.use_costs(self.costs)
-            self.drafter.bind(target, tokenizer)
+            part.use_costs(self.costs)
+            part.bind(target, tokenizer)
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
@@ -322,8 +357,7 @@ class Auto(BaseStrategy):
         from .base import per_call
         twin = copy.copy(self)
         twin.lookup = per_call(self.lookup) if self.lookup is not None else None
-        twin.drafter = per_call(self.drafter) if self.drafter is not None else None
-        twin.draft_times = deque(self.draft_times, maxlen=DRAFT_TIMES)
+        twin.slots = [slot.for_call(None if slot.drafter is None else per_call(slot.drafter)) for slot in self.slots]
         return twin
 
     def profile_setup(self, target) -> tuple[tuple[int, ...], int]:
@@ -335,12 +369,14 @@ class Auto(BaseStrategy):
     def reset(self, state: DecodeState) -> None:
         if self.lookup is not None:
             self.lookup.reset(state)
-        if self.drafter is not None:
-            self.drafter.reset(state)
+        for slot in self.slots:
+            if slot.drafter is not None:
+                slot.drafter.reset(state)
+            slot.steps_since_call = 2         # the drafter has not seen this prompt: its first call catches up
         self.tree_sizes = []
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}
         self.step = 0
-        self.steps_since_call = 2             # the drafter has not seen this prompt: its first call catches up
+        self.called, self.side = None, None
         self.pending = None                   # what propose decided, for observe
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
@@ -355,23 +391,30 @@ class Auto(BaseStrategy):
         return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes) / self.batch_size
 
     def propose(self, state: DecodeState) -> CandidateTree:
-        calls = self.propose_start(state)
-        if not calls:
+        if not self.propose_start(state):
             return self.propose_end(state, None, None)
+        return self.propose_end(state, *self._draft(self.called, state))
+
+    @staticmethod
+    def _draft(slot: DrafterSlot, state: DecodeState) -> tuple[CandidateTree, float]:
+        """(the slot's drafter's tree, seconds it took)."""
         started = time.perf_counter()
-        neural_tree = self.drafter.propose(state)
-        return self.propose_end(state, neural_tree, time.perf_counter() - started)
+        tree = slot.drafter.propose(state)
+        return tree, time.perf_counter() - started
 
     # the two phases of a proposal, apart so that a batch runs the drafters of all its rows together
     # (specdec.batch.propose_rows); propose() is the two with the drafter called in between
     def batch_drafter(self):
-        """The drafter a batch may run for all its rows at once (a draft model's chains), or None."""
+        """The drafter a batch may run for all its rows at once (the first drafter's: a draft model's chains),
+        or None."""
         return None if self.drafter is None else self.drafter.batch_drafter()
 
     def propose_start(self, state: DecodeState) -> bool:
-        """Lookup's paths and their plan; whether the drafter is called this step."""
+        """Lookup's paths and their plan; whether the first drafter is called this step. Another drafter that
+        the step calls (self.called) drafts here, alone, and propose_end takes its tree (self.side)."""
         self.batch_size = state.batch_size
         self.started = None                   # what phase two needs (None: a plain step)
+        self.called, self.side = None, None
         speculate, drafter_allowed = self._gate_modes(state)
         if not speculate:
             return False
@@ -389,25 +432,53 @@ class Auto(BaseStrategy):
         context = (temperature_key(state.sampling.temperature), _lookup_context(lookup_tree.parents, accept, lookup_keep))
         self.plan_without[context] = _ema_pair(self.plan_without.get(context),
                                                (lookup_rate * self.verify_cost(len(lookup_keep)), len(lookup_keep)))
-        self.steps_since_call += 1
+        for slot in self.slots:
+            slot.steps_since_call += 1
         self.started = (paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept, lookup_rate)
-        return drafter_allowed and self._call_drafter(state, context)
+        if not drafter_allowed:
+            return False
+        self.called = self._pick_slot(state, context)
+        if self.called is None or self.called is self.slots[0]:
+            return self.called is not None
+        self.side = self._draft(self.called, state)
+        return False
+
+    def _pick_slot(self, state: DecodeState, context) -> DrafterSlot | None:
+        """The drafter this step calls, if any: each is asked whether it pays against lookup alone (_call_drafter),
+        and where more than one would be called, strategies/drafter_slots.pick chooses."""
+        if len(self.slots) == 1:
+            return self.slots[0] if self._call_drafter(state, context) else None
+        wanted = [slot for slot in self.slots if self._call_drafter(state, context, slot)]
+        return pick(wanted, context, lambda slot: self.slot_rate(context, slot), self.explore_every,
+                    MAX_EXPLORE_GAP, self.leaders)
+
+    def slot_rate(self, context, slot: DrafterSlot) -> float | None:
+        """A drafter's tokens/s in this context priced now, by what its calls made (measured_rates: its last calls
+        here, or at this temperature kind while it made few here); None before MIN_CALLS_MEASURED calls. Plans
+        do not rank drafters: a plan trusts a calibration whose prior favours whichever drafter has been called
+        least, while the calls' tokens are what each did (and a few calls of each come soon: pick calls an
+        unranked drafter first)."""
+        measured = self.measured_rates(context, slot=slot)
+        return None if measured is None else measured[0]
 
     def propose_end(self, state: DecodeState, neural_tree: CandidateTree | None,
                     drafted_s: float | None) -> CandidateTree:
         """The merged, planned tree, with the drafter's tree if it was called (it took drafted_s seconds)."""
         if self.started is None:
             return self._plain()
+        if neural_tree is None and self.side is not None:
+            neural_tree, drafted_s = self.side
         end_start = time.perf_counter()
         paths, lookup_nodes, lookup_tree, lookup_source, keys, lookup_keep, context, accept, _ = self.started
         lookup_alone = None
+        slot = self.called
         if neural_tree is not None:
-            self.neural_calls += 1
+            slot.neural_calls += 1
             lookup_alone = (paths, lookup_nodes, lookup_keep)
             # a call after a gap (or the first of a generation) also catches the drafter up on the
             # tokens it missed: not what a call costs while it keeps drafting
-            self.steady_call = self.steps_since_call <= 1
-            self.steps_since_call = 0
+            slot.steady_call = slot.steps_since_call <= 1
+            slot.steps_since_call = 0
         else:
             neural_tree = CandidateTree.empty(self.device)
         forced = ()
@@ -415,19 +486,20 @@ class Auto(BaseStrategy):
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
             merged, source = merge_paths(neural_tree, paths, lookup_nodes + neural_tree.num_nodes)
-            accept, keys = self._estimates(merged, source, state)
+            accept, keys = self._estimates(merged, source, state, slot.key)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
-            forced = range(neural_tree.num_nodes) if sampled or self.drafter.verify_whole else ()
-            draft_cost = self.draft_cost_s or 0.0
+            forced = range(neural_tree.num_nodes) if sampled or slot.drafter.verify_whole else ()
+            draft_cost = slot.draft_cost_s or 0.0
             keep, rate = plan(merged.parents, accept, self.verify_cost, draft_cost, self.max_nodes, forced=forced)
-            self.plan_with[context] = _ema_pair(self.plan_with.get(context),
+            slot.plan_with[context] = _ema_pair(slot.plan_with.get(context),
                                                 (rate * (self.verify_cost(len(keep)) + draft_cost), len(keep)))
             tree = merged.select(keep)
             lookup_source = source
         self._trim_order(merged.parents, accept, keep, forced)
         # what calling the drafter cost this step: its propose, and merging and planning its tree
         self.last_draft_s = None if drafted_s is None else drafted_s + time.perf_counter() - end_start
-        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context, lookup_alone)
+        self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context, lookup_alone,
+                             slot if lookup_alone is not None else None)
         self.tree_sizes.append(tree.num_nodes)
         return tree
 
@@ -529,7 +601,8 @@ class Auto(BaseStrategy):
     def _plain(self) -> CandidateTree:
         """A plain decoding step: no lookup, no drafter, no planning (what the gate measured faster)."""
         tree = CandidateTree.empty(self.device)
-        self.steps_since_call += 1            # the drafter's next call catches up: not a steady call
+        for slot in self.slots:
+            slot.steps_since_call += 1        # the drafter's next call catches up: not a steady call
         self.last_draft_s = None
         self.pending = _Step(tree, [], [], [], tree, time.perf_counter(), (None, 0))
         self.tree_sizes.append(0)
@@ -537,25 +610,25 @@ class Auto(BaseStrategy):
 
     def finish(self, state: DecodeState) -> None:
         """The call has finished: parts that keep something of a finished call (suffix) keep it."""
-        for part in (self.lookup, self.drafter):
+        for part in (self.lookup, *self.drafters()):
             if part is not None:
                 part.finish(state)
 
     def forget(self) -> None:
         """Its parts forget what they keep across calls (suffix's cache); calibration and costs stay."""
-        for part in (self.lookup, self.drafter):
+        for part in (self.lookup, *self.drafters()):
             if part is not None:
                 part.forget()
 
     def drafting_modules(self) -> list:
-        """The drafter's modules (auto's own attributes hold the target, which is not drafting)."""
-        return [] if self.drafter is None else self.drafter.drafting_modules()
+        """The drafters' modules (auto's own attributes hold the target, which is not drafting)."""
+        return [module for part in self.drafters() for module in part.drafting_modules()]
 
     def verifying_modules(self) -> list:
-        return [] if self.drafter is None else self.drafter.verifying_modules()
+        return [module for part in self.drafters() for module in part.verifying_modules()]
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        merged, source, keys, keep, neural_tree, proposed_at, context, lookup_alone = self.pending   # a _Step
+        merged, source, keys, keep, neural_tree, proposed_at, context, lookup_alone, called = self.pending   # a _Step
         elapsed = time.perf_counter() - proposed_at          # verify + acceptance + commit of this step
         predicted = self.costs_at(self.batch_size).verify_cost(len(keep))
         if predicted > 0 and self.adapt_costs:
@@ -565,90 +638,107 @@ class Auto(BaseStrategy):
             self.accepted_nodes[source[node]] += 1
         self._calibrate(merged, keys, keep, accepted)
         if lookup_alone is not None:
-            self._record_call(state, result, len(keep), lookup_alone, context)
+            self._record_call(state, result, len(keep), lookup_alone, context, called)
         if self.lookup is not None:           # the verified tree is auto's, not lookup's: lookup only indexes
             self.lookup.catch_up(state.token_ids)
-        if self.drafter is not None:
+        empty = None
+        for slot in self.slots:               # every drafter sees every step (an uncalled one: plain steps)
+            if slot.drafter is None:
+                continue
             start = time.perf_counter()
-            for step in drafter_steps(state, result, accepted, neural_tree, keep):
-                self.drafter.observe(state, step)
-            if self.last_draft_s is not None and self.adapt_costs and (self.steady_call or not self.steady_cost_known):
+            if slot is called:
+                steps = drafter_steps(state, result, accepted, neural_tree, keep)
+            else:
+                empty = empty if empty is not None else CandidateTree.empty(neural_tree.tokens.device)
+                steps = drafter_steps(state, result, accepted, empty)
+            for step in steps:
+                slot.drafter.observe(state, step)
+            if slot is called and self.last_draft_s is not None and self.adapt_costs and (
+                    slot.steady_call or not slot.steady_cost_known):
                 # until a steady call is timed, each call's time replaces the estimate (the first one
                 # catches up on the whole prompt: many times a steady call); then the median of steady calls
                 spent = self.last_draft_s + time.perf_counter() - start
-                if self.steady_call:
-                    self.draft_times.append(spent)
-                    self.draft_cost_s = statistics.median(self.draft_times)
-                    self.steady_cost_known = True
+                if slot.steady_call:
+                    slot.draft_times.append(spent)
+                    slot.draft_cost_s = statistics.median(slot.draft_times)
+                    slot.steady_cost_known = True
                 else:
-                    self.draft_cost_s = spent
+                    slot.draft_cost_s = spent
 
     # ------------------------------------------------------------------ policy
-    def planned_rates(self, context) -> tuple[float | None, float]:
+    # each of these judges one drafter (slot; None: the first) against lookup alone
+    def planned_rates(self, context, slot: DrafterSlot | None = None) -> tuple[float | None, float]:
         """(planned tokens/s with the drafter or None before its first call, with lookup alone) in
         a lookup context: recent plans' expected new tokens over what their trees cost now."""
+        slot = slot or self.slots[0]
         rate_with = rate_without = None
-        if context in self.plan_with:
-            tokens, nodes = self.plan_with[context]
-            rate_with = tokens / (self.verify_cost(nodes) + (self.draft_cost_s or 0.0))
+        if context in slot.plan_with:
+            tokens, nodes = slot.plan_with[context]
+            rate_with = tokens / (self.verify_cost(nodes) + (slot.draft_cost_s or 0.0))
         if context in self.plan_without:
             tokens, nodes = self.plan_without[context]
             rate_without = tokens / self.verify_cost(nodes)
         return rate_with, rate_without or 0.0
 
-    def measured_calls(self, context) -> list[tuple]:
+    def measured_calls(self, context, slot: DrafterSlot | None = None) -> list[tuple]:
         """The drafter's last calls in this context (call_values: tokens kept, nodes verified, tokens lookup alone
         would have kept, its nodes), or all its calls at the context's temperature kind while it has fewer than
         MIN_CALLS_MEASURED here."""
-        with self.call_values_lock:
-            values = list(self.call_values.get(context, ()))
+        slot = slot or self.slots[0]
+        with slot.call_values_lock:
+            values = list(slot.call_values.get(context, ()))
             if len(values) < MIN_CALLS_MEASURED:
-                values = [value for key, kept in self.call_values.items() if key[0] == context[0] for value in kept]
+                values = [value for key, kept in slot.call_values.items() if key[0] == context[0] for value in kept]
         return values
 
-    def measured_rates(self, context, values: list[tuple] | None = None) -> tuple[float, float, float, float] | None:
+    def measured_rates(self, context, values: list[tuple] | None = None,
+                       slot: DrafterSlot | None = None) -> tuple[float, float, float, float] | None:
         """What the drafter's last calls in this context did (`values`, else measured_calls), priced at the costs
         known now: (tokens/s of those steps, tokens/s lookup alone would have made on the same steps, seconds of
         such a step with the drafter, without it); None before MIN_CALLS_MEASURED calls."""
-        values = self.measured_calls(context) if values is None else values
+        slot = slot or self.slots[0]
+        values = self.measured_calls(context, slot) if values is None else values
         if len(values) < MIN_CALLS_MEASURED:
             return None
-        draft_cost = self.draft_cost_s or 0.0
+        draft_cost = slot.draft_cost_s or 0.0
         seconds_with = sum(self.verify_cost(nodes) + draft_cost for _, nodes, _, _ in values)
         seconds_alone = sum(self.verify_cost(nodes) for _, _, _, nodes in values)
         rate_with = sum(tokens for tokens, _, _, _ in values) / seconds_with
         rate_alone = sum(tokens for _, _, tokens, _ in values) / seconds_alone
         return rate_with, rate_alone, seconds_with / len(values), seconds_alone / len(values)
 
-    def planned_loss(self, context) -> float | None:
+    def planned_loss(self, context, slot: DrafterSlot | None = None) -> float | None:
         """What one call of the drafter loses in this lookup context by its recent plans (planned_rates), in
         steps of lookup alone; None where it pays (or before its first call here)."""
-        rate_with, rate_without = self.planned_rates(context)
+        slot = slot or self.slots[0]
+        rate_with, rate_without = self.planned_rates(context, slot)
         if rate_with is None or rate_with >= rate_without:
             return None
-        seconds_with = self.verify_cost(self.plan_with[context][1]) + (self.draft_cost_s or 0.0)
+        seconds_with = self.verify_cost(slot.plan_with[context][1]) + (slot.draft_cost_s or 0.0)
         return (1.0 - rate_with / rate_without) * seconds_with / self.verify_cost(self.plan_without[context][1])
 
-    def call_gains(self, context, values: list[tuple] | None = None) -> list[float]:
+    def call_gains(self, context, values: list[tuple] | None = None, slot: DrafterSlot | None = None) -> list[float]:
         """Per measured call (`values`, else measured_calls), priced at the costs known now: the tokens it kept
         beyond what lookup alone would have made in the call's seconds (its tokens on that step, scaled by the
         call's seconds over its own). Their mean is below zero where the calls lose."""
-        draft_cost = self.draft_cost_s or 0.0
+        slot = slot or self.slots[0]
+        draft_cost = slot.draft_cost_s or 0.0
         return [tokens - alone * (self.verify_cost(nodes) + draft_cost) / self.verify_cost(alone_nodes)
-                for tokens, nodes, alone, alone_nodes in (self.measured_calls(context) if values is None else values)]
+                for tokens, nodes, alone, alone_nodes in (self.measured_calls(context, slot) if values is None else values)]
 
-    def measured_loss(self, context) -> float | None:
+    def measured_loss(self, context, slot: DrafterSlot | None = None) -> float | None:
         """What one call of the drafter loses by what its last calls did (measured_rates), in steps of
         lookup alone; None where they paid, where they lost by less than their noise (clear_loss) or too
         few were made."""
-        values = self.measured_calls(context)               # read once: the rates and the gains judge the same calls
-        measured = self.measured_rates(context, values)
-        if measured is None or measured[0] >= measured[1] or not clear_loss(self.call_gains(context, values)):
+        slot = slot or self.slots[0]
+        values = self.measured_calls(context, slot)         # read once: the rates and the gains judge the same calls
+        measured = self.measured_rates(context, values, slot)
+        if measured is None or measured[0] >= measured[1] or not clear_loss(self.call_gains(context, values, slot)):
             return None
         rate_with, rate_alone, seconds_with, seconds_alone = measured
         return (1.0 - rate_with / rate_alone) * seconds_with / seconds_alone
 
-    def _call_drafter(self, state: DecodeState, context) -> bool:
+    def _call_drafter(self, state: DecodeState, context, slot: DrafterSlot | None = None) -> bool:
         """Call the drafter where it pays: where neither its recent planned rate in this lookup context
         (planned_rates: a drafter that pays where lookup has nothing may not pay beside a long lookup match)
         nor what its last calls did there (measured_rates, beyond their noise: clear_loss) loses to lookup
@@ -657,27 +747,35 @@ class Auto(BaseStrategy):
         (priced_gap): a useless or dear drafter costs next to nothing, and one that starts paying comes back.
         A drafter that knows what a call would add without making it (expected_call: early_exit's shadow
         tokens) is not called, not even to look, where that loses to lookup alone (expected_loses), nor while
-        that is about to be known; where it pays, the rules above decide."""
-        if self.drafter is None or state.max_depth <= 0:
+        that is about to be known; where it pays, the rules above decide. Why it says yes is kept in slot.reason
+        (strategies/drafter_slots.py: which of several drafters a step calls)."""
+        slot = slot or self.slots[0]
+        slot.reason = None
+        if slot.drafter is None or state.max_depth <= 0:
             return False
         if self.explore_every <= 1:                          # every step
+            slot.reason = PAYS
             return True
-        expected = self.drafter.expected_call(state)
+        expected = slot.drafter.expected_call(state)
         if expected is not None and (expected.accept is None or self.expected_loses(expected)):
             return False       # known without a call, or soon: neither called nor looked at (no call teaches more)
-        if self.steps_since_call == 1 and not self.steady_call:
+        if slot.steps_since_call == 1 and not slot.steady_call:
             # the last step called after a gap (a catch-up, not what a call costs): call once more, so
             # every look times a steady call; else a cost once measured high would never be measured again
+            slot.reason = STEADY
             return True
-        losses = [loss for loss in (self.planned_loss(context), self.measured_loss(context)) if loss is not None]
+        losses = [loss for loss in (self.planned_loss(context, slot), self.measured_loss(context, slot))
+                  if loss is not None]
         if not losses:
+            slot.reason = PAYS
             return True
-        since, gap = self.looks.get(context[0], (0, self.explore_every))
+        since, gap = slot.looks.get(context[0], (0, self.explore_every))
         since += 1
         if since < gap:
-            self.looks[context[0]] = (since, gap)
+            slot.looks[context[0]] = (since, gap)
             return False
-        self.looks[context[0]] = (0, min(2 * gap, max(MAX_EXPLORE_GAP, priced_gap(max(losses)))))
+        slot.looks[context[0]] = (0, min(2 * gap, max(MAX_EXPLORE_GAP, priced_gap(max(losses)))))
+        slot.reason = LOOK
         return True
 
     def expected_loses(self, expected: ExpectedCall) -> bool:
@@ -694,7 +792,7 @@ class Auto(BaseStrategy):
         return rate < lookup_rate
 
     def _record_call(self, state: DecodeState, result: StepResult, verified: int, lookup_alone: tuple,
-                     context: tuple) -> None:
+                     context: tuple, slot: DrafterSlot | None = None) -> None:
         """Keep what a call did (call_values): the tokens this step kept over `verified` nodes, beside the
         tokens lookup's own plan (lookup_alone: its paths, node budget and kept nodes) would have kept."""
         paths, lookup_nodes, lookup_keep = lookup_alone
@@ -702,12 +800,14 @@ class Auto(BaseStrategy):
         committed = state.token_ids[before: before + result.num_accepted + 1]   # the accepted run, then the target's token
         tokens, parents = merge_into_trie([], [], paths, lookup_nodes)          # lookup's tree as propose_start built it
         alone = 1 + matched_length(tokens, parents, lookup_keep, committed)
-        with self.call_values_lock:
-            values = self.call_values.setdefault(context, deque(maxlen=CALL_MEMORY))
+        slot = slot or self.slots[0]
+        with slot.call_values_lock:
+            values = slot.call_values.setdefault(context, deque(maxlen=CALL_MEMORY))
             values.append((len(committed), verified, alone, len(lookup_keep)))
 
-    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState) -> list[tuple]:
-        """(calibration key, draft confidence or None) of every node."""
+    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState, neural: str = NEURAL) -> list[tuple]:
+        """(calibration key, draft confidence or None) of every node; the drafter's nodes under its slot's
+        name (`neural`: each drafter auto holds is calibrated apart)."""
         depths = tree.depths()
         confidence: list[float | None] = [None] * tree.num_nodes
         if self.sampled_confidence and tree.draft_probs is not None and tree.num_nodes:
@@ -718,7 +818,8 @@ class Auto(BaseStrategy):
             for r, node in enumerate(group):
                 rank[node] = r
         temperature = state.sampling.temperature
-        keys = [(self.calibrator.key(f"{source[i]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
+        names = {NEURAL: neural, LOOKUP: LOOKUP}
+        keys = [(self.calibrator.key(f"{names[source[i]]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
                  confidence[i]) for i in range(tree.num_nodes)]
         match = self.match_length
         if match:      # suffix's nodes: their own acceptance per match length (and depth), not prompt lookup's
@@ -728,9 +829,10 @@ class Auto(BaseStrategy):
                     for i in range(tree.num_nodes)]
         return keys
 
-    def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState) -> tuple[list[float], list]:
+    def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState,
+                   neural: str = NEURAL) -> tuple[list[float], list]:
         """(acceptance estimate of every node, its (key, confidence): what observe calibrates with)."""
-        keys = self._node_keys(tree, source, state)
+        keys = self._node_keys(tree, source, state, neural)
         depths = tree.depths()
         prior = PRIOR_ACCEPT if state.sampling.greedy else PRIOR_ACCEPT_SAMPLED
         return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)])
@@ -838,12 +940,14 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     import importlib
     lookup_from_config = importlib.import_module(f"specdec.strategies.{cfg.auto.lookup_with}").from_config
     name = pick_drafter(cfg)
-    drafter = None
-    if name is not None and (target is not None or name == "token_recycling"):   # by name: no model; a table
-        drafter = importlib.import_module(f"specdec.strategies.{name}").from_config(cfg, target, tokenizer, device, dtype)
+    names = [] if name is None else list(dict.fromkeys([name, *cfg.auto.more_drafters]))   # each held once
+    # by name (no target) only token_recycling is built: it needs no model, only a table
+    drafters = [importlib.import_module(f"specdec.strategies.{one}").from_config(cfg, target, tokenizer, device, dtype)
+                for one in names if target is not None or one == "token_recycling"]
+    drafter = drafters[0] if drafters and (target is not None or name == "token_recycling") else None
     a = cfg.auto
     lookup = lookup_from_config(cfg, target, tokenizer, device, dtype) if a.lookup else None
     return Auto(lookup, drafter, max_nodes=a.max_nodes,
                 explore_every=a.explore_every, calibration_prior=a.calibration_prior, profile=a.profile,
                 profile_context=a.profile_context, profile_repeats=a.profile_repeats, sampled_confidence=a.sampled_confidence,
-                batch_gate=a.batch_gate)
+                batch_gate=a.batch_gate, more_drafters=drafters[1:] if drafter is not None else [])

@@ -201,6 +201,33 @@ def test_auto_with_token_recycling_law_is_the_targets():
     assert sum(p for (_, accepted), p in law.items() if accepted[0] > 0) > 0.01
 
 
+def test_auto_with_two_drafters_law_is_the_targets():
+    """auto holding eagle (sampled trees, siblings without replacement) and token_recycling (point masses), every
+    step calling one of them (the least called first: eagle, then the table), each beside lookup's path, each
+    replayed call from a fresh strategy: which drafter a step calls depends on the steps before it only, so the
+    law is the target's."""
+    from eagle_helpers import random_drafter
+    from specdec.strategies.token_recycling import TokenRecycling
+    log, calls, table_calls = [], [], []
+
+    class CountedTable(TokenRecycling):
+        def propose(self, state):
+            table_calls.append(tuple(state.token_ids))
+            return super().propose(state)
+
+    def speculator():
+        eagle = CountingEagle(random_drafter(TARGET, seed=2), calls, max_nodes=2, top_k=2, depth=2,
+                              sampled_top_k=None, sampled_depth=None)
+        strategy = PlanLog(PromptLookup(min_ngram=1, max_ngram=2, num_tokens=2, max_matches=1), eagle,
+                           more_drafters=[CountedTable(k=2, max_nodes=3, costs=FREE)], costs=FREE,
+                           adapt_costs=False, draft_cost_s=0.0, explore_every=1, log=log, calls=calls)
+        return Speculator(TARGET, None, strategy)
+
+    law = generation_law(speculator, PROMPT, 3, TOP3)
+    assert_lossless(law, TOP3, 3)
+    assert calls and table_calls, "precondition: both drafters' trees were verified"
+
+
 def _auto_with_rest(folder):
     """A fresh auto per replayed call: lookup's path beside rest's trie from `folder`."""
     from specdec.strategies.rest import Rest

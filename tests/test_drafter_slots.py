@@ -1,0 +1,106 @@
+"""auto holding several drafters (auto.more_drafters): which one a step calls (strategies/drafter_slots.pick),
+and auto with two drafters end to end: greedy identity, each drafter calibrated apart, clear refusals."""
+import pytest
+
+from conftest import hf_greedy
+from test_greedy_identity import target_of
+from specdec import Speculator
+from specdec.strategies.drafter_slots import LOOK, PAYS, STEADY, SWITCH_MARGIN, DrafterSlot, pick
+
+CONTEXT = ("greedy", 0)
+PROMPT = [5, 17, 33, 9, 41, 60, 70, 5, 17, 33]     # ends with a repeated 3-gram: lookup finds it
+
+
+def slots(*reasons, calls=None):
+    made = []
+    for i, reason in enumerate(reasons):
+        slot = DrafterSlot(object(), f"neural:{i}")
+        slot.reason = reason
+        slot.neural_calls = 0 if calls is None else calls[i]
+        made.append(slot)
+    return made
+
+
+def test_a_steady_call_then_a_look_go_before_a_drafter_that_pays():
+    pays, looks, steady = slots(PAYS, LOOK, STEADY)
+    assert pick([pays, looks, steady], CONTEXT, lambda s: 1.0, 8, 64, {}) is steady
+    assert pick([pays, looks], CONTEXT, lambda s: 1.0, 8, 64, {}) is looks
+    assert pick([pays], CONTEXT, lambda s: None, 8, 64, {}) is pays
+    assert pick([], CONTEXT, lambda s: 1.0, 8, 64, {}) is None
+
+
+def test_an_unranked_drafter_is_called_first_the_least_called_of_them():
+    first, second, third = slots(PAYS, PAYS, PAYS, calls=[3, 1, 0])
+    rates = {first.key: 5.0, second.key: None, third.key: None}
+    assert pick([first, second, third], CONTEXT, lambda s: rates[s.key], 8, 64, {}) is third
+
+
+def test_the_first_drafter_leads_until_another_beats_it_by_the_margin():
+    first, second = slots(PAYS, PAYS)
+    leaders = {}
+    rates = {first.key: 1.0, second.key: SWITCH_MARGIN * 0.99}
+    rate = lambda s: rates[s.key]                                       # noqa: E731
+    picked = [pick([first, second], CONTEXT, rate, 8, 64, leaders) for _ in range(7)]
+    assert picked == [first] * 7 and leaders[CONTEXT] == first.key
+    rates[second.key] = SWITCH_MARGIN * 1.01                            # now clearly better: it takes the lead
+    assert pick([first, second], CONTEXT, rate, 8, 64, leaders) is second and leaders[CONTEXT] == second.key
+    rates[first.key] = rates[second.key] * 1.05                         # back within the margin: the lead stays
+    assert pick([first, second], CONTEXT, rate, 8, 64, leaders) is second
+
+
+def test_a_drafter_behind_is_looked_at_on_a_doubling_gap_per_context():
+    first, second = slots(PAYS, PAYS)
+    rate = lambda s: 2.0 if s is first else 1.0                        # noqa: E731
+    leaders = {}
+    calls = [pick([first, second], CONTEXT, rate, 4, 16, leaders) for _ in range(60)]
+    looks = [step for step, slot in enumerate(calls) if slot is second]
+    assert looks == [3, 11, 27, 43, 59]                                 # gaps 4, 8, 16, then capped at 16
+    other = ("greedy", 2)                                               # another context keeps its own schedule
+    assert [pick([first, second], other, rate, 4, 16, leaders) for _ in range(4)][-1] is second
+
+
+# ---------------------------------------------------------------------- auto with two drafters, end to end
+def auto_with(target, *more, **settings):
+    from specdec.config import load_spec_config
+    from specdec.strategies import build_strategy
+    cfg = load_spec_config("auto", {"auto.drafter": "token_recycling", "auto.more_drafters": list(more),
+                                    "auto.profile": False, **settings})
+    return build_strategy(cfg, target, None, target.device, target.dtype)
+
+
+def test_auto_with_two_drafters_is_greedy_identical_and_calls_both():
+    """token_recycling first, layer_skip beside it (a dear second drafter), every step called: each drafter is
+    called, its nodes calibrated under its own name, and the text is Hugging Face's greedy one."""
+    from specdec.strategies.layer_skip import LayerSkip
+    from specdec.strategies.token_recycling import TokenRecycling
+    target = target_of("llama")
+    strategy = auto_with(target, "layer_skip", "token_recycling", **{"layer_skip.attention": [0],
+                                                                      "auto.explore_every": 1})
+    assert [type(part) for part in strategy.drafters()] == [TokenRecycling, LayerSkip]   # the first held once
+    sd = Speculator(target, None, strategy)
+    for prompt in (PROMPT, PROMPT[::-1] + PROMPT):
+        out = sd.generate(prompt, max_new_tokens=48, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, prompt, 48, eos_token_id=None)
+    assert all(slot.neural_calls > 0 for slot in strategy.slots), [slot.neural_calls for slot in strategy.slots]
+    names = {key[0].rstrip("+") for key in strategy.calibrator.tried}
+    assert {"neural", "neural:layer_skip"} <= names
+
+
+def test_more_drafters_are_refused_by_name_and_where_they_read_other_hidden_states():
+    from specdec.config import load_spec_config
+    from specdec.errors import ConfigError
+    from specdec.strategies.auto import Auto
+    with pytest.raises(ConfigError, match="beam.*every entry must be one of"):
+        load_spec_config("auto", {"auto.more_drafters": ["beam"]})
+
+    class Reads:
+        def __init__(self, name, layers):
+            self.name, self.needs_hidden_states, self.feature_layers, self.top_k_ids = name, True, layers, 0
+
+        def bind(self, target, tokenizer): pass
+        def reset(self, state): pass
+        def propose(self, state): pass
+        def observe(self, state, result): pass
+
+    with pytest.raises(ConfigError, match="different hidden states"):
+        Auto(None, Reads("one", None), more_drafters=[Reads("two", (1, 2))], profile=False)
