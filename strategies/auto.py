@@ -22,6 +22,9 @@ rows on a CPU) costs a few calls, and one that starts paying comes back. A draft
 call would add without being called (BaseStrategy.expected_call: early_exit, from the target's own hidden
 states on the steps auto verifies) is priced by that before each call, and not called where it loses.
 
+auto may hold more drafters beside the first (auto.more_drafters): each is judged as above on its own records,
+and a step calls at most one of them (strategies/drafter_slots.py says which).
+
 The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
 rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
 """
@@ -34,7 +37,6 @@ import copy
 import itertools
 import math
 import statistics
-import threading
 import time
 from typing import NamedTuple
 
@@ -46,7 +48,7 @@ from specdec.types import DecodeState, StepResult
 from .base import BaseStrategy, ExpectedCall, as_strategy
 from .batch_gate import BatchGate
 from .batch_width import best_width
-from .drafter_slots import DRAFT_TIMES, LOOK, PAYS, STEADY, DrafterSlot, pick
+from .drafter_slots import LOOK, PAYS, STEADY, DrafterSlot, pick
 from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
@@ -232,8 +234,6 @@ class Auto(BaseStrategy):
             drafters += [as_strategy(more) for more in more_drafters]
         self.slots = [DrafterSlot(d, NEURAL if i == 0 else f"{NEURAL}:{getattr(d, 'name', type(d).__name__)}",
                                   draft_cost_s if i == 0 else None) for i, d in enumerate(drafters)]
-        for slot in self.slots[1:]:
-            slot.steady_cost_known = False
         _check_features(self.drafters())
         for part in self.drafters():
             part.price_calls()                # a drafter that can price a call without making it does (expected_call)

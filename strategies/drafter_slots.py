@@ -12,10 +12,13 @@ drafter that starts winning takes over.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from collections import deque
 
-DRAFT_TIMES = 9           # steady drafter calls whose median is its cost (one slow call must not price it out)
+# steady drafter calls whose median is its cost: one slow call (the OS, a collection) must not price the drafter
+# out, because a drafter that looks dear is called only on looks, far apart
+DRAFT_TIMES = 9
 
 # why Auto._call_drafter would call a drafter this step, in the order a step honours them when
 # several drafters would be called: the second call after a gap (a steady call, timed, that a look
@@ -57,7 +60,6 @@ class DrafterSlot:
     def for_call(self, drafter) -> "DrafterSlot":
         """This slot for a call that overlaps another: its per-call `drafter`, its own timings; plans, calls
         and looks shared."""
-        import copy
         twin = copy.copy(self)
         twin.drafter = drafter
         twin.draft_times = deque(self.draft_times, maxlen=DRAFT_TIMES)
