@@ -185,24 +185,27 @@ def load_overrides(strategy: str, models: DemoModels, device: str) -> dict:
 
 
 def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 128,
-             strategies=STRATEGIES, device: str = "cpu", repeats: int = 3, log=print) -> DemoResult:
+             strategies=STRATEGIES, device: str = "cpu", repeats: int = 3, log=print,
+             variants: dict[str, tuple[str, dict]] | None = None) -> DemoResult:
     """Each strategy through the public API (specdec.load): its output (from the warm-up call) is
     compared with the target's own greedy generate(), then the rows are timed `repeats` times in
-    turn and each keeps its median time."""
+    turn and each keeps its median time. variants: rows the demo does not show, by label (a name in
+    `strategies`) -> (strategy, overrides added to its own), e.g. scripts/measure/demo_rows.py's."""
     import specdec
     from specdec.errors import IncompatibleModelsError, ModelLoadError
     result: DemoResult | None = None
     skipped: dict[str, str] = {}
     loaded = []                       # one Speculator per row that runs
     for name in strategies:
-        reason = unavailable_reason(name, models)
+        strategy, extra = (variants or {}).get(name, (name, {}))
+        reason = unavailable_reason(strategy, models)
         if reason is not None:
             skipped[name] = reason
             log(f"skipping {name}: {reason}")
             continue
         log(f"running {name} ...")
         try:
-            sd = specdec.load(name, **load_overrides(name, models, device))
+            sd = specdec.load(strategy, **load_overrides(strategy, models, device), **extra)
         except (ModelLoadError, IncompatibleModelsError, ImportError) as exc:
             if name == strategies[0]:
                 raise
