@@ -499,7 +499,7 @@ class Auto(BaseStrategy):
         # what calling the drafter cost this step: its propose, and merging and planning its tree
         self.last_draft_s = None if drafted_s is None else drafted_s + time.perf_counter() - end_start
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context, lookup_alone,
-                             slot if lookup_alone is not None else None)
+                             slot)
         self.tree_sizes.append(tree.num_nodes)
         return tree
 

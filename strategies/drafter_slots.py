@@ -5,10 +5,10 @@ token-recycling table). Each is judged against lookup alone exactly as a single 
 (Auto._call_drafter: its planned rates, what its calls kept, its looks), on its own records: a
 DrafterSlot. A step calls at most one of them (every drafter still observes every step, so a table
 or a drafter's features stay current): which one is `pick`'s rule below. Drafters that each pay
-against lookup alone are ranked by their rate in the step's lookup context, what their measured
-calls made where there are enough of them, else what their plans expected; the others are called
-only on their own look schedule (gap doubling, as for a drafter that loses to lookup alone), so a
-drafter that starts winning takes over.
+against lookup alone are ranked by the tokens/s their measured calls made in the step's lookup
+context (each is called a few times first, to be measured); the first drafter leads until another
+beats it by SWITCH_MARGIN, and the others are called only on their own look schedule (gap doubling,
+as for a drafter that loses to lookup alone), so a drafter that starts winning by that much takes over.
 """
 from __future__ import annotations
 
@@ -70,10 +70,11 @@ def pick(wanted: list[DrafterSlot], context: tuple, rate, explore_every: int, ma
          leaders: dict) -> DrafterSlot | None:
     """The one slot a step calls among those Auto._call_drafter would call (`wanted`, in the order auto holds
     them, each with its reason): one whose reason ranks first (STEADY, LOOK, then PAYS); among paying ones, one
-    whose rate(slot) is not known yet (None: too few calls; the least called of them), else the context's leader (leaders:
-    context -> slot key, shared by calls; at first the first slot), which hands over to the best by rate(slot) only where that beats it by
-    SWITCH_MARGIN; each other paying slot is called on its own look schedule in this lookup context (rival_looks:
-    the gap doubles up to max_gap while it stays behind, and starts again from explore_every once it leads)."""
+    whose rate(slot) is not known yet (None: too few calls; the least called of them), else the context's
+    leader (leaders: context -> slot key, shared by calls; at first the first slot), which hands over to the
+    best by rate(slot) only where that beats it by SWITCH_MARGIN; each other paying slot is called on its own
+    look schedule in this lookup context (rival_looks: the gap doubles up to max_gap while it stays behind,
+    and starts again from explore_every once it leads)."""
     if len(wanted) <= 1:
         return wanted[0] if wanted else None
     for reason in (STEADY, LOOK):
