@@ -113,6 +113,27 @@ def rotary(positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype) ->
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+_ROTARY_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def rotary_table(d: int, theta: float, dtype: torch.dtype, device: torch.device, positions: int) -> torch.Tensor:
+    """[P, 2, 1, 1, d] (cos, signed sin) of rotary positions 0..P-1 (P >= positions), kept per (d, theta,
+    dtype, device) and doubled when outgrown: a cached forward reads its rows' cos / sin with one
+    indexing op instead of computing them (rotary: six ops, each a fixed cost on a drafter's few rows).
+    The sin's first half is negated, so rotate-half's x * cos + cat(-x2, x1) * sin is
+    x * cos + roll(x, d/2) * signed sin: one op for the rotation instead of four."""
+    key = (d, float(theta), dtype, device)
+    table = _ROTARY_TABLES.get(key)
+    if table is None or table.shape[0] < positions:
+        size = max(positions, 2 * (0 if table is None else table.shape[0]), 1024)
+        cos, sin = rotary(torch.arange(size, device=device)[None], d, theta, torch.float32)     # [1, 1, P, d]
+        sin = sin[0, 0].clone()
+        sin[:, : d // 2] *= -1
+        table = torch.stack([cos[0, 0], sin], dim=1)[:, :, None, None].to(dtype)                # [P, 2, 1, 1, d]
+        _ROTARY_TABLES[key] = table
+    return table
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half form: x [B, heads, n, d] with cos / sin [B, 1, n, d]."""
     d = x.shape[-1]
@@ -188,8 +209,7 @@ def write_rows(cache: BufferedLayer, start: int, k: torch.Tensor, v: torch.Tenso
     returns its rows' keys / values [B, heads, width, d]."""
     if isinstance(cache, RaggedRows):
         return cache.update(k, v)
-    cache.keep(start, None, start)
-    return cache.update(k, v)
+    return cache.write_at(start, k, v)
 
 
 def attend(q, k, v, past_k=None, past_v=None, visible=None, cache: BufferedLayer | RaggedRows | None = None,
@@ -244,6 +264,10 @@ class DrafterBlock(nn.Module):
         (L = start) and the new rows are written there, at start..start+n; a RaggedRows cache (a
         batch's rows, B >= 1) writes and reads where its `prepare` said (start unused).
         Returns (x [B, n, H], k [B, heads, n, d], v [B, heads, n, d]) - the new rows' keys and values."""
+        if cache is not None and self.__dict__.get("_qkv") is not None and self.__dict__.get("_gate_up") is not None:
+            fused = self._cached_forward(x, positions, visible, cache, start)
+            if fused is not None:
+                return fused
         h = self.attn_norm(x)
         qkv, gate_up = self.__dict__.get("_qkv"), self.__dict__.get("_gate_up")
         q, k, v = qkv(h) if qkv is not None else (self.q_proj(h), self.k_proj(h), self.v_proj(h))   # [B, n, H]
@@ -259,10 +283,41 @@ class DrafterBlock(nn.Module):
         x = x + self.down_proj(F.silu(gate) * up)
         return x, k, v
 
+    def _cached_forward(self, x, positions, visible, cache, start: int):
+        """forward's inference pass over a cache, with its projections run as one product each (the
+        groups of group_projections) and q and k rotated together from a kept rotary table: the same
+        results with about half the dispatched ops (on a small drafter each op's fixed cost, not its
+        arithmetic, is the forward's cost). None where the groups cannot run as one (gradients taken,
+        weights moved apart): forward then runs its own pass."""
+        b, n, hidden = x.shape
+        heads = self.num_heads
+        d = hidden // heads
+        h = self.attn_norm(x)
+        qkv = self._qkv.fused(h)                                                    # [B, n, 3H]
+        if qkv is None:
+            return None
+        qkv = qkv.view(b, n, 3, heads, d)
+        # the rotary rows this forward reads: a cache's new rows sit at positions below its end (a tree
+        # level's nodes at their depth, committed rows at their index), a batch's below its width
+        end = cache.width if isinstance(cache, RaggedRows) else start + n
+        cos, signed_sin = rotary_table(d, self.theta, x.dtype, x.device, end)[positions].unbind(2)  # [B, n, 1, 1, d]
+        qk = qkv[:, :, :2]                                                          # [B, n, 2, heads, d]
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * signed_sin
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)                                  # [B, heads, n, d] each
+        v = qkv[:, :, 2].transpose(1, 2)
+        attn = attend(q, k, v, visible=visible, cache=cache, start=start)           # [B, heads, n, d]
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, hidden))
+        gate_up = self._gate_up.fused(self.mlp_norm(x))                             # [B, n, 2I]
+        if gate_up is None:
+            return None
+        gate, up = gate_up.chunk(2, dim=-1)                                         # [B, n, I] each
+        x = x + self.down_proj(F.silu(gate) * up)
+        return x, k, v
+
     def group_projections(self) -> None:
-        """Run q, k, v (and gate, up), which read the same input, as one packed product each where
-        their layers run packed weights (specdec.row_linear.PackedGroup), else each on its own: one
-        call's fixed cost instead of three, in every drafter forward."""
+        """Run q, k, v (and gate, up), which read the same input, as one product each (packed where
+        their layers run packed weights, stacked where they are small: specdec.row_linear.PackedGroup),
+        else each on its own: one call's fixed cost instead of three, in every drafter forward."""
         self._qkv = packed_group([self.q_proj, self.k_proj, self.v_proj])
         self._gate_up = packed_group([self.gate_proj, self.up_proj])
         for group in (self._qkv, self._gate_up):
@@ -317,7 +372,9 @@ class EagleDrafter(nn.Module):
         """g [B, n, H] feature inputs (input_features of target features, or earlier outputs),
         tokens [B, n] the token after each feature's position, positions [B, n]; past / visible /
         cache / start as DrafterBlock. Returns (out [B, n, H], logits [B, n, V] or None, k, v)."""
-        embed = self._shared(self._shared_embedding, "input embedding")(tokens).to(g.dtype)   # [B, n, H]
+        embed = self._shared(self._shared_embedding, "input embedding")(tokens)               # [B, n, H]
+        if embed.dtype != g.dtype:
+            embed = embed.to(g.dtype)
         x = self.fc(torch.cat([g, embed], dim=-1))
         x, k, v = self.block(x, positions, past_k, past_v, visible, cache, start)
         out = self.norm(x)

@@ -163,36 +163,52 @@ def training(weights, input: torch.Tensor | None = None) -> bool:
 
 class PackedGroup:
     """Linear layers that read the same input (a block's q, k and v projections; its gate and up
-    projections) run as ONE packed product of their weights stacked, its output split back: one call
-    of oneDNN's fixed cost instead of one per layer. The layers keep their own parameters (what is
-    saved and trained); the stacked copy follows them as a layer's packed copy does, and while one
-    of them takes gradients each runs on its own."""
+    projections) run as ONE product of their weights stacked, its output split back (or kept whole:
+    `fused`): one call's fixed cost instead of one per layer. `packed`: the stacked copy is in
+    oneDNN's blocked layout (layers pack_layers packed); else it is a plain stacked weight, for small
+    layers that PyTorch's own product runs best (a drafter of a small target pays per call, not per
+    byte read). The layers keep their own parameters (what is saved and trained); the stacked copy
+    follows them as a layer's packed copy does, and while one of them takes gradients each runs on
+    its own."""
 
-    def __init__(self, layers: list[nn.Linear]):
+    def __init__(self, layers: list[nn.Linear], packed: bool = True):
         self.layers = list(layers)
         self.sizes = [layer.out_features for layer in self.layers]
-        self._held: tuple | None = None           # (the layers' stamps, packed stacked weight, stacked bias)
+        self.packed = packed
+        self._held: tuple | None = None           # (the layers' stamps, stacked weight (packed or not), stacked bias)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_held": None}      # as RowLinear's: the packed copy is not copied
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.fused(x)
+        if out is None:
+            return tuple(layer(x) for layer in self.layers)
+        return out.split(self.sizes, dim=-1)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x [..., in] -> [..., sum of the layers' out features], their outputs side by side from one
+        product; None where they must run each on its own (gradients taken, moved off the CPU, mixed
+        dtypes)."""
         weights = [layer.weight for layer in self.layers]
         held = None if training(weights, x) else self.prepare()
         if held is None:
-            return tuple(layer(x) for layer in self.layers)
-        out = torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")
-        return out.split(self.sizes, dim=-1)
+            return None
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, held[1], held[2], "none", [], "")
+        return nn.functional.linear(x, held[1], held[2])
 
     def prepare(self) -> tuple | None:
-        """The stacked packed copy (and bias) of the layers' weights as they are now, made if needed;
-        None where they cannot run packed now (moved off the CPU, another dtype): each runs on its own."""
+        """The stacked copy (and bias) of the layers' weights as they are now, made if needed; None
+        where they cannot run as one now (moved off the CPU or apart, another dtype): each runs on its
+        own."""
         weights = [layer.weight for layer in self.layers]
         stamps = tuple(stamp(w) for w in weights)
         if self._held is not None and self._held[0] == stamps:
             return self._held
         # a move off the CPU or a cast swaps a weight's storage, so it is looked for only when the stamps move
-        if any(w.device.type != "cpu" or w.dtype != weights[0].dtype for w in weights) or not can_pack(weights[0].dtype):
+        if (any(w.device.type != "cpu" or w.dtype != weights[0].dtype for w in weights)
+                or (self.packed and not can_pack(weights[0].dtype))):
             self._held = None
             return None
         with torch.no_grad():
@@ -200,15 +216,21 @@ class PackedGroup:
             biases = [layer.bias for layer in self.layers]
             bias = None if all(b is None for b in biases) else torch.cat(
                 [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-            self._held = (stamps, torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT), bias)
+            if self.packed:
+                stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT)
+            self._held = (stamps, stacked, bias)
         return self._held
 
 
 def packed_group(layers: list[nn.Linear]) -> PackedGroup | None:
-    """A PackedGroup of these layers where their own packed kernel is in effect (pack_layers packed
-    them all: same dtype, the setting on, the copy fits), else None: each runs on its own."""
+    """A PackedGroup of these layers: packed where their own packed kernel is in effect (pack_layers
+    packed them all: same dtype, the setting on, the copy fits); a plain stacked one where none of
+    them is twinned (small layers, which keep PyTorch's own product); else None: each runs on its own
+    (twinned but unpacked layers keep their weight @ input.T kernel)."""
     if all(isinstance(layer, RowLinear) and layer.packed for layer in layers):
         return PackedGroup(layers)
+    if not any(isinstance(layer, RowLinear) for layer in layers):
+        return PackedGroup(layers, packed=False)
     return None
 
 

@@ -226,9 +226,39 @@ def test_a_packed_drafter_computes_what_the_unpacked_one_does():
     packed, got = _drafter_outputs(True)
     plain, expected = _drafter_outputs(False)
     assert packed.block._qkv is not None and packed.block._gate_up is not None
-    assert plain.block._qkv is None and not any(isinstance(m, RowLinear) for m in plain.modules())
+    assert not plain.block._qkv.packed and not any(isinstance(m, RowLinear) for m in plain.modules())
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_drafters_cached_forward_computes_what_its_layers_do(packed):
+    """The cached forward (q/k/v and gate/up as one product each, packed or stacked; q and k rotated
+    together from the kept rotary table) against the block's own pass, layer by layer: the same
+    outputs, keys and values, over a prompt longer than the table's first size and then a tree level
+    whose rows see part of it."""
+    import copy
+    from specdec.cache import BufferedLayer
+    fused, _ = _drafter_outputs(packed)
+    layered = copy.deepcopy(fused)
+    layered.block._qkv = layered.block._gate_up = None
+    torch.manual_seed(3)
+    prompt = 1100
+    g, tokens = torch.randn(1, prompt, 32), torch.randint(3, 90, (1, prompt))
+    level_g, level_tokens = torch.randn(1, 3, 32), torch.randint(3, 90, (1, 3))
+    level_positions = torch.tensor([[prompt, prompt + 1, prompt + 1]])
+    visible = torch.ones(1, 3, prompt + 3, dtype=torch.bool)
+    visible[0, :, prompt:] = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
+    visible[0, 2, :5] = False
+    runs = []
+    with torch.inference_mode():
+        for drafter in (fused, layered):
+            cache = BufferedLayer()
+            first = drafter(g, tokens, torch.arange(prompt)[None], cache=cache, start=0)
+            level = drafter(level_g, level_tokens, level_positions, visible=visible, cache=cache, start=prompt)
+            runs.append((*first, *level, cache.keys, cache.values))
+    for got, expected in zip(*runs):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_a_packed_drafter_copies_and_its_groups_follow_their_weights():
