@@ -286,9 +286,10 @@ class DrafterBlock(nn.Module):
     def _cached_forward(self, x, positions, visible, cache, start: int):
         """forward's inference pass over a cache, with its projections run as one product each (the
         groups of group_projections) and q and k rotated together from a kept rotary table: the same
-        results with about half the dispatched ops (on a small drafter each op's fixed cost, not its
-        arithmetic, is the forward's cost). None where the groups cannot run as one (gradients taken,
-        weights moved apart): forward then runs its own pass."""
+        results with about 40% fewer dispatched ops, each a kernel launch on a GPU (on a CPU a drafter
+        forward between verifies is bound by cold caches instead: benchmarks/results/eagle_fused). None
+        where the groups cannot run as one (gradients taken, weights moved apart): forward then runs
+        its own pass."""
         b, n, hidden = x.shape
         heads = self.num_heads
         d = hidden // heads
