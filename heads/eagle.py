@@ -209,7 +209,7 @@ def write_rows(cache: BufferedLayer, start: int, k: torch.Tensor, v: torch.Tenso
     returns its rows' keys / values [B, heads, width, d]."""
     if isinstance(cache, RaggedRows):
         return cache.update(k, v)
-    return cache.write_at(start, k, v)
+    return cache.overwrite_from(start, k, v)
 
 
 def attend(q, k, v, past_k=None, past_v=None, visible=None, cache: BufferedLayer | RaggedRows | None = None,
@@ -264,56 +264,41 @@ class DrafterBlock(nn.Module):
         (L = start) and the new rows are written there, at start..start+n; a RaggedRows cache (a
         batch's rows, B >= 1) writes and reads where its `prepare` said (start unused).
         Returns (x [B, n, H], k [B, heads, n, d], v [B, heads, n, d]) - the new rows' keys and values."""
-        if cache is not None and self.__dict__.get("_qkv") is not None and self.__dict__.get("_gate_up") is not None:
-            fused = self._cached_forward(x, positions, visible, cache, start)
-            if fused is not None:
-                return fused
+        b, n, hidden = x.shape
         h = self.attn_norm(x)
-        qkv, gate_up = self.__dict__.get("_qkv"), self.__dict__.get("_gate_up")
-        q, k, v = qkv(h) if qkv is not None else (self.q_proj(h), self.k_proj(h), self.v_proj(h))   # [B, n, H]
-        q = self._split(q)
-        cos, sin = rotary(positions, q.shape[-1], self.theta, q.dtype)                     # [B, 1, n, d]
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(self._split(k), cos, sin)
-        v = self._split(v)
+        q, k, v = self._rotated_qkv(h, positions, cache, start)                           # [B, heads, n, d] each
         attn = attend(q, k, v, past_k, past_v, visible, cache, start)                     # [B, heads, n, d]
-        x = x + self.o_proj(attn.transpose(1, 2).flatten(2))
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, hidden))
         h = self.mlp_norm(x)
+        gate_up = self.__dict__.get("_gate_up")
         gate, up = gate_up(h) if gate_up is not None else (self.gate_proj(h), self.up_proj(h))     # [B, n, I]
         x = x + self.down_proj(F.silu(gate) * up)
         return x, k, v
 
-    def _cached_forward(self, x, positions, visible, cache, start: int):
-        """forward's inference pass over a cache, with its projections run as one product each (the
-        groups of group_projections) and q and k rotated together from a kept rotary table: the same
-        results with about 40% fewer dispatched ops, each a kernel launch on a GPU (on a CPU a drafter
-        forward between verifies is bound by cold caches instead: benchmarks/results/eagle_fused). None
-        where the groups cannot run as one (gradients taken, weights moved apart): forward then runs
-        its own pass."""
-        b, n, hidden = x.shape
+    def _rotated_qkv(self, h, positions, cache, start: int):
+        """h [B, n, H] -> q, k (rotated), v [B, heads, n, d]. Over a cache, where q/k/v run as one product
+        (group_projections), q and k are rotated together from a kept rotary table: about 40% fewer
+        dispatched ops per forward, each a kernel launch on a GPU (on a CPU a drafter forward between
+        verifies is bound by cold caches instead: benchmarks/results/eagle_fused). Otherwise (training,
+        no cache, layers taking gradients) each is rotated on its own, as computed for its positions."""
+        b, n, hidden = h.shape
         heads = self.num_heads
         d = hidden // heads
-        h = self.attn_norm(x)
-        qkv = self._qkv.fused(h)                                                    # [B, n, 3H]
-        if qkv is None:
-            return None
-        qkv = qkv.view(b, n, 3, heads, d)
-        # the rotary rows this forward reads: a cache's new rows sit at positions below its end (a tree
-        # level's nodes at their depth, committed rows at their index), a batch's below its width
-        end = cache.width if isinstance(cache, RaggedRows) else start + n
-        cos, signed_sin = rotary_table(d, self.theta, x.dtype, x.device, end)[positions].unbind(2)  # [B, n, 1, 1, d]
-        qk = qkv[:, :, :2]                                                          # [B, n, 2, heads, d]
-        qk = qk * cos + qk.roll(d // 2, dims=-1) * signed_sin
-        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)                                  # [B, heads, n, d] each
-        v = qkv[:, :, 2].transpose(1, 2)
-        attn = attend(q, k, v, visible=visible, cache=cache, start=start)           # [B, heads, n, d]
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, hidden))
-        gate_up = self._gate_up.fused(self.mlp_norm(x))                             # [B, n, 2I]
-        if gate_up is None:
-            return None
-        gate, up = gate_up.chunk(2, dim=-1)                                         # [B, n, I] each
-        x = x + self.down_proj(F.silu(gate) * up)
-        return x, k, v
+        qkv_group = self.__dict__.get("_qkv")
+        qkv = qkv_group.fused(h) if cache is not None and qkv_group is not None else None   # [B, n, 3H]
+        if qkv is not None:
+            qkv = qkv.view(b, n, 3, heads, d)
+            # the rotary rows this forward reads: a cache's new rows sit at positions below its end (a tree
+            # level's nodes at their depth, committed rows at their index), a batch's below its width
+            end = cache.width if isinstance(cache, RaggedRows) else start + n
+            cos, signed_sin = rotary_table(d, self.theta, h.dtype, h.device, end)[positions].unbind(2)  # [B, n, 1, 1, d]
+            qk = qkv[:, :, :2]                                                      # [B, n, 2, heads, d]
+            qk = qk * cos + qk.roll(d // 2, dims=-1) * signed_sin
+            q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)
+            return q, k, qkv[:, :, 2].transpose(1, 2)
+        q, k, v = qkv_group(h) if qkv_group is not None else (self.q_proj(h), self.k_proj(h), self.v_proj(h))
+        cos, sin = rotary(positions, d, self.theta, h.dtype)                               # [B, 1, n, d]
+        return apply_rotary(self._split(q), cos, sin), apply_rotary(self._split(k), cos, sin), self._split(v)
 
     def group_projections(self) -> None:
         """Run q, k, v (and gate, up), which read the same input, as one product each (packed where

@@ -84,22 +84,12 @@ class BufferedLayer(DynamicLayer):
         self._views()
         return self.keys, self.values
 
-    def write_at(self, start: int, key_states: torch.Tensor, value_states: torch.Tensor):
+    def overwrite_from(self, start: int, key_states: torch.Tensor, value_states: torch.Tensor):
         """Drop the entries from `start` on and write the new ones there (at the length, where it is
-        shorter), returning all keys / values as update does: keep(start, None, start) then update, with
-        fewer dispatched ops (a drafter's forward of a few rows pays each op's fixed cost, not its
-        arithmetic)."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        start = min(start, self.length)
-        end = start + key_states.shape[-2]
-        self.length = start
-        self._reserve(key_states, value_states, end)
-        self.key_buffer[:, :, start: end] = key_states
-        self.value_buffer[:, :, start: end] = value_states
-        self.length = end
-        self._views()
-        return self.keys, self.values
+        shorter): keep(start, None, start) then update, without keep's views of a length update moves
+        again at once."""
+        self.length = min(self.length, start)
+        return self.update(key_states, value_states)
 
     def _views(self) -> None:
         self.keys = self.key_buffer[:, :, : self.length]
