@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specdec.cache import BufferedLayer
-from specdec.row_linear import packed_group
+from specdec.int8_linear import linear_group
 from specdec.tree import host_to_device
 
 
@@ -304,8 +304,8 @@ class DrafterBlock(nn.Module):
         """Run q, k, v (and gate, up), which read the same input, as one product each (packed where
         their layers run packed weights, stacked where they are small: specdec.row_linear.PackedGroup),
         else each on its own: one call's fixed cost instead of three, in every drafter forward."""
-        self._qkv = packed_group([self.q_proj, self.k_proj, self.v_proj])
-        self._gate_up = packed_group([self.gate_proj, self.up_proj])
+        self._qkv = linear_group([self.q_proj, self.k_proj, self.v_proj])
+        self._gate_up = linear_group([self.gate_proj, self.up_proj])
         for group in (self._qkv, self._gate_up):
             if group is not None:
                 group.prepare()                            # now, not inside a timed step

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from specdec.cache import BufferedLayer
+from specdec.errors import ConfigError
+from specdec.int8_linear import ACTIVATIONS, INT8, Int8Linear, int8_supported, quantizable, quantize_linears
 from specdec.models import has_native_bf16
 from specdec.row_linear import pack_layers, row_twin, runs_packed
 
@@ -72,15 +74,20 @@ def load_eagle(folder: str, target=None) -> EagleDrafter | Eagle3Drafter:
     return drafter.eval()
 
 
-def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype | None = None):
-    """Move the drafter to the target's device and to `dtype` (None: the target's); share the target's
-    lm_head (EAGLE-1; in another dtype than the target's: a copy of it in that dtype, vocab x hidden
-    values, not saved) and input embedding (read as is and cast)."""
-    dtype = dtype or target.dtype
+def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype | str | None = None):
+    """Move the drafter to the target's device and to `dtype` (None: the target's; INT8: int8 weights,
+    bfloat16 activations, specdec.int8_linear); share the target's lm_head (EAGLE-1; in another dtype
+    than the target's: a copy of it in that dtype, vocab x hidden values, not saved) and input embedding
+    (read as is and cast)."""
+    quantized = dtype == INT8
+    dtype = ACTIVATIONS if quantized else (dtype or target.dtype)
     drafter.to(device=target.device, dtype=dtype)
-    # on a CPU its large linear layers run oneDNN's kernel on packed weights (specdec.row_linear): a
-    # tree level's forward of a few rows then costs about what one row does
-    pack_layers(drafter)
+    if quantized:
+        quantize_linears(drafter)
+    else:
+        # on a CPU its large linear layers run oneDNN's kernel on packed weights (specdec.row_linear): a
+        # tree level's forward of a few rows then costs about what one row does
+        pack_layers(drafter)
     for block in drafter.modules():
         if hasattr(block, "group_projections"):
             block.group_projections()
@@ -88,7 +95,9 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
     if not drafter.uses_target_lm_head:
         return drafter
     lm_head = target.get_output_embeddings()
-    if lm_head.weight.dtype != dtype:
+    if quantized and quantizable(lm_head):
+        lm_head = Int8Linear.of(lm_head).to(target.device)     # the drafter's own copy
+    elif lm_head.weight.dtype != dtype:      # (int8 asked of a layer too narrow for it: a bfloat16 copy)
         head_copy = nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
                               device=lm_head.weight.device, dtype=dtype)
         with torch.no_grad():
@@ -101,18 +110,28 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
     return drafter
 
 
-_BF16_PAYS: dict[tuple, bool] = {}     # (device, layout, threads) -> measured
+_CPU_DTYPE: dict[tuple, torch.dtype | str] = {}     # (device, layout, threads) -> the dtype measured fastest
+# int8 weights are taken by "auto" where a tree-level forward measures at least this much faster than in bfloat16:
+# the measurement is hot, and a forward in a decode loop runs on cold caches, where int8's halved bytes gain more
+INT8_MARGIN = 1.05
 
 
-def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDrafter) -> torch.dtype:
+def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDrafter) -> torch.dtype | str:
     """The dtype a drafter runs in beside `target`: None = the target's; a name or dtype; "auto" =
     bfloat16 when the target runs in float32 and bf16 pays on its device: on CUDA when supported,
     on a CPU with bf16 dot products when a tree-level forward of `drafter` is measured >= 1.25x
-    faster in bf16 (tiny drafters run slower; CPUs without them emulate bf16, never faster). Only what is drafted
-    changes: the target verifies in its own dtype (greedy identity holds; sampled trees carry the
-    distributions they were drawn from)."""
+    faster in bf16 (tiny drafters run slower; CPUs without them emulate bf16, never faster), and then INT8
+    (int8 weights, bfloat16 activations: specdec.int8_linear) where that forward measures INT8_MARGIN
+    faster still. Only what is drafted changes: the target verifies in its own dtype (greedy identity holds;
+    sampled trees carry the distributions they were drawn from). "int8" asked where it cannot run is refused."""
     if requested is None:
         return target.dtype
+    if requested == INT8:
+        if not int8_supported(target.device):
+            raise ConfigError(f"eagle.dtype: int8 runs the drafter's linear layers on torch's CPU int8 kernel, and the "
+                              f"target is on {target.device} (or this torch lacks the kernel): use eagle.dtype "
+                              f"bfloat16 or auto")
+        return INT8
     if requested != "auto":
         return requested if isinstance(requested, torch.dtype) else getattr(torch, requested)
     if target.dtype != torch.float32:
@@ -124,18 +143,23 @@ def drafter_dtype(requested: str | torch.dtype | None, target, drafter: EagleDra
     if target.device.type == "cuda":
         return torch.bfloat16
     key = (str(target.device), drafter.layout, torch.get_num_threads())
-    if key not in _BF16_PAYS:
+    if key not in _CPU_DTYPE:
         seconds = {dtype: _tree_level_seconds(drafter, target, dtype) for dtype in (torch.float32, torch.bfloat16)}
-        _BF16_PAYS[key] = seconds[torch.float32] >= 1.25 * seconds[torch.bfloat16]
-    return torch.bfloat16 if _BF16_PAYS[key] else target.dtype
+        chosen = torch.bfloat16 if seconds[torch.float32] >= 1.25 * seconds[torch.bfloat16] else target.dtype
+        if chosen == torch.bfloat16 and int8_supported(target.device):
+            if INT8_MARGIN * _tree_level_seconds(drafter, target, INT8) <= seconds[torch.bfloat16]:
+                chosen = INT8
+        _CPU_DTYPE[key] = chosen
+    return _CPU_DTYPE[key]
 
 
 @torch.inference_mode()
-def _tree_level_seconds(drafter: EagleDrafter, target, dtype: torch.dtype, rows: int = 4, past: int = 128,
+def _tree_level_seconds(drafter: EagleDrafter, target, dtype: torch.dtype | str, rows: int = 4, past: int = 128,
                         repeats: int = 10) -> float:
     """Best-of-3 time of `repeats` drafter forwards over `rows` tree nodes after `past` committed rows,
     on a copy of the drafter in `dtype` (a few ms on a CPU)."""
     trial = bind_eagle(copy.deepcopy(drafter), target, dtype)
+    dtype = ACTIVATIONS if dtype == INT8 else dtype
     hidden = drafter.layout.width
     cache = BufferedLayer()
     trial(torch.randn(1, past, hidden, dtype=dtype), torch.zeros(1, past, dtype=torch.long),

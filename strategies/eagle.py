@@ -73,9 +73,10 @@ class EagleConfig:
     #                                     at this temperature (< 1 sharpens; 1 = as drafted)
     batch_rows: bool = True             # in a batch (generate(list)), draft every row's tree level in one drafter
     #                                     forward (strategies/eagle_batch.py); false: each row drafts alone
-    dtype: Optional[str] = setting("auto", choices=(None, "auto", "float32", "float16", "bfloat16"))   # the
+    dtype: Optional[str] = setting("auto", choices=(None, "auto", "float32", "float16", "bfloat16", "int8"))   # the
     #                                     drafter's dtype: null = the target's; auto = bfloat16 beside a float32 target
-    #                                     on CUDA, or on a CPU where a drafter forward is measured faster in it
+    #                                     on CUDA, or on a CPU where a drafter forward is measured faster in it; int8 =
+    #                                     int8 weights and bfloat16 activations, on a CPU (specdec/int8_linear.py)
 
 
 CONFIG_SECTIONS = {"eagle": EagleConfig}

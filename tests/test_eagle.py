@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from torch import nn
 
 from conftest import char_tokenizer, hf_greedy, tiny_model
 from eagle_helpers import biased_target, echo_drafter, leaning_eagle3, random_drafter, state_for
@@ -15,6 +16,7 @@ from specdec.api import Speculator
 from specdec.errors import ConfigError, IncompatibleModelsError, ModelLoadError
 from specdec.heads.eagle import EagleDrafter, eagle3_layers, layout_for_target
 from specdec.heads.eagle_io import CONFIG_FILE, WEIGHTS_FILE, load_eagle, save_eagle
+from specdec.int8_linear import Int8Linear, int8_supported
 from specdec.strategies.eagle import Eagle
 from specdec.verifier import Verifier
 
@@ -384,20 +386,29 @@ def test_drafter_dtype_is_the_targets_a_named_one_or_measured(monkeypatch):
     assert eagle_io.drafter_dtype("bfloat16", model, drafter) == torch.bfloat16
     assert eagle_io.drafter_dtype(torch.float16, model, drafter) == torch.float16
     monkeypatch.setattr(eagle_io, "has_native_bf16", lambda device: device.type == "cpu")
-    for bf16_seconds, expected in ((1.0, torch.bfloat16), (2.5, torch.float32)):    # float32 takes 2 s
-        monkeypatch.setattr(eagle_io, "_BF16_PAYS", {})
-        monkeypatch.setattr(eagle_io, "_tree_level_seconds",
-                            lambda d, t, dtype, s=bf16_seconds: 2.0 if dtype == torch.float32 else s)
+    # float32 takes 2 s, bfloat16 the first figure, int8 weights the second
+    for bf16_seconds, int8_seconds, expected in ((1.0, 1.0, torch.bfloat16), (2.5, 1.0, torch.float32),
+                                                 (1.0, 0.5, "int8")):
+        monkeypatch.setattr(eagle_io, "_CPU_DTYPE", {})
+        monkeypatch.setattr(eagle_io, "_tree_level_seconds", lambda d, t, dtype, b=bf16_seconds, i=int8_seconds:
+                            {torch.float32: 2.0, torch.bfloat16: b, "int8": i}[dtype])
         assert eagle_io.drafter_dtype("auto", model, drafter) == expected
+    monkeypatch.setattr(eagle_io, "int8_supported", lambda device: False)      # no int8 kernel: bfloat16 at best
+    monkeypatch.setattr(eagle_io, "_CPU_DTYPE", {})
+    assert eagle_io.drafter_dtype("auto", model, drafter) == torch.bfloat16
+    with pytest.raises(ConfigError, match="eagle.dtype: int8"):
+        eagle_io.drafter_dtype("int8", model, drafter)
     assert eagle_io.drafter_dtype("auto", model.to(torch.bfloat16), drafter) == torch.bfloat16   # not fp32: kept
     model.to(torch.float32)
     # a CPU that emulates bf16: float32, whatever a (loaded machine's) timing would say
     monkeypatch.setattr(eagle_io, "has_native_bf16", lambda device: False)
-    monkeypatch.setattr(eagle_io, "_BF16_PAYS", {})
+    monkeypatch.setattr(eagle_io, "_CPU_DTYPE", {})
     assert eagle_io.drafter_dtype("auto", model, drafter) == torch.float32
     # the measurement itself: a positive time, on a copy (the drafter keeps its dtype)
     monkeypatch.undo()
     assert eagle_io._tree_level_seconds(drafter, model, torch.bfloat16, repeats=1) > 0
+    if int8_supported(torch.device("cpu")):
+        assert eagle_io._tree_level_seconds(drafter, model, "int8", repeats=1) > 0
     assert next(drafter.parameters()).dtype == torch.float32
 
 
@@ -415,6 +426,22 @@ def test_a_bfloat16_drafter_beside_a_float32_target_keeps_greedy_identity(arch):
     assert model.get_output_embeddings().weight.dtype == torch.float32
     assert torch.equal(model.get_output_embeddings().weight, head_before)
     assert not any("lm_head" in name for name in strategy.drafter.state_dict())
+
+
+@pytest.mark.skipif(not int8_supported(torch.device("cpu")), reason="this torch has no CPU int8 weight kernel")
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_an_int8_drafter_keeps_greedy_identity_and_leaves_the_target_as_it_was(arch):
+    """int8 weights (specdec/int8_linear.py) change only what is drafted: every linear layer of the drafter,
+    and its copy of the target's lm_head, hold int8 weights; the target's own lm_head is untouched."""
+    model = biased_target(arch, 3.0)
+    head_before = model.get_output_embeddings().weight.detach().clone()
+    strategy = Eagle(echo_drafter(model), max_nodes=6, top_k=2, depth=4, dtype="int8")
+    accepted = run(model, strategy)
+    assert sum(accepted) > 0                                   # the int8 drafts are accepted
+    linears = [m for m in strategy.drafter.modules() if isinstance(m, (nn.Linear, Int8Linear))]
+    assert linears and all(isinstance(m, Int8Linear) for m in linears if m.in_features % 32 == 0)
+    assert isinstance(strategy.drafter._shared_lm_head[0], Int8Linear) == (model.config.hidden_size % 32 == 0)
+    assert torch.equal(model.get_output_embeddings().weight, head_before)
 
 
 def test_score_temperature_must_be_positive():
