@@ -96,7 +96,7 @@ def bind_eagle(drafter: EagleDrafter | Eagle3Drafter, target, dtype: torch.dtype
         return drafter
     lm_head = target.get_output_embeddings()
     if quantized and quantizable(lm_head):
-        lm_head = Int8Linear.of(lm_head).to(target.device)     # the drafter's own copy
+        lm_head = Int8Linear.of(lm_head)           # the drafter's own copy, on the target's device
     elif lm_head.weight.dtype != dtype:      # (int8 asked of a layer too narrow for it: a bfloat16 copy)
         head_copy = nn.Linear(lm_head.in_features, lm_head.out_features, bias=lm_head.bias is not None,
                               device=lm_head.weight.device, dtype=dtype)

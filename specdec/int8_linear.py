@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec.row_linear import packed_group, stacked_bias
+
 INT8 = "int8"                         # the dtype name a drafter's config gives for int8 weights
 ACTIVATIONS = torch.bfloat16          # the kernel's input and output dtype (float32 inputs run far slower)
 # the kernel reads a row's inputs in vector-wide chunks with no tail: with another width it returns garbage or
@@ -60,16 +62,21 @@ class Int8Linear(nn.Module):
 
 class Int8Group:
     """Int8 layers that read the same input (q, k, v; gate, up) as one product, with the interface of
-    specdec.row_linear.PackedGroup: fused(x) -> their outputs side by side, group(x) -> each apart."""
+    specdec.row_linear.PackedGroup: fused(x) -> their outputs side by side, group(x) -> each apart. The
+    layers' own weights become views of the stacked ones: one copy of the bytes, whichever runs."""
 
     def __init__(self, layers: list[Int8Linear]):
         self.layers = layers
         self.sizes = [layer.out_features for layer in layers]
-        biases = [layer.bias for layer in layers]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else layer.scale.new_zeros(layer.out_features) for b, layer in zip(biases, layers)])
-        self.stacked = Int8Linear(torch.cat([layer.weight for layer in layers]), bias,        # [sum(out), in]
+        self.stacked = Int8Linear(torch.cat([layer.weight for layer in layers]), stacked_bias(layers),   # [sum(out), in]
                                   scale=torch.cat([layer.scale for layer in layers]))
+        stacked = self.stacked
+        biases = [None] * len(layers) if stacked.bias is None else stacked.bias.split(self.sizes)
+        for layer, weight, scale, bias in zip(layers, stacked.weight.split(self.sizes), stacked.scale.split(self.sizes),
+                                              biases):
+            layer.weight, layer.scale = weight, scale
+            if layer.bias is not None:
+                layer.bias = bias
 
     def prepare(self) -> "Int8Group":
         return self
@@ -120,5 +127,4 @@ def linear_group(layers: list[nn.Module]):
     specdec.row_linear.packed_group's answer (packed, stacked, or None: each runs on its own)."""
     if all(isinstance(layer, Int8Linear) for layer in layers):
         return Int8Group(layers)
-    from specdec.row_linear import packed_group
     return packed_group(layers)

@@ -213,13 +213,22 @@ class PackedGroup:
             return None
         with torch.no_grad():
             stacked = torch.cat([w.detach() for w in weights])                         # [sum(out), in]
-            biases = [layer.bias for layer in self.layers]
-            bias = None if all(b is None for b in biases) else torch.cat(
-                [b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+            bias = stacked_bias(self.layers)
             if self.packed:
                 stacked = torch.ops.mkldnn._reorder_linear_weight(stacked, ROWS_HINT)
             self._held = (stamps, stacked, bias)
         return self._held
+
+
+def stacked_bias(layers: list[nn.Module]) -> torch.Tensor | None:
+    """[sum of out features] the layers' biases side by side (zeros for a layer without one), or None
+    where none has one: the bias of their stacked product."""
+    biases = [layer.bias for layer in layers]
+    if all(b is None for b in biases):
+        return None
+    like = next(b for b in biases if b is not None)
+    return torch.cat([b.detach() if b is not None else like.new_zeros(layer.out_features)
+                      for b, layer in zip(biases, layers)])
 
 
 def packed_group(layers: list[nn.Linear]) -> PackedGroup | None:
