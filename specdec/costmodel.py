@@ -101,12 +101,15 @@ def _now(device: torch.device) -> float:
 
 def random_prompt_and_trees(target, sizes: Sequence[int], context_len: int):
     """(a seeded random prompt of context_len token ids, {n: a binary CandidateTree of n random tokens}):
-    what a verify cost is timed on."""
+    what a verify cost is timed on. On a target verified on chains (linear-attention layers: what its
+    planners send) the trees are chains of n tokens."""
+    from .models import verified_on_chains
     from .tree import CandidateTree
     vocab = target.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
-    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), binary_tree(n)) for n in sizes}
+    shape = (lambda n: tuple(range(-1, n - 1))) if verified_on_chains(target) else binary_tree
+    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), shape(n)) for n in sizes}
     return prompt, trees
 
 
@@ -192,6 +195,7 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
     torch threads, sizes, context length, batch, whether the verifier is compiled and its
     row_linear setting (and whether its weights are packed: specdec.row_linear)."""
     from .heads.io import target_identity
+    from .models import verified_on_chains
     from .row_linear import packs
     identity = target_identity(target)
     parts = [identity["architecture"], identity["hidden_size"], identity["vocab_size"],
@@ -205,6 +209,8 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
         parts.append(["row_linear", int(row_linear)])
         if packs(target, row_linear):     # and keys of the kernels before packed weights
             parts.append("packed")
+    if verified_on_chains(target):        # timed on chains (random_prompt_and_trees), not binary trees
+        parts.append("chains")
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

@@ -176,6 +176,12 @@ def recurrent_layer_kinds(model) -> list[str]:
     return sorted(set(types) & set(RECURRENT_LAYER_TYPES))
 
 
+def verified_on_chains(model) -> bool:
+    """Whether specdec verifies only chains on this target: one recurrent state (a linear-attention layer's)
+    follows one path, so a planner sizes chains on it and a strategy that can draft one path drafts one."""
+    return bool(recurrent_layer_kinds(model))
+
+
 def check_cacheable(model, role: str = "draft", recurrent: bool = False) -> list[str]:
     """The decoder's layer types, when every layer is one whose KV specdec can commit (or, with
     recurrent, one that keeps a recurrent state: a target verified on chains); else a clear error."""

@@ -231,8 +231,8 @@ class Verifier:
             raise StrategyError(
                 f"the target ({type(self.model).__name__}) has linear-attention layers, so specdec verifies chains on "
                 f"it, and the strategy proposed a tree of {tree.num_nodes} nodes with branches: use a strategy that "
-                f"drafts chains (prompt_lookup with prompt_lookup.max_matches: 1, draft_model with its default "
-                f"chain), or autoregressive")
+                f"drafts chains here (auto, token_recycling, prompt_lookup, draft_model with its default chain), "
+                f"or autoregressive")
         self.rollback = RecurrentRollback.keep(self.cache, input_ids)
 
     def _positions(self, rows: int) -> torch.Tensor:
@@ -302,8 +302,9 @@ class Verifier:
             return                                   # every row kept: the state is the forward's own
         rollback.restore(self.cache)
         commit_rows(self.cache, self.prefix_len, [])                          # attention layers: the prefix only
-        self._forward_model(kept)(input_ids=rollback.input_ids[:, :kept], position_ids=self._positions(kept),
-                                  **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1)
+        if kept:                  # none kept (the cost profile undoing a timed forward): the state before is all
+            self._forward_model(kept)(input_ids=rollback.input_ids[:, :kept], position_ids=self._positions(kept),
+                                      **cache_kwargs(self.model, self.cache), use_cache=True, logits_to_keep=1)
 
 
 @dataclass

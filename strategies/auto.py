@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 from specdec.config import setting
 from specdec.costmodel import CostProfile, load_or_measure, planning_costs, profile_sizes
+from specdec.models import verified_on_chains
 from specdec.tree import CandidateTree, merge_into_trie
 from specdec.types import DecodeState, StepResult
 
@@ -273,6 +274,7 @@ class Auto(BaseStrategy):
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
         self.device = "cpu"
+        self.chains = False                 # the target is verified on chains (linear-attention layers): plan one path
         # the Speculator's verifier is compiled (`compile: true`): the cost profile then times the
         # compiled forward, the one each step runs (use_compiled_verifier, called before bind)
         self.compiled_verifier = False
@@ -312,6 +314,7 @@ class Auto(BaseStrategy):
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
         self.device = target.device
+        self.chains = verified_on_chains(target)
         if self.lookup is not None:
             self.lookup.bind(target, tokenizer)
         if self.costs is None:
@@ -426,7 +429,8 @@ class Auto(BaseStrategy):
             self.match_length = self.lookup.match_length
         lookup_tree, lookup_source = merge_paths(CandidateTree.empty(self.device), paths, lookup_nodes)
         accept, keys = self._estimates(lookup_tree, lookup_source, state)
-        lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes)
+        lookup_keep, lookup_rate = plan(lookup_tree.parents, accept, self.verify_cost, 0.0, self.max_nodes,
+                                        chain=self.chains)
         # greedy and sampled steps apart: lookup that copies right greedy mostly fails when sampling, so
         # a greedy request's plans must not keep the drafter uncalled on the sampled ones after it
         context = (temperature_key(state.sampling.temperature), _lookup_context(lookup_tree.parents, accept, lookup_keep))
@@ -490,7 +494,8 @@ class Auto(BaseStrategy):
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
             forced = range(neural_tree.num_nodes) if sampled or slot.drafter.verify_whole else ()
             draft_cost = slot.draft_cost_s or 0.0
-            keep, rate = plan(merged.parents, accept, self.verify_cost, draft_cost, self.max_nodes, forced=forced)
+            keep, rate = plan(merged.parents, accept, self.verify_cost, draft_cost, self.max_nodes, forced=forced,
+                              chain=self.chains)
             slot.plan_with[context] = _ema_pair(slot.plan_with.get(context),
                                                 (rate * (self.verify_cost(len(keep)) + draft_cost), len(keep)))
             tree = merged.select(keep)
@@ -788,7 +793,7 @@ class Auto(BaseStrategy):
         chain = len(expected.accept)
         parents = list(lookup_tree.parents) + [first + i - 1 if i else -1 for i in range(chain)]
         _, rate = plan(parents, list(accept) + list(expected.accept), self.verify_cost,
-                       expected.cost * self.verify_cost(0), self.max_nodes)
+                       expected.cost * self.verify_cost(0), self.max_nodes, chain=self.chains)
         return rate < lookup_rate
 
     def _record_call(self, state: DecodeState, result: StepResult, verified: int, lookup_alone: tuple,

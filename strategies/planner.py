@@ -28,12 +28,14 @@ def path_reach(parents: Sequence[int], accept: Sequence[float]) -> list[float]:
 
 
 def plan(parents: Sequence[int], accept: Sequence[float], verify_cost: Callable[[int], float],
-         draft_cost: float = 0.0, max_nodes: int | None = None, forced: Iterable[int] = ()
-         ) -> tuple[list[int], float]:
+         draft_cost: float = 0.0, max_nodes: int | None = None, forced: Iterable[int] = (),
+         chain: bool = False) -> tuple[list[int], float]:
     """(nodes to keep in index order, expected new tokens per unit of cost) of the best prefix-closed
     subset of at most max_nodes nodes that contains `forced` (itself closed under parents; it may
     exceed max_nodes). verify_cost(n): cost of verifying n nodes (n = 0: a plain decoding step).
-    accept: [N] values in [0, 1]."""
+    accept: [N] values in [0, 1]. chain: the subset must be one path from the root (plan_chain)."""
+    if chain:
+        return plan_chain(parents, accept, verify_cost, draft_cost, max_nodes, forced)
     reach = path_reach(parents, accept)
     forced = sorted(set(forced))
     chosen = set(forced)
@@ -47,6 +49,34 @@ def plan(parents: Sequence[int], accept: Sequence[float], verify_cost: Callable[
         if rate > best_rate:
             best_n, best_rate = n, rate
     return sorted(forced + order[:best_n]), best_rate
+
+
+def plan_chain(parents: Sequence[int], accept: Sequence[float], verify_cost: Callable[[int], float],
+               draft_cost: float = 0.0, max_nodes: int | None = None, forced: Iterable[int] = ()
+               ) -> tuple[list[int], float]:
+    """plan() restricted to chains, for a target verified on chains (linear-attention layers: one recurrent
+    state follows one path): the best path from the root, or none. Every node ends one path, whose expected
+    new tokens are 1 + the reach along it; `forced` nodes must lie on the path kept (forced nodes that are not
+    one path cannot be verified: then the best is plain decoding, nothing kept)."""
+    reach = path_reach(parents, accept)
+    forced = sorted(set(forced))
+    best_path: list[int] = []
+    best_rate = 1.0 / (verify_cost(0) + draft_cost) if not forced else 0.0
+    limit = len(parents) if max_nodes is None else max_nodes
+    paths: list[list[int]] = []               # paths[i]: the nodes from the root down to i
+    expected: list[float] = []                # 1 + reach summed along paths[i]
+    for i, p in enumerate(parents):
+        paths.append([i] if p == -1 else paths[p] + [i])
+        expected.append(1.0 + reach[i] + (0.0 if p == -1 else expected[p] - 1.0))
+        path = paths[i]
+        if len(path) > max(limit, len(forced)) or (forced and not set(forced) <= set(path)):
+            continue
+        rate = expected[i] / (verify_cost(len(path)) + draft_cost)
+        if rate > best_rate:
+            best_path, best_rate = path, rate
+    if forced and not best_path:              # forced nodes off every path: verify none of them
+        return [], 1.0 / (verify_cost(0) + draft_cost)
+    return best_path, best_rate
 
 
 def confidence_bucket(confidence: float, buckets: int) -> int:

@@ -16,6 +16,7 @@ from typing import Collection, Iterator, Sequence
 
 from specdec.config import setting
 from specdec.errors import ConfigError
+from specdec.models import verified_on_chains
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 
@@ -137,10 +138,12 @@ class PromptLookup(BaseStrategy):
         self.max_nodes = int(max_nodes)
         self.index = NgramIndex(self.min_ngram, self.max_ngram)
         self.device = "cpu"
+        self.chains = False           # the target is verified on chains (linear-attention layers)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
         self.device = target.device
+        self.chains = verified_on_chains(target)
 
     def reset(self, state: DecodeState) -> None:
         self.index = NgramIndex(self.min_ngram, self.max_ngram)   # a new one: a call's copy must not share it
@@ -150,6 +153,8 @@ class PromptLookup(BaseStrategy):
         paths = self.propose_paths(state)
         if not paths:
             return CandidateTree.empty(self.device)
+        if self.chains:               # a target verified on chains: the most recent continuation alone
+            paths = paths[:1]
         return CandidateTree.from_paths(paths, device=self.device, max_nodes=self.max_nodes)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:

@@ -38,7 +38,7 @@ import torch
 from specdec.config import setting
 from specdec.costmodel import CostProfile, planning_costs, profile_sizes
 from specdec.errors import ConfigError
-from specdec.models import output_vocab_size
+from specdec.models import output_vocab_size, verified_on_chains
 from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState, StepResult
 
@@ -181,11 +181,11 @@ def breadth_first(parents: list[int], ranks: list[int], keep: list[int]) -> Shap
 
 
 def plan_shape(accept: Callable[[int, int], float], k: int, max_nodes: int, max_depth: int,
-               verify_cost: Callable[[int], float], draft_cost: float = 0.0) -> Shape:
+               verify_cost: Callable[[int], float], draft_cost: float = 0.0, chain: bool = False) -> Shape:
     """The tree shape with the most expected new tokens per second: the best prefix-closed set of the
-    best-first rank paths (strategies/planner.plan), breadth first; empty when none pays."""
+    best-first rank paths (strategies/planner.plan; one path with `chain`), breadth first; empty when none pays."""
     parents, ranks, rates = best_first(accept, k, max_nodes, max_depth)
-    keep, _ = plan(parents, rates, verify_cost, draft_cost, max_nodes)
+    keep, _ = plan(parents, rates, verify_cost, draft_cost, max_nodes, chain=chain)
     return breadth_first(parents, ranks, keep)
 
 
@@ -245,6 +245,7 @@ class TokenRecycling(BaseStrategy):
         self.shapes_lock = threading.Lock()
         self.draft_cost_s = 0.0              # seconds a step's drafting adds (propose + observe), measured
         self.device = "cpu"
+        self.chains = False          # the target is verified on chains (linear-attention layers): plan one path
         self.rows = 0
         self.reset_call()
 
@@ -279,6 +280,7 @@ class TokenRecycling(BaseStrategy):
             raise ConfigError(f"token_recycling.k = {self.k} is larger than the target's vocabulary ({vocab} "
                               f"tokens): a table row holds the top-k of the target's logits; set k <= {vocab}")
         self.device = target.device
+        self.chains = verified_on_chains(target)
         self.rows = max(vocab, target.get_input_embeddings().num_embeddings)
         if self.costs is None:
             self.costs = planning_costs(target, self.profile, *self.profile_setup(target), self.profile_repeats,
@@ -336,7 +338,7 @@ class TokenRecycling(BaseStrategy):
     def plan(self, state: DecodeState) -> Shape:
         temperature = state.sampling.temperature
         return plan_shape(lambda depth, rank: self.accept_rate(depth, rank, temperature), self.k, self.max_nodes,
-                          self.max_depth, self.costs.verify_cost, self.draft_cost_s)
+                          self.max_depth, self.costs.verify_cost, self.draft_cost_s, chain=self.chains)
 
     def calibrate(self, result: StepResult, temperature: float) -> None:
         """Every drafted node whose parent was kept was tried: record whether it was kept, per (depth,

@@ -70,6 +70,61 @@ def test_plan_is_the_brute_force_optimum(seed):
     assert rate == pytest.approx(brute_force(parents, accept, cost, draft_cost, max_nodes, forced))
 
 
+def one_path(subset: set[int], parents) -> bool:
+    """Whether `subset` is one path from the root: closed under parents, no two nodes of one parent."""
+    parents_in = [parents[i] for i in subset]
+    return closed(subset, parents) and len(parents_in) == len(set(parents_in))
+
+
+def brute_force_chain(parents, accept, cost, draft_cost, max_nodes, forced=()):
+    """The best rate over every path from the root (the empty one included when nothing is forced) that
+    holds `forced`; None when none does."""
+    reach = path_reach(parents, accept)
+    best = None if forced else 1.0 / (cost(0) + draft_cost)
+    for size in range(1, len(parents) + 1):
+        for subset in itertools.combinations(range(len(parents)), size):
+            chosen = set(subset)
+            if not set(forced) <= chosen or not one_path(chosen, parents) or len(chosen) > max(max_nodes, len(forced)):
+                continue
+            rate = (1 + sum(reach[i] for i in chosen)) / (cost(len(chosen)) + draft_cost)
+            best = rate if best is None else max(best, rate)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_chain_plan_is_the_brute_force_optimum(seed):
+    """plan(chain=True), for a target verified on chains: the best single path; forced nodes that are
+    not on one path leave nothing verified (plain decoding)."""
+    rng = random.Random(1000 + seed)
+    n = rng.randrange(1, 9)
+    parents = random_tree(rng, n)
+    accept = [rng.choice([0.0, 0.05, 0.3, 0.5, 0.9, 1.0, rng.random()]) for _ in range(n)]
+    slope = rng.choice([0.0, 0.05, 0.3, 1.0])
+    cost = (lambda k: 1.0 + slope * k) if seed % 4 != 1 else MEASURED_CPU_COSTS.__getitem__
+    draft_cost = rng.choice([0.0, 0.2, 1.0])
+    max_nodes = rng.choice([n, max(1, n // 2), 2])
+    forced = ()
+    if seed % 3 == 0:                                  # the first root child's subtree: a path only sometimes
+        forced = tuple(i for i in range(n) if _under(parents, i, 0))
+    keep, rate = plan(parents, accept, cost, draft_cost, max_nodes, forced, chain=True)
+    expected = brute_force_chain(parents, accept, cost, draft_cost, max_nodes, forced)
+    if expected is None:
+        assert keep == [] and rate == pytest.approx(1.0 / (cost(0) + draft_cost))
+        return
+    assert one_path(set(keep), parents) and set(forced) <= set(keep)
+    reach = path_reach(parents, accept)
+    assert rate == pytest.approx((1 + sum(reach[i] for i in keep)) / (cost(len(keep)) + draft_cost))
+    assert rate == pytest.approx(expected)
+
+
+def test_chain_plan_takes_one_branch_where_the_tree_plan_takes_both():
+    """Nearly free nodes: the tree plan keeps both branches, the chain plan the better one whole."""
+    parents, accept = (-1, 0, -1, 2, 3), [0.6, 0.6, 0.7, 0.9, 0.9]
+    cost = lambda k: 1.0 + 0.01 * k                    # noqa: E731
+    assert plan(parents, accept, cost)[0] == [0, 1, 2, 3, 4]
+    assert plan(parents, accept, cost, chain=True)[0] == [2, 3, 4]
+
+
 def _under(parents, node: int, root: int) -> bool:
     while node != -1:
         if node == root:

@@ -167,9 +167,41 @@ def test_rejected_rows_leave_a_fresh_prefills_state(target):
     assert any(not torch.allclose(a, b, atol=1e-4) for a, b in zip(states(unrolled.cache), states(fresh.cache)))
 
 
+@pytest.mark.parametrize("strategy", ["prompt_lookup", "token_recycling", "auto"])
+def test_planned_and_lookup_trees_are_chains_here(target, strategy):
+    """Strategies that size their trees (auto, token_recycling: the planner's best single path, on a cost
+    profile timed on chains) and prompt lookup (its most recent match alone, whatever max_matches says) draft
+    chains on a target verified on chains: greedy output identical to HF's, where any branch would be refused."""
+    sd = Speculator(target, None, strategy)
+    kept = 0
+    for seed in (1, 2, 3):
+        prompt = motif_prompt(seed)
+        out = sd.generate(prompt, max_new_tokens=NEW, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, prompt), (strategy, seed)
+        kept += sum(out.stats.accepted_lengths)
+    assert strategy == "prompt_lookup" or kept > 0        # the table's chains were drafted and kept
+
+
+def test_auto_on_chains_gives_autoregressive_text_with_the_coupled_sampler(target):
+    prompt = motif_prompt(4)
+    for seed in (0, 1):
+        def sample(strategy):
+            return Speculator(target, None, strategy).generate(prompt, max_new_tokens=NEW, temperature=0.8, seed=seed,
+                                                               sampler="coupled", ignore_eos=True)
+        assert sample("auto").token_ids == sample(Autoregressive()).token_ids, seed
+
+
+class Branching(BaseStrategy):
+    """Always drafts two branches."""
+    name = "branching"
+
+    def propose(self, state):
+        return CandidateTree.from_paths([[5, 6], [7]])
+
+
 def test_tree_refused_saying_chains(target):
     """A tree with branches cannot be verified through one recurrent state: refused, naming what to use."""
-    sd = Speculator(target, None, PromptLookup())          # up to 4 matches: a tree
+    sd = Speculator(target, None, Branching())
     with pytest.raises(StrategyError, match="chains"):
         sd.generate(motif_prompt(1), max_new_tokens=NEW, ignore_eos=True)
 

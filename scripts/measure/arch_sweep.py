@@ -175,13 +175,11 @@ def short(exc: BaseException, limit: int = 160) -> str:
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
-def strategy_of(name: str, draft, target=None):
-    from specdec.models import recurrent_layer_kinds
+def strategy_of(name: str, draft):
     from specdec.strategies.draft_model import DraftModel
     from specdec.strategies.prompt_lookup import PromptLookup
-    if name == "prompt_lookup":
-        # a target with recurrent layers is verified on chains: one match per step
-        return PromptLookup(max_matches=1) if target is not None and recurrent_layer_kinds(target) else PromptLookup()
+    if name == "prompt_lookup":      # on a target verified on chains (recurrent layers) it drafts one match a step
+        return PromptLookup()
     if name == "draft chain":
         return DraftModel(draft, num_tokens=DRAFT_DEPTH)
     return DraftModel(draft, branching=[2, 2, 1, 1])
@@ -194,7 +192,7 @@ def run_strategy(name: str, target, draft, references: list[list[int]]) -> tuple
     from specdec.errors import SpecDecError
     accepted = 0
     try:
-        sd = Speculator(target, None, strategy_of(name, draft, target))
+        sd = Speculator(target, None, strategy_of(name, draft))
         for prompt, expected in zip(prompts(), references):
             out = sd.generate(prompt, max_new_tokens=NEW_TOKENS, ignore_eos=True)
             if out.token_ids != expected:
