@@ -10,8 +10,8 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["setup", "environment", "cuda_syncs", "device_tests", "train_eagle", "bf16_identity", "bench", "memory",
-         "bench_batch", "bench_compile"]
+STEPS = ["setup", "environment", "cuda_syncs", "device_tests", "recurrent_tests", "train_eagle", "bf16_identity",
+         "bench", "memory", "bench_batch", "bench_compile"]
 
 
 def test_dry_run_passes_every_step(tmp_path):

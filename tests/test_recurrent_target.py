@@ -6,6 +6,7 @@ autoregressive's text for the same seed; the state after a partly rejected step 
 prefill's; trees, compile, batches and layer views are refused with errors that say what to do."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -27,6 +28,10 @@ from specdec.verifier import Verifier  # noqa: E402
 
 VOCAB = 96
 NEW = 24
+# scripts/gpu/check.sh runs the generation tests here on a GPU too (SPECDEC_TEST_DEVICE=cuda); the CI on the CPU
+DEVICE = torch.device(os.environ.get("SPECDEC_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cuda" and not torch.cuda.is_available():
+    pytest.skip("SPECDEC_TEST_DEVICE=cuda, but this machine has no CUDA GPU", allow_module_level=True)
 
 
 def qwen3_next(vocab: int = VOCAB):
@@ -44,7 +49,7 @@ def qwen3_next(vocab: int = VOCAB):
         model.lm_head.weight.mul_(4.0)          # clear-cut greedy choices
     model.generation_config.pad_token_id = 0
     assert "linear_attention" in model.config.layer_types and "full_attention" in model.config.layer_types
-    return model
+    return model.to(DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +81,11 @@ class Scripted(BaseStrategy):
         self.steps += 1
         if self.steps % 2 and len(tokens) > 2:
             tokens[2] = (tokens[2] + 1) % VOCAB
-        return CandidateTree.chain(torch.tensor(tokens, dtype=torch.long))
+        return CandidateTree.chain(torch.tensor(tokens, dtype=torch.long, device=DEVICE))
 
 
 def hf_greedy(model, prompt: list[int], n: int = NEW) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=0,
                          do_sample=False, eos_token_id=None)
     return out[0, len(prompt):].tolist()
@@ -102,6 +107,8 @@ def test_greedy_identical_through_rejections(target, seed):
 def test_greedy_identical_through_the_row_linear_twin():
     """A vocabulary of 4096 makes the output layer large enough to be twinned (specdec.row_linear):
     the chain forwards and the rollback's second forward run through the twin, still identical."""
+    if DEVICE.type != "cpu":
+        pytest.skip("the RowLinear twin is a CPU path")
     from specdec.row_linear import RowLinear
     model = qwen3_next(vocab=4096)
     sd = Speculator(model, None, Autoregressive())
@@ -140,7 +147,7 @@ def test_rejected_rows_leave_a_fresh_prefills_state(target):
     attention KV) and the next forward's logits equal those of a fresh prefill of the kept text; a
     negative control (the rollback turned off) leaves a different state."""
     prompt = motif_prompt(5)
-    chain = CandidateTree.chain(torch.tensor([7, 8, 9, 10]))
+    chain = CandidateTree.chain(torch.tensor([7, 8, 9, 10], device=DEVICE))
     kept = [0, 1]                                      # the pending token and the first draft
 
     def after_step(roll_back: bool):
@@ -160,7 +167,7 @@ def test_rejected_rows_leave_a_fresh_prefills_state(target):
     for layer_a, layer_b in zip(stepped.cache.layers, fresh.cache.layers):
         if not isinstance(layer_a, LinearAttentionCacheLayerMixin):
             torch.testing.assert_close(layer_a.keys, layer_b.keys, rtol=1e-5, atol=1e-6)
-    probe = CandidateTree.chain(torch.tensor([11, 12]))
+    probe = CandidateTree.chain(torch.tensor([11, 12], device=DEVICE))
     torch.testing.assert_close(stepped.forward(8, probe).logits, fresh.forward(8, probe).logits, rtol=1e-4, atol=1e-5)
 
     unrolled = after_step(False)
@@ -196,7 +203,7 @@ class Branching(BaseStrategy):
     name = "branching"
 
     def propose(self, state):
-        return CandidateTree.from_paths([[5, 6], [7]])
+        return CandidateTree.from_paths([[5, 6], [7]], device=DEVICE)
 
 
 def test_tree_refused_saying_chains(target):

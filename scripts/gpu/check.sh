@@ -10,7 +10,8 @@
 #
 # Steps: (0) install the packed wheels with --no-deps onto the machine's own torch and transformers,
 # unpack the models; (1) environment; (2) the CUDA tests (every strategy under sync-debug mode
-# "error", greedy identity and the exact law on the device, compile with CUDA graphs); (3) an EAGLE
+# "error", greedy identity and the exact law on the device, compile with CUDA graphs, a target with
+# linear-attention layers verified on chains); (3) an EAGLE
 # drafter trained for the target on the GPU (a minute); (4) bf16 greedy identity for every strategy,
 # each difference classified (an exact top-2 tie, a tie within one bf16 unit, or a mismatch); (5) `specdec bench`: every strategy with Hugging Face's rows, greedy
 # and T = 0.8, one sequence; (6) peak GPU memory against Hugging Face's plain generate() at 1k- and
@@ -161,6 +162,9 @@ step cuda_syncs 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/tes
   --junitxml="$WORK/cuda_syncs.xml"
 step device_tests 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/test_device.py \
   --junitxml="$WORK/device_tests.xml"
+# a target with linear-attention layers (Qwen3-Next, tiny): chains, the state's rollback, auto's chain plans
+step recurrent_tests 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/test_recurrent_target.py \
+  --junitxml="$WORK/recurrent_tests.xml"
 
 # (3) an EAGLE drafter for the target
 step train_eagle 90 $RUN -m specdec.cli train-heads train_eagle target="$TARGET" output_dir="$EAGLE" \
