@@ -108,8 +108,11 @@ def random_prompt_and_trees(target, sizes: Sequence[int], context_len: int):
     vocab = target.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (context_len,), generator=generator).tolist()
-    shape = (lambda n: tuple(range(-1, n - 1))) if verified_on_chains(target) else binary_tree
-    trees = {n: CandidateTree(torch.randint(3, vocab, (n,), generator=generator), shape(n)) for n in sizes}
+    chains = verified_on_chains(target)
+    trees = {}
+    for n in sizes:
+        tokens = torch.randint(3, vocab, (n,), generator=generator)
+        trees[n] = CandidateTree.chain(tokens) if chains else CandidateTree(tokens, binary_tree(n))
     return prompt, trees
 
 

@@ -59,23 +59,22 @@ def plan_chain(parents: Sequence[int], accept: Sequence[float], verify_cost: Cal
     new tokens are 1 + the reach along it; `forced` nodes must lie on the path kept (forced nodes that are not
     one path cannot be verified: then the best is plain decoding, nothing kept)."""
     reach = path_reach(parents, accept)
-    forced = sorted(set(forced))
-    best_path: list[int] = []
-    best_rate = 1.0 / (verify_cost(0) + draft_cost) if not forced else 0.0
-    limit = len(parents) if max_nodes is None else max_nodes
+    forced = set(forced)
+    limit = max(len(parents) if max_nodes is None else max_nodes, len(forced))
+    plain = 1.0 / (verify_cost(0) + draft_cost)
+    best_path, best_rate = [], (0.0 if forced else plain)
     paths: list[list[int]] = []               # paths[i]: the nodes from the root down to i
-    expected: list[float] = []                # 1 + reach summed along paths[i]
+    gained: list[float] = []                  # reach summed along paths[i]
     for i, p in enumerate(parents):
         paths.append([i] if p == -1 else paths[p] + [i])
-        expected.append(1.0 + reach[i] + (0.0 if p == -1 else expected[p] - 1.0))
-        path = paths[i]
-        if len(path) > max(limit, len(forced)) or (forced and not set(forced) <= set(path)):
+        gained.append(reach[i] + (0.0 if p == -1 else gained[p]))
+        if len(paths[i]) > limit or not forced <= set(paths[i]):
             continue
-        rate = expected[i] / (verify_cost(len(path)) + draft_cost)
+        rate = (1.0 + gained[i]) / (verify_cost(len(paths[i])) + draft_cost)
         if rate > best_rate:
-            best_path, best_rate = path, rate
+            best_path, best_rate = paths[i], rate
     if forced and not best_path:              # forced nodes off every path: verify none of them
-        return [], 1.0 / (verify_cost(0) + draft_cost)
+        return [], plain
     return best_path, best_rate
 
 
