@@ -23,6 +23,7 @@ non-decreasing would price small trees like the next cheap size up.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -58,9 +59,11 @@ class CostProfile:
         sizes, seconds = self.sizes, self.seconds
         if num_nodes <= sizes[0]:
             return seconds[0]
-        for (n0, s0), (n1, s1) in zip(zip(sizes, seconds), zip(sizes[1:], seconds[1:])):
-            if num_nodes <= n1:
-                return s0 + (s1 - s0) * (num_nodes - n0) / (n1 - n0)
+        # the first measured size at or above num_nodes (a planner asks dozens of times a step: no scan)
+        i = bisect.bisect_left(sizes, num_nodes)
+        if i < len(sizes):
+            (n0, s0), (n1, s1) = (sizes[i - 1], seconds[i - 1]), (sizes[i], seconds[i])
+            return s0 + (s1 - s0) * (num_nodes - n0) / (n1 - n0)
         (n0, s0), (n1, s1) = (sizes[-2], seconds[-2]), (sizes[-1], seconds[-1])
         return s1 + max(s1 - s0, 0.0) / (n1 - n0) * (num_nodes - n1)
 

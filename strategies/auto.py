@@ -72,12 +72,16 @@ class AutoConfig:
     #                                     its Jacobi window and n-gram pool, verified whole (the lookahead: section
     #                                     configures it); rest: a corpus datastore (rest.datastore=DIR, from
     #                                     `specdec index`)
-    more_drafters: List[str] = setting(default_factory=list, item_choices=DRAFTERS[2:])  # drafters auto holds
-    #                                     beside its first (auto.drafter, or the one picked as null says), e.g.
+    more_drafters: Optional[List[str]] = setting(None, item_choices=DRAFTERS[2:])  # drafters auto holds beside
+    #                                     its first (auto.drafter, or the one picked as null says), e.g.
     #                                     [token_recycling] beside eagle: each is judged against lookup alone as the
     #                                     first is, and a step calls the one whose calls made the most tokens/s in its
-    #                                     lookup context (the first keeps the lead unless another beats it by 15%);
-    #                                     one that is the first is held once; none with auto.drafter none
+    #                                     lookup context (the first keeps the lead unless another beats it by 15%;
+    #                                     in a batch the first alone); one that is the first is held once; none
+    #                                     with auto.drafter none. null =
+    #                                     [token_recycling] beside a trained drafter (eagle, medusa, draft_model: a
+    #                                     drafter that costs a step real time, where the free table may draft
+    #                                     better), else none; [] = the first alone
     lookup: bool = True                 # false: the drafter alone, its trees sized by the planner (max_nodes: auto
     #                                     for that strategy), e.g. auto heads.path=H auto.lookup=false
     lookup_with: str = setting("prompt_lookup", choices=("prompt_lookup", "suffix"))   # what finds the copies:
@@ -450,7 +454,10 @@ class Auto(BaseStrategy):
     def _pick_slot(self, state: DecodeState, context) -> DrafterSlot | None:
         """The drafter this step calls, if any: each is asked whether it pays against lookup alone (_call_drafter),
         and where more than one would be called, strategies/drafter_slots.pick chooses."""
-        if len(self.slots) == 1:
+        if len(self.slots) == 1 or state.batch_size > 1:
+            # in a batch the first drafter alone: a batch drafts its rows' first drafter together (one EAGLE forward
+            # per level for all rows), and a row that called another would leave that drafter to catch up alone
+            # on its next call (benchmarks/results/auto_drafters/README.md: what the table beside cost at B = 4)
             return self.slots[0] if self._call_drafter(state, context) else None
         wanted = [slot for slot in self.slots if self._call_drafter(state, context, slot)]
         return pick(wanted, context, lambda slot: self.slot_rate(context, slot), self.explore_every,
@@ -941,11 +948,28 @@ def pick_drafter(cfg) -> str | None:
     return "token_recycling"
 
 
+# the first drafters auto.more_drafters: null holds the table beside. Each costs a step real time (a forward per
+# level), while the target's own top-k table drafts for nearly nothing and, on a target the drafter fits poorly
+# (a small one, where a drafter forward is a large share of a target forward), drafts better: auto then calls
+# the table where its calls make more tokens/s (benchmarks/results/auto_drafters/README.md)
+TABLE_BESIDE = ("draft_model", "medusa", "eagle")
+
+
+def more_drafter_names(cfg, first: str | None) -> list[str]:
+    """The drafters auto holds beside its first (`first`, pick_drafter's): auto.more_drafters, or where that is
+    null the table beside a trained drafter (TABLE_BESIDE)."""
+    if first is None:
+        return []
+    if cfg.auto.more_drafters is not None:
+        return list(cfg.auto.more_drafters)
+    return ["token_recycling"] if first in TABLE_BESIDE else []
+
+
 def from_config(cfg, target, tokenizer, device, dtype) -> Auto:
     import importlib
     lookup_from_config = importlib.import_module(f"specdec.strategies.{cfg.auto.lookup_with}").from_config
     name = pick_drafter(cfg)
-    names = [] if name is None else list(dict.fromkeys([name, *cfg.auto.more_drafters]))   # each held once
+    names = [] if name is None else list(dict.fromkeys([name, *more_drafter_names(cfg, name)]))   # each held once
     # by name (no target) only token_recycling is built: it needs no model, only a table
     drafters = [importlib.import_module(f"specdec.strategies.{one}").from_config(cfg, target, tokenizer, device, dtype)
                 for one in names if target is not None or one == "token_recycling"]

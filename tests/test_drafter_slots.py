@@ -104,3 +104,54 @@ def test_more_drafters_are_refused_by_name_and_where_they_read_other_hidden_stat
 
     with pytest.raises(ConfigError, match="different hidden states"):
         Auto(None, Reads("one", None), more_drafters=[Reads("two", (1, 2))], profile=False)
+
+
+def test_the_table_is_held_beside_a_trained_drafter_unless_more_drafters_is_given():
+    """auto.more_drafters null: the target's own table beside eagle / medusa / draft_model (a drafter that costs
+    real time per call), nothing beside the table itself, a drafter of the target's own layers, or none;
+    an explicit list, empty included, is taken as given."""
+    from specdec.config import load_spec_config
+    from specdec.strategies.auto import more_drafter_names, pick_drafter
+
+    def held(**overrides):
+        cfg = load_spec_config("auto", overrides)
+        first = pick_drafter(cfg)
+        return first, more_drafter_names(cfg, first)
+
+    assert held(**{"eagle.path": "E"}) == ("eagle", ["token_recycling"])
+    assert held(**{"heads.path": "H"}) == ("medusa", ["token_recycling"])
+    assert held(**{"draft.path": "D"}) == ("draft_model", ["token_recycling"])
+    assert held() == ("token_recycling", [])
+    assert held(**{"auto.drafter": "early_exit"}) == ("early_exit", [])
+    assert held(**{"auto.drafter": "none", "eagle.path": "E"}) == (None, [])
+    assert held(**{"eagle.path": "E", "auto.more_drafters": []}) == ("eagle", [])
+    assert held(**{"draft.path": "D", "auto.more_drafters": ["layer_skip"]}) == ("draft_model", ["layer_skip"])
+
+
+def test_a_batch_calls_the_first_drafter_alone_and_one_sequence_calls_both(monkeypatch):
+    """In a batch a step calls only auto's first drafter (the one a batch drafts for all its rows together); the
+    same auto on one sequence calls the one beside it too. Greedy identity holds either way."""
+    target = target_of("llama")
+    strategy = auto_with(target, "layer_skip", **{"layer_skip.attention": [0], "auto.explore_every": 1,
+                                                  "auto.batch_gate": False})
+    from specdec.strategies.auto import Auto
+    called = []                     # (rows in the step's batch, the drafter's key): every row's copy records here
+    pick_slot = Auto._pick_slot
+
+    def recording(self, state, context):
+        slot = pick_slot(self, state, context)
+        called.append((state.batch_size, None if slot is None else slot.key))
+        return slot
+
+    monkeypatch.setattr(Auto, "_pick_slot", recording)
+    sd = Speculator(target, None, strategy)
+    prompts = [PROMPT, PROMPT[::-1] + PROMPT, PROMPT[2:] * 2]
+    outs = sd.generate(prompts, max_new_tokens=32, ignore_eos=True)
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(target, prompt, 32, eos_token_id=None)
+    in_batch = {key for rows, key in called if rows > 1} - {None}      # None: no drafter (no depth left)
+    assert in_batch == {"neural"}, called
+    called.clear()
+    out = sd.generate(PROMPT, max_new_tokens=48, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, 48, eos_token_id=None)
+    assert {key for _, key in called} - {None} == {"neural", "neural:layer_skip"}, called

@@ -175,6 +175,8 @@ def test_cost_profile_interpolates_and_extends():
     assert profile.verify_cost(1) == pytest.approx(1.1)
     assert profile.verify_cost(3) == pytest.approx(1.6)
     assert profile.verify_cost(6) == pytest.approx(2.8)           # the last slope, extended
+    assert (profile.verify_cost(2), profile.verify_cost(4)) == pytest.approx((1.2, 2.0))   # measured sizes as measured
+    assert profile.verify_cost(-1) == 1.0
     assert profile.relative() == pytest.approx([1.0, 1.2, 2.0])
 
 

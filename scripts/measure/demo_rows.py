@@ -16,8 +16,8 @@ from specdec.family.demo import choose_models, run_demo
 
 # row label -> (strategy, overrides beside the demo's own for it: family.demo.load_overrides)
 VARIANTS = {
-    "auto(eagle)": ("auto", {}),                      # the demo's auto: every trained path given
-    "auto(eagle+tr)": ("auto", {"auto.more_drafters": ["token_recycling"]}),
+    "auto(eagle)": ("auto", {"auto.more_drafters": []}),   # the first drafter alone (EAGLE, with the demo's paths)
+    "auto(eagle+tr)": ("auto", {}),                   # the demo's auto: EAGLE with the table beside it (the default)
     "auto(tr)": ("auto", {"auto.drafter": "token_recycling"}),
     "auto(none)": ("auto", {"auto.drafter": "none"}),
 }
