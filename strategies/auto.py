@@ -456,8 +456,8 @@ class Auto(BaseStrategy):
         and where more than one would be called, strategies/drafter_slots.pick chooses."""
         if len(self.slots) == 1 or state.batch_size > 1:
             # in a batch the first drafter alone: a batch drafts its rows' first drafter together (one EAGLE forward
-            # per level for all rows), and a row that called another would leave that drafter to catch up alone
-            # on its next call (benchmarks/results/auto_drafters/README.md: what the table beside cost at B = 4)
+            # per level for all rows), while rows that called another would draft it one by one and leave the first
+            # to catch them up later (benchmarks/results/auto_drafters/README.md: the A/B at B = 4)
             return self.slots[0] if self._call_drafter(state, context) else None
         wanted = [slot for slot in self.slots if self._call_drafter(state, context, slot)]
         return pick(wanted, context, lambda slot: self.slot_rate(context, slot), self.explore_every,
