@@ -10,6 +10,8 @@ the distributions they were drawn from.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -20,7 +22,6 @@ ACTIVATIONS = torch.bfloat16          # the kernel's input and output dtype (flo
 # the kernel reads a row's inputs in vector-wide chunks with no tail: with another width it returns garbage or
 # crashes (16 is enough on an AVX512 CPU; 32 leaves room for wider chunks). Narrower layers stay as they are.
 K_MULTIPLE = 32
-_SUPPORTED: dict[str, bool] = {}      # device type -> whether a trial product ran
 
 
 class Int8Linear(nn.Module):
@@ -92,16 +93,17 @@ def int8_supported(device: torch.device) -> bool:
     """Whether int8 drafter weights run here: a CPU whose torch has the weight-only int8 kernel (a
     trial product is run once per process). Where the CPU lacks bf16 dot products the kernel still
     runs; whether it pays is for the bench to say."""
-    if device.type != "cpu":
+    return device.type == "cpu" and _cpu_kernel_runs()
+
+
+@functools.cache
+def _cpu_kernel_runs() -> bool:
+    """Whether a trial product of the CPU int8 kernel gives the right sums (once per process)."""
+    try:
+        probe = Int8Linear(torch.ones(8, K_MULTIPLE))
+        return bool(torch.equal(probe(torch.ones(2, K_MULTIPLE)).float(), torch.full((2, 8), float(K_MULTIPLE))))
+    except (AttributeError, RuntimeError, NotImplementedError):
         return False
-    if device.type not in _SUPPORTED:
-        try:
-            probe = Int8Linear(torch.ones(8, K_MULTIPLE))
-            _SUPPORTED[device.type] = bool(torch.equal(probe(torch.ones(2, K_MULTIPLE)).float(),
-                                                       torch.full((2, 8), float(K_MULTIPLE))))
-        except (AttributeError, RuntimeError, NotImplementedError):
-            _SUPPORTED[device.type] = False
-    return _SUPPORTED[device.type]
 
 
 def quantizable(layer: nn.Module) -> bool:

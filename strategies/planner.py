@@ -62,20 +62,28 @@ def plan_chain(parents: Sequence[int], accept: Sequence[float], verify_cost: Cal
     forced = set(forced)
     limit = max(len(parents) if max_nodes is None else max_nodes, len(forced))
     plain = 1.0 / (verify_cost(0) + draft_cost)
-    best_path, best_rate = [], (0.0 if forced else plain)
-    paths: list[list[int]] = []               # paths[i]: the nodes from the root down to i
-    gained: list[float] = []                  # reach summed along paths[i]
+    best_end, best_rate = -1, (0.0 if forced else plain)
+    # per node i, of the path from the root down to it: its length, its reach summed, its forced nodes
+    length: list[int] = []
+    gained: list[float] = []
+    holds: list[int] = []
     for i, p in enumerate(parents):
-        paths.append([i] if p == -1 else paths[p] + [i])
-        gained.append(reach[i] + (0.0 if p == -1 else gained[p]))
-        if len(paths[i]) > limit or not forced <= set(paths[i]):
+        above = (0, 0.0, 0) if p == -1 else (length[p], gained[p], holds[p])
+        length.append(above[0] + 1)
+        gained.append(above[1] + reach[i])
+        holds.append(above[2] + (i in forced))
+        if length[i] > limit or holds[i] < len(forced):
             continue
-        rate = (1.0 + gained[i]) / (verify_cost(len(paths[i])) + draft_cost)
+        rate = (1.0 + gained[i]) / (verify_cost(length[i]) + draft_cost)
         if rate > best_rate:
-            best_path, best_rate = paths[i], rate
-    if forced and not best_path:              # forced nodes off every path: verify none of them
+            best_end, best_rate = i, rate
+    if best_end == -1:                        # plain decoding; with forced nodes off every path, verify none
         return [], plain
-    return best_path, best_rate
+    path = []
+    while best_end != -1:
+        path.append(best_end)
+        best_end = parents[best_end]
+    return path[::-1], best_rate
 
 
 def confidence_bucket(confidence: float, buckets: int) -> int:
