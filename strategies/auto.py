@@ -713,8 +713,9 @@ class Auto(BaseStrategy):
         if len(values) < MIN_CALLS_MEASURED:
             return None
         draft_cost = slot.draft_cost_s or 0.0
-        seconds_with = sum(self.verify_cost(nodes) + draft_cost for _, nodes, _, _ in values)
-        seconds_alone = sum(self.verify_cost(nodes) for _, _, _, nodes in values)
+        cost = self._verify_costs(values)
+        seconds_with = sum(cost[nodes] + draft_cost for _, nodes, _, _ in values)
+        seconds_alone = sum(cost[nodes] for _, _, _, nodes in values)
         rate_with = sum(tokens for tokens, _, _, _ in values) / seconds_with
         rate_alone = sum(tokens for _, _, tokens, _ in values) / seconds_alone
         return rate_with, rate_alone, seconds_with / len(values), seconds_alone / len(values)
@@ -735,8 +736,16 @@ class Auto(BaseStrategy):
         call's seconds over its own). Their mean is below zero where the calls lose."""
         slot = slot or self.slots[0]
         draft_cost = slot.draft_cost_s or 0.0
-        return [tokens - alone * (self.verify_cost(nodes) + draft_cost) / self.verify_cost(alone_nodes)
-                for tokens, nodes, alone, alone_nodes in (self.measured_calls(context, slot) if values is None else values)]
+        values = self.measured_calls(context, slot) if values is None else values
+        cost = self._verify_costs(values)
+        return [tokens - alone * (cost[nodes] + draft_cost) / cost[alone_nodes]
+                for tokens, nodes, alone, alone_nodes in values]
+
+    def _verify_costs(self, values: list[tuple]) -> dict:
+        """verify_cost of each tree size the calls `values` verified or planned for lookup alone, each priced
+        once: a drafter's last calls repeat a few sizes, and auto judges each drafter on them every step."""
+        sizes = {value[1] for value in values} | {value[3] for value in values}
+        return {nodes: self.verify_cost(nodes) for nodes in sizes}
 
     def measured_loss(self, context, slot: DrafterSlot | None = None) -> float | None:
         """What one call of the drafter loses by what its last calls did (measured_rates), in steps of
@@ -908,8 +917,10 @@ def clear_loss(gains: Sequence[float]) -> bool:
     """Whether calls with these gains (Auto.call_gains: tokens each kept beyond lookup alone in its time) lose
     beyond their noise: their mean lies more than MEASURED_MARGIN standard errors of it below zero. Calls that
     all gained the same (a drafter that never drafts the target's tokens) have no spread: any loss is clear."""
-    mean = statistics.fmean(gains)
-    error = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
+    # in floats: statistics.stdev sums exact fractions, and auto asks this of each drafter every step
+    count = len(gains)
+    mean = math.fsum(gains) / count
+    error = math.sqrt(math.fsum((gain - mean) ** 2 for gain in gains) / (count - 1) / count) if count > 1 else 0.0
     return mean + MEASURED_MARGIN * error < 0
 
 

@@ -2,6 +2,7 @@
 drafted nodes accepted, trees sized by the cost model, the chosen sizes reported, and loading."""
 from __future__ import annotations
 
+import random
 import statistics
 from collections import deque
 from types import SimpleNamespace
@@ -458,6 +459,18 @@ def test_a_loss_within_the_calls_noise_is_not_judged_a_loss():
     many = noisy * 2000                                            # standard error shrinks as 1 / sqrt(calls)
     assert statistics.stdev(many) / len(many) ** 0.5 * MEASURED_MARGIN < 0.125 and clear_loss(many)
     assert not clear_loss([0.0] * 8) and not clear_loss([0.5, 1.5, 0.5])
+
+
+def test_clear_loss_is_the_mean_against_its_standard_error():
+    """clear_loss computes in floats what the statistics module defines (auto asks it of each drafter every step,
+    and statistics.stdev sums exact fractions): the same verdict on random windows of calls, at and off the
+    margin."""
+    from specdec.strategies.auto import MEASURED_MARGIN, clear_loss
+    rng = random.Random(0)
+    for _ in range(2000):
+        gains = [rng.gauss(rng.uniform(-1.0, 0.5), rng.uniform(0.0, 2.0)) for _ in range(rng.randint(2, 32))]
+        error = statistics.stdev(gains) / len(gains) ** 0.5
+        assert clear_loss(gains) == (statistics.fmean(gains) + MEASURED_MARGIN * error < 0)
 
 
 @pytest.mark.parametrize("kept,called", [
