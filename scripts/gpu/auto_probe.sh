@@ -13,14 +13,6 @@ mkdir -p "$M/target" "$M/draft"
 cp gpu-pack/models/target/*.json "$M/target/"
 cp gpu-pack/models/draft/tokenizer* "$M/draft/"
 "$PY" scripts/gpu/planes.py unpack gpu-pack/models/target/model.planes "$M/target/model.safetensors"
-# the split's files that this machine's standard library has
-"$PY" - "$M" <<'PYEOF'
-import json, os, sys, sysconfig
-models = sys.argv[1]
-split = json.load(open("gpu-pack/models/split.json"))
-root = sysconfig.get_paths()["stdlib"]
-json.dump({k: [f for f in v if os.path.exists(os.path.join(root, f))] for k, v in split.items() if isinstance(v, list)},
-          open(os.path.join(models, "split.json"), "w"))
-PYEOF
+"$PY" scripts/gpu/local_split.py gpu-pack/models/split.json "$M/split.json"
 "$PY" -P scripts/gpu/auto_probe.py "$M" "$(pwd)/gpu-pack/models/eagle" cuda bfloat16 128 3 2 2>&1 \
   | grep -v "Loading weights" | tee "$OUT/auto_probe.txt"

@@ -116,15 +116,7 @@ else
       "$PY" scripts/gpu/planes.py unpack "gpu-pack/models/$part/model.planes" "$MODELS/$part/model.safetensors" || return 1
     done
     # the split's files that this machine's standard library has (another Python version may lack some)
-    "$PY" - "$MODELS" <<'EOF'
-import json, os, sys, sysconfig
-models = sys.argv[1]
-split = json.load(open("gpu-pack/models/split.json"))
-root = sysconfig.get_paths()["stdlib"]
-kept = {k: [f for f in v if os.path.exists(os.path.join(root, f))] for k, v in split.items() if isinstance(v, list)}
-json.dump(kept, open(os.path.join(models, "split.json"), "w"))
-print({k: f"{len(kept[k])}/{len(v)}" for k, v in split.items() if isinstance(v, list)})
-EOF
+    "$PY" scripts/gpu/local_split.py gpu-pack/models/split.json "$MODELS/split.json"
   }
   export -f setup
   export PY MODELS
