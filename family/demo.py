@@ -75,6 +75,10 @@ class Row:
     target_forwards: int
     identical: bool
     speedup: float = 1.0
+    # per verify step, medians over the timed runs (out.stats): milliseconds drafting and verifying, tree nodes
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    nodes: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -228,14 +232,20 @@ def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: i
              for sd in loaded]
     calls.append(lambda: hf_greedy(loaded[0].target, result_prompt_ids, max_new_tokens))
     times: list[list[float]] = [[] for _ in calls]
+    steps: list[list[tuple[float, float, float]]] = [[] for _ in result.rows]   # (draft ms, verify ms, nodes)
     for _ in range(repeats):
         for index, call in enumerate(calls):
             out, seconds = _timed(call)
             times[index].append(seconds)
             if index < len(result.rows):          # every timed output is checked too
                 result.rows[index].identical &= out.token_ids == result.reference_ids
-    for row, row_times in zip(result.rows, times):
+                forwards = max(out.stats.target_forwards, 1)
+                steps[index].append((out.stats.draft_time_s * 1e3 / forwards, out.stats.verify_time_s * 1e3 / forwards,
+                                     out.stats.proposed_nodes / forwards))
+    for row, row_times, row_steps in zip(result.rows, times, steps):
         row.seconds = statistics.median(row_times)
+        if row_steps:
+            row.draft_ms, row.verify_ms, row.nodes = (statistics.median(column) for column in zip(*row_steps))
     result.hf_seconds = statistics.median(times[-1])
     result.repeats = repeats
     result.skipped = skipped

@@ -43,6 +43,12 @@ def test_demo_rows_are_identical_to_greedy(family_yaml):
     baseline = result.rows[0]
     assert baseline.target_forwards == MAX_NEW_TOKENS and baseline.speedup == 1.0
     assert result.all_identical
+    # the per-step split of the timed calls: every row verifies; plain decoding sends no tree, prompt lookup does
+    # on this prompt (it repeats itself: its completion copies the prompt's lines)
+    assert all(row.verify_ms > 0 for row in result.rows)
+    assert baseline.nodes == 0
+    lookup = next(row for row in result.rows if row.strategy == "prompt_lookup")
+    assert lookup.nodes > 0 and lookup.nodes * lookup.target_forwards >= lookup.new_tokens - lookup.target_forwards
 
 
 def test_demo_main_prints_the_table(family_yaml, capsys):

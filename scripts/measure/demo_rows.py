@@ -2,7 +2,8 @@
 (one Speculator per row, a warm-up call checked against Hugging Face's greedy text, then `--rounds` rounds
 over every row in turn, the median kept; what auto learns stays across the calls), and each row prints as
 tokens/s, as a multiple of `autoregressive` (when it is among the rows) and with the warm-up call's tokens per
-target forward (the demo's own column).
+target forward (the demo's own column), and per verify step its drafting and verify milliseconds and its tree
+nodes (medians of the timed calls' out.stats).
 
     python scripts/measure/demo_rows.py --threads 1 --rounds 5 --rows "autoregressive,auto(eagle),auto(eagle+tr)"
 """
@@ -20,6 +21,8 @@ VARIANTS = {
     "auto(eagle+tr)": ("auto", {}),                   # the demo's auto: EAGLE with the table beside it (the default)
     "auto(tr)": ("auto", {"auto.drafter": "token_recycling"}),
     "auto(none)": ("auto", {"auto.drafter": "none"}),
+    "auto(tr+eagle)": ("auto", {"auto.drafter": "token_recycling", "auto.more_drafters": ["eagle"]}),   # the table first
+    "auto(tr)-lookup-off": ("auto", {"auto.drafter": "token_recycling", "auto.lookup": False}),
 }
 
 
@@ -37,9 +40,10 @@ def main() -> None:
     if not result.all_identical:
         raise SystemExit(f"not Hugging Face's greedy text: {[row.strategy for row in result.rows if not row.identical]}")
     for row in result.rows:
-        print(f"{row.strategy:16s} {row.tokens_per_second:7.1f} tok/s  x autoregressive {row.speedup:5.2f}  "
-              f"tok/fwd {row.tokens_per_forward:.2f}")
-    print(f"{'HF generate()':16s} {len(result.reference_ids) / result.hf_seconds:7.1f} tok/s")
+        print(f"{row.strategy:18s} {row.tokens_per_second:7.1f} tok/s  x autoregressive {row.speedup:5.2f}  "
+              f"tok/fwd {row.tokens_per_forward:.2f}  per step: draft {row.draft_ms:.2f} ms, verify "
+              f"{row.verify_ms:.2f} ms, {row.nodes:.1f} nodes")
+    print(f"{'HF generate()':18s} {len(result.reference_ids) / result.hf_seconds:7.1f} tok/s")
     for name, why in result.skipped.items():
         print(f"skipped {name}: {why}")
 

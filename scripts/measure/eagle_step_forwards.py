@@ -3,7 +3,8 @@ time warm (called again and again, its weights in the CPU's caches) against its 
 drafting (after a target forward, which evicts them).
 
 One held-out file's window (`--tokens` tokens from token 200 on) completed greedily, `--new` tokens, 2
-torch threads; then the drafter alone on a `--past`-row cache, 1, 2 and 4 new rows, medians of 7 x 50
+torch threads (the drafting split into the catch-up on the accepted rows, the tree levels' forwards and the
+rest; `--depth` sets eagle.depth); then the drafter alone on a `--past`-row cache, 1, 2 and 4 new rows, medians of 7 x 50
 calls.
 
     python scripts/measure/eagle_step_forwards.py --target T --eagle E --file PATH.py
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--past", type=int, default=400)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--depth", type=int, help="eagle.depth (the tree's levels at most; default: the config's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.compile:
@@ -44,32 +46,53 @@ def main() -> None:
 
     import specdec
     from specdec.cache import BufferedLayer
-    sd = specdec.load("eagle", **{"target.path": args.target, "eagle.path": args.eagle})
+    overrides = {"target.path": args.target, "eagle.path": args.eagle}
+    if args.depth is not None:
+        overrides["eagle.depth"] = args.depth
+    sd = specdec.load("eagle", **overrides)
     ids = sd.tokenizer(open(args.file).read())["input_ids"][200: 200 + args.tokens]
     prompt = sd.tokenizer.decode(ids)
     drafter = sd.strategy.drafter
-    counts = {"forwards": 0, "rows": 0}
-    forward = drafter.forward
+    counts = {"forwards": 0, "rows": 0, "catch_up_s": 0.0, "catch_up_forward_s": 0.0, "level_forward_s": 0.0}
+    forward, catch_up = drafter.forward, sd.strategy.catch_up
+    in_catch_up = [False]
 
     def counted(g, *rest, **kwargs):
         counts["forwards"] += 1
         counts["rows"] += g.shape[1]
-        return forward(g, *rest, **kwargs)
+        start = time.perf_counter()
+        out = forward(g, *rest, **kwargs)
+        counts["catch_up_forward_s" if in_catch_up[0] else "level_forward_s"] += time.perf_counter() - start
+        return out
 
-    drafter.forward = counted
+    def timed_catch_up(token_ids):
+        start, in_catch_up[0] = time.perf_counter(), True
+        try:
+            return catch_up(token_ids)
+        finally:
+            in_catch_up[0] = False
+            counts["catch_up_s"] += time.perf_counter() - start
+
+    drafter.forward, sd.strategy.catch_up = counted, timed_catch_up
     sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True)     # warm-up
     splits = []
     for _ in range(5):
-        counts.update(forwards=0, rows=0)
+        counts.update(forwards=0, rows=0, catch_up_s=0.0, catch_up_forward_s=0.0, level_forward_s=0.0)
         stats = sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True).stats
         steps = stats.target_forwards
         splits.append((stats.draft_time_s / steps * 1e3, stats.verify_time_s / steps * 1e3, counts["forwards"] / steps,
-                       counts["rows"] / counts["forwards"], stats.tokens_per_forward))
+                       counts["rows"] / counts["forwards"], stats.tokens_per_forward,
+                       counts["catch_up_s"] / steps * 1e3, counts["catch_up_forward_s"] / steps * 1e3,
+                       counts["level_forward_s"] / steps * 1e3))
     drafter.forward = forward
-    draft_ms, verify_ms, per_step, rows, tau = sorted(splits)[2]
+    del sd.strategy.catch_up
+    draft_ms, verify_ms, per_step, rows, tau, catch_up_ms, catch_up_forward_ms, levels_ms = sorted(splits)[2]
     print(f"in steps: {per_step:.2f} drafter forwards per step ({rows:.1f} rows each), drafting {draft_ms:.2f} ms "
           f"per step = {draft_ms / per_step:.2f} ms per forward; verify {verify_ms:.2f} ms; tau {tau:.2f} "
           f"(median of 5 calls by drafting time)")
+    print(f"  of the drafting per step: the catch-up {catch_up_ms:.2f} ms (its forward {catch_up_forward_ms:.2f} ms), "
+          f"the level forwards {levels_ms:.2f} ms ({per_step - 1:.2f} per step), the rest (choosing the tree's "
+          f"nodes) {draft_ms - catch_up_ms - levels_ms:.2f} ms")
 
     dtype = next(drafter.parameters()).dtype
     width = drafter.layout.width
