@@ -53,7 +53,7 @@ def main() -> None:
     ids = sd.tokenizer(open(args.file).read())["input_ids"][200: 200 + args.tokens]
     prompt = sd.tokenizer.decode(ids)
     drafter = sd.strategy.drafter
-    counts = {"forwards": 0, "rows": 0, "catch_up_s": 0.0, "catch_up_forward_s": 0.0, "level_forward_s": 0.0}
+    counts = {"forwards": 0, "rows": 0, "levels": 0, "catch_up_s": 0.0, "catch_up_forward_s": 0.0, "level_forward_s": 0.0}
     forward, catch_up = drafter.forward, sd.strategy.catch_up
     in_catch_up = [False]
 
@@ -63,6 +63,7 @@ def main() -> None:
         start = time.perf_counter()
         out = forward(g, *rest, **kwargs)
         counts["catch_up_forward_s" if in_catch_up[0] else "level_forward_s"] += time.perf_counter() - start
+        counts["levels"] += not in_catch_up[0]
         return out
 
     def timed_catch_up(token_ids):
@@ -77,21 +78,21 @@ def main() -> None:
     sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True)     # warm-up
     splits = []
     for _ in range(5):
-        counts.update(forwards=0, rows=0, catch_up_s=0.0, catch_up_forward_s=0.0, level_forward_s=0.0)
+        counts.update(forwards=0, rows=0, levels=0, catch_up_s=0.0, catch_up_forward_s=0.0, level_forward_s=0.0)
         stats = sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True).stats
         steps = stats.target_forwards
         splits.append((stats.draft_time_s / steps * 1e3, stats.verify_time_s / steps * 1e3, counts["forwards"] / steps,
                        counts["rows"] / counts["forwards"], stats.tokens_per_forward,
                        counts["catch_up_s"] / steps * 1e3, counts["catch_up_forward_s"] / steps * 1e3,
-                       counts["level_forward_s"] / steps * 1e3))
+                       counts["level_forward_s"] / steps * 1e3, counts["levels"] / steps))
     drafter.forward = forward
     del sd.strategy.catch_up
-    draft_ms, verify_ms, per_step, rows, tau, catch_up_ms, catch_up_forward_ms, levels_ms = sorted(splits)[2]
+    draft_ms, verify_ms, per_step, rows, tau, catch_up_ms, catch_up_forward_ms, levels_ms, levels = sorted(splits)[2]
     print(f"in steps: {per_step:.2f} drafter forwards per step ({rows:.1f} rows each), drafting {draft_ms:.2f} ms "
           f"per step = {draft_ms / per_step:.2f} ms per forward; verify {verify_ms:.2f} ms; tau {tau:.2f} "
           f"(median of 5 calls by drafting time)")
     print(f"  of the drafting per step: the catch-up {catch_up_ms:.2f} ms (its forward {catch_up_forward_ms:.2f} ms), "
-          f"the level forwards {levels_ms:.2f} ms ({per_step - 1:.2f} per step), the rest (choosing the tree's "
+          f"the level forwards {levels_ms:.2f} ms ({levels:.2f} per step), the rest (choosing the tree's "
           f"nodes) {draft_ms - catch_up_ms - levels_ms:.2f} ms")
 
     dtype = next(drafter.parameters()).dtype
