@@ -23,7 +23,8 @@ call would add without being called (BaseStrategy.expected_call: early_exit, fro
 states on the steps auto verifies) is priced by that before each call, and not called where it loses.
 
 auto may hold more drafters beside the first (auto.more_drafters): each is judged as above on its own records,
-and a step calls at most one of them (strategies/drafter_slots.py says which).
+and a step calls at most one of them: on one sequence a leader gate (Auto._leader) runs one leader alone or the
+others, whichever it measured faster, and strategies/drafter_slots.py picks among the others.
 
 The drafter observes each step as its own (drafter_steps): the verdict on its own tree, with the
 rows of its own accepted nodes, then one plain step per token committed after them (lookup's).
@@ -49,7 +50,7 @@ from specdec.types import DecodeState, StepResult
 from .base import BaseStrategy, ExpectedCall, as_strategy
 from .batch_gate import BatchGate
 from .batch_width import best_width
-from .drafter_slots import LOOK, PAYS, STEADY, DrafterSlot, pick
+from .drafter_slots import LOOK, PAYS, STEADY, DrafterSlot, call_cost, first_leader, pick
 from .mixed import LOOKUP, NEURAL, merge_paths
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
@@ -75,10 +76,10 @@ class AutoConfig:
     more_drafters: Optional[List[str]] = setting(None, item_choices=DRAFTERS[2:])  # drafters auto holds beside
     #                                     its first (auto.drafter, or the one picked as null says), e.g.
     #                                     [token_recycling] beside eagle: each is judged against lookup alone as the
-    #                                     first is, and a step calls the one whose calls made the most tokens/s in its
-    #                                     lookup context (the first keeps the lead unless another beats it by 15%;
-    #                                     in a batch the first alone); one that is the first is held once; none
-    #                                     with auto.drafter none. null =
+    #                                     first is; a step calls one, the leader a gate measured faster (at greedy the
+    #                                     table against the others, when sampling the first drafter against the
+    #                                     others; in a batch the first alone); one that is the first is held once;
+    #                                     none with auto.drafter none. null =
     #                                     [token_recycling] beside a trained drafter (eagle, medusa, draft_model: a
     #                                     drafter that costs a step real time, where the free table may draft
     #                                     better), else none; [] = the first alone
@@ -114,6 +115,9 @@ PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # counted, and what the greedy prior cost).
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
+# steps whose tokens/s make a leader's rate (Auto._leader): a step keeps 1 to depth + 1 tokens, so a mode's rate
+# needs more of them than a batch size's gate does (where a step's tokens are a whole batch's)
+LEADER_MEMORY = 48
 # a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
 # estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
 # pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
@@ -215,7 +219,7 @@ class Auto(BaseStrategy):
     call_values_lock = _first_slot("call_values_lock")
     looks = _first_slot("looks")
     draft_cost_s = _first_slot("draft_cost_s")
-    steady_cost_known = _first_slot("steady_cost_known")
+    cost_known = _first_slot("cost_known")
     draft_times = _first_slot("draft_times")
     steps_since_call = _first_slot("steps_since_call")
     steady_call = _first_slot("steady_call")
@@ -245,6 +249,7 @@ class Auto(BaseStrategy):
         self.top_k_ids = max((part.top_k_ids for part in self.drafters()), default=0)   # token_recycling's table
         self.called: DrafterSlot | None = None   # the slot this step calls (propose_start)
         self.leaders: dict[tuple, str] = {}   # lookup context -> key of the drafter leading there (drafter_slots.pick)
+        self.first_key = None                 # the key of the drafter the leader gate weighs (first_leader; _leader)
         self.side = None                      # (tree, seconds) of a slot other than the first, drafted in propose_start
         self.match_length = None              # suffix: the match its last paths continue (keys their calibration)
         self.costs = costs
@@ -253,6 +258,9 @@ class Auto(BaseStrategy):
         self.use_batch_gate = batch_gate
         self.batch_gates: dict[tuple, BatchGate] = {}   # (batch bucket, temperature kind) -> speculate or not; shared
         #                                                 by the rows of a call and by later calls (what auto learns)
+        self.leader_gates: dict[str, BatchGate] = {}    # one sequence holding several drafters: temperature kind ->
+        #                                                  whether its first leader leads, or the others (_leader);
+        #                                                  shared by calls like the batch gates
         self.drafter_gates: dict[tuple, BatchGate] = {}  # the same keys -> on speculating steps, call the drafter, or
         #                                                 let lookup speculate alone (auto with both lookup and a drafter)
         self.target = None
@@ -272,7 +280,8 @@ class Auto(BaseStrategy):
         # Each slot's call_values: what calling it did (measured_rates). Its looks: per temperature kind, one
         # schedule for all contexts, so a drafter that loses everywhere is looked at as rarely whatever lookup
         # offers. Its draft_cost_s: seconds a call adds to a step (its propose and observe, merging and planning
-        # its tree), the median of its last steady calls (draft_times) once one is timed (steady_cost_known).
+        # its tree), the trimmed mean of its last calls (draft_times, catch-ups included: _time_call) once one is
+        # timed (cost_known).
         self.plan_without: dict[tuple, tuple[float, float]] = {}
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
@@ -380,6 +389,7 @@ class Auto(BaseStrategy):
             if slot.drafter is not None:
                 slot.drafter.reset(state)
             slot.steps_since_call = 2         # the drafter has not seen this prompt: its first call catches up
+            slot.first_call = True
         self.tree_sizes = []
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}
         self.step = 0
@@ -387,6 +397,8 @@ class Auto(BaseStrategy):
         self.pending = None                   # what propose decided, for observe
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
+        self.leader_mark = None               # (gate, whether the first leader led, perf_counter, committed length,
+        #                                       whether that step switched leader) at the last proposal: _leader
         self.full_rows = 0                    # the most rows this row's batch has run with: its full batch
         self.gate_mark = None                 # (gate, speculated, drafter gate, drafter allowed, perf_counter,
         #                                       batch_setup_s, committed length, rows, (first step of its mode, of its
@@ -459,9 +471,36 @@ class Auto(BaseStrategy):
             # per level for all rows), while rows that called another would draft it one by one and leave the first
             # to catch them up later (benchmarks/results/auto_drafters/README.md: the A/B at B = 4)
             return self.slots[0] if self._call_drafter(state, context) else None
-        wanted = [slot for slot in self.slots if self._call_drafter(state, context, slot)]
+        first = self._leader(state)
+        if first is not None:
+            return first if self._call_drafter(state, context, first) else None
+        others = [slot for slot in self.slots if slot.drafter is not None and slot.key != self.first_key]
+        wanted = [slot for slot in others if self._call_drafter(state, context, slot)]
         return pick(wanted, context, lambda slot: self.slot_rate(context, slot), self.explore_every,
                     MAX_EXPLORE_GAP, self.leaders)
+
+    def _leader(self, state: DecodeState) -> DrafterSlot | None:
+        """The first leader's slot (drafter_slots.first_leader) where this step runs auto with it alone, None where
+        it runs with the others (each judged against lookup alone, one picked per step: drafter_slots.pick). Which
+        one is measured, not predicted: a gate per temperature kind (strategies/batch_gate.py, on one row) keeps
+        whichever made more tokens per second of wall time over its recent steps, and looks at the other now and
+        then. Per-step rates cannot choose: what a drafter's call makes depends on who led the steps before it
+        (the table learns the rows of the trees it drafts; EAGLE catches up on the steps it did not draft), so
+        the drafter that looks better step by step under one leader may run slower as the leader
+        (benchmarks/results/demo_steps)."""
+        kind = temperature_key(state.sampling.temperature)
+        gate = self.leader_gates.get(kind) or self.leader_gates.setdefault(
+            kind, BatchGate(margin=0.0, memory=LEADER_MEMORY))
+        self.first_key = first_leader(self.slots, state.sampling.greedy)
+        now = time.perf_counter()
+        leads = gate.mode(self.gate_row)
+        switched = True                       # a call's first step (the drafter catches up on the prompt) or a switch
+        if self.leader_mark is not None:
+            last_gate, led, at, length, last_switched = self.leader_mark
+            last_gate.record(led, len(state.token_ids) - length, now - at, 1, switch=last_switched)
+            switched = led != leads
+        self.leader_mark = (gate, leads, now, len(state.token_ids), switched)
+        return next(slot for slot in self.slots if slot.key == self.first_key) if leads else None
 
     def slot_rate(self, context, slot: DrafterSlot) -> float | None:
         """A drafter's tokens/s in this context priced now, by what its calls made (measured_rates: its last calls
@@ -665,17 +704,27 @@ class Auto(BaseStrategy):
                 steps = drafter_steps(state, result, accepted, empty)
             for step in steps:
                 slot.drafter.observe(state, step)
-            if slot is called and self.last_draft_s is not None and self.adapt_costs and (
-                    slot.steady_call or not slot.steady_cost_known):
-                # until a steady call is timed, each call's time replaces the estimate (the first one
-                # catches up on the whole prompt: many times a steady call); then the median of steady calls
-                spent = self.last_draft_s + time.perf_counter() - start
-                if slot.steady_call:
-                    slot.draft_times.append(spent)
-                    slot.draft_cost_s = statistics.median(slot.draft_times)
-                    slot.steady_cost_known = True
-                else:
-                    slot.draft_cost_s = spent
+            if slot is called and self.last_draft_s is not None and self.adapt_costs:
+                self._time_call(slot, self.last_draft_s + time.perf_counter() - start)
+
+    @staticmethod
+    def _time_call(slot: DrafterSlot, spent: float) -> None:
+        """Price the slot's calls by this one (`spent` seconds: its propose, observe, and merging and planning its
+        tree). A call costs what it catches up on too: a drafter with a cache of its own (EAGLE) first feeds the
+        rows committed since its last call, so where lookup alone takes some steps, or another drafter leads
+        some contexts, its calls cost more than back-to-back ones. Pricing it at its back-to-back calls (their
+        median, before) made it look cheaper than it ran, and it kept the lead from a table that made more
+        tokens/s (benchmarks/results/demo_steps). Left out: the generation's first call (the prompt's catch-up,
+        paid once whatever the policy; it prices the slot only until another is timed) and looks (a look after a
+        long gap catches up on far more than any call in the regime it looks from)."""
+        if slot.first_call:
+            slot.first_call = False
+            if not slot.cost_known:
+                slot.draft_cost_s = spent
+        elif slot.reason != LOOK:
+            slot.draft_times.append(spent)
+            slot.draft_cost_s = call_cost(slot.draft_times)
+            slot.cost_known = True
 
     # ------------------------------------------------------------------ policy
     # each of these judges one drafter (slot; None: the first) against lookup alone

@@ -71,6 +71,10 @@ class BaseStrategy:
     #                                    computed (read once per step: a strategy may change it between steps)
     verify_whole: bool = False         # its trees are verified whole or not at all: a strategy around it (auto)
     #                                    may not prune them (lookahead: the window learns from every node's row)
+    leads_greedy: bool = False         # held by auto beside a drafter that runs forwards, it leads greedy steps
+    #                                    first (strategies/drafter_slots.py: first_leader): its draft is a read of
+    #                                    what the target already computed, next to free, while its point masses
+    #                                    are kept far less often once sampling
 
     # ------------------------------------------------------------------ every call
     def bind(self, target, tokenizer) -> None:
@@ -251,6 +255,7 @@ class _WithDefaults(BaseStrategy):
     tree_sizes = property(lambda self: self._own("tree_sizes"))
     top_k_ids = property(lambda self: self._own("top_k_ids") or 0)
     verify_whole = property(lambda self: bool(self._own("verify_whole")))
+    leads_greedy = property(lambda self: bool(self._own("leads_greedy")))
 
     def bind(self, target, tokenizer) -> None:
         self._strategy.bind(target, tokenizer)

@@ -4,21 +4,26 @@ auto may hold more than one drafter (auto.more_drafters: a trained EAGLE beside 
 token-recycling table). Each is judged against lookup alone exactly as a single drafter is
 (Auto._call_drafter: its planned rates, what its calls kept, its looks), on its own records: a
 DrafterSlot. A step calls at most one of them (every drafter still observes every step, so a table
-or a drafter's features stay current): which one is `pick`'s rule below. Drafters that each pay
-against lookup alone are ranked by the tokens/s their measured calls made in the step's lookup
-context (each is called a few times first, to be measured); the first drafter leads until another
-beats it by SWITCH_MARGIN, and the others are called only on their own look schedule (gap doubling,
-as for a drafter that loses to lookup alone), so a drafter that starts winning by that much takes over.
+or a drafter's features stay current). On one sequence, Auto._leader's gate first decides whether the
+step runs auto with its first leader alone (first_leader: at greedy the table) or with the others; among
+the others (and in a batch, where the first drafter alone is called) `pick`'s rule below chooses.
+Drafters that each pay against lookup alone are ranked by the tokens/s their measured calls made in the
+step's lookup context (each is called a few times first, to be measured); the first drafter leads until
+another beats it by SWITCH_MARGIN, and the others are called only on their own look schedule (gap
+doubling, as for a drafter that loses to lookup alone), so a drafter that starts winning by that much
+takes over. A call is priced at what calls cost (call_cost), catch-ups included.
 """
 from __future__ import annotations
 
 import copy
+import statistics
 import threading
 from collections import deque
 
-# steady drafter calls whose median is its cost: one slow call (the OS, a collection) must not price the drafter
-# out, because a drafter that looks dear is called only on looks, far apart
+# a drafter's last calls whose trimmed mean is its cost (call_cost): one slow call (the OS, a collection) must not
+# price the drafter out, because a drafter that looks dear is called only on looks, far apart
 DRAFT_TIMES = 9
+STALL_FACTOR = 3.0
 
 # why Auto._call_drafter would call a drafter this step, in the order a step honours them when
 # several drafters would be called: the second call after a gap (a steady call, timed, that a look
@@ -50,8 +55,9 @@ class DrafterSlot:
         self.looks: dict[str, tuple[int, int]] = {}
         self.rival_looks: dict[tuple, tuple[int, int]] = {}
         self.draft_cost_s = draft_cost_s     # seconds a call adds to a step, measured as it runs
-        self.steady_cost_known = draft_cost_s is not None
+        self.cost_known = draft_cost_s is not None     # draft_cost_s is given, or timed on calls (not the first)
         self.draft_times: deque = deque(maxlen=DRAFT_TIMES)
+        self.first_call = True               # no call of this generation yet (its first catches up on the prompt)
         self.neural_calls = 0
         self.steps_since_call = 0
         self.steady_call = False
@@ -64,6 +70,27 @@ class DrafterSlot:
         twin.drafter = drafter
         twin.draft_times = deque(self.draft_times, maxlen=DRAFT_TIMES)
         return twin
+
+
+def call_cost(times) -> float:
+    """What a drafter's call costs, from its last calls' seconds: the mean of those within STALL_FACTOR of their
+    median. A catch-up's cost belongs in the mean (one is a few back-to-back calls' worth); a stall does not
+    (the OS, a collection), nor a cost measured in a busy minute, once most calls since are timed lower."""
+    middle = statistics.median(times)
+    kept = [t for t in times if t <= STALL_FACTOR * middle]
+    return sum(kept) / len(kept)
+
+
+def first_leader(slots: list[DrafterSlot], greedy: bool) -> str:
+    """The key of the drafter auto runs alone while its leader gate says so (Auto._leader), against the others
+    (picked step by step: pick): at greedy the first that leads_greedy (a table read, next to free), else the
+    first auto holds (the one auto.drafter names). The gate starts with it."""
+    held = [slot for slot in slots if slot.drafter is not None]
+    if greedy:
+        for slot in held:
+            if slot.drafter.leads_greedy:
+                return slot.key
+    return held[0].key
 
 
 def pick(wanted: list[DrafterSlot], context: tuple, rate, explore_every: int, max_gap: int,
@@ -86,12 +113,15 @@ def pick(wanted: list[DrafterSlot], context: tuple, rate, explore_every: int, ma
     if unknown:                           # the least called first: each unranked drafter gets its calls soon
         return min(unknown, key=lambda slot: slot.neural_calls)
     best = max(range(len(wanted)), key=lambda i: rates[i])
-    # the first leader is the first drafter auto holds (the one auto.drafter names: a trained one), so that a
-    # drafter added beside it takes steps only where it clearly drafts better, not by leading first
+    # the first leader is the first drafter in the order auto holds them, so that a drafter added beside it takes
+    # steps only where it clearly drafts better, not by leading first
     leader = next((i for i, slot in enumerate(wanted) if slot.key == leaders.get(context, wanted[0].key)), None)
     if leader is not None and rates[best] < SWITCH_MARGIN * rates[leader]:
         best = leader
-    leaders[context] = wanted[best].key
+    if leader is not None or context not in leaders:
+        # a leader that does not pay this step (it loses to lookup alone here, for now) keeps the lead: the
+        # step calls the best that pays, which takes over only by beating the leader where both are called
+        leaders[context] = wanted[best].key
     wanted[best].rival_looks[context] = (0, explore_every)
     due = None
     for i, slot in enumerate(wanted):

@@ -216,6 +216,7 @@ def draft_tokens(table: torch.Tensor, pending: torch.Tensor, index: ShapeIndex) 
 # ---------------------------------------------------------------------- the strategy
 class TokenRecycling(BaseStrategy):
     name = "token_recycling"
+    leads_greedy = True                # auto's greedy steps call it first (BaseStrategy.leads_greedy)
     needs_hidden_states = False
 
     # defaults: TokenRecyclingConfig's, the one source of them

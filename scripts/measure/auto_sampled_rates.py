@@ -85,7 +85,7 @@ def main() -> None:
     sd = specdec.load("auto", **{"target.path": args.target, "eagle.path": args.eagle})
     auto = sd.strategy
     if args.draft_ms is not None:
-        auto.adapt_costs, auto.draft_cost_s, auto.steady_cost_known = False, args.draft_ms / 1000, True
+        auto.adapt_costs, auto.draft_cost_s, auto.cost_known = False, args.draft_ms / 1000, True
     sd.generate(prompts[0], max_new_tokens=16, temperature=args.temperature, seed=0)     # as the bench's warm-up
     for ids in prompts:
         calls.clear()
