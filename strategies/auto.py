@@ -280,8 +280,8 @@ class Auto(BaseStrategy):
         # Each slot's call_values: what calling it did (measured_rates). Its looks: per temperature kind, one
         # schedule for all contexts, so a drafter that loses everywhere is looked at as rarely whatever lookup
         # offers. Its draft_cost_s: seconds a call adds to a step (its propose and observe, merging and planning
-        # its tree), the trimmed mean of its last calls (draft_times, catch-ups included: _time_call) once one is
-        # timed (cost_known).
+        # its tree), the mean of its last calls without stalls (draft_times, catch-ups included: _time_call,
+        # drafter_slots.call_cost) once one is timed (cost_known).
         self.plan_without: dict[tuple, tuple[float, float]] = {}
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
@@ -487,7 +487,7 @@ class Auto(BaseStrategy):
         then. Per-step rates cannot choose: what a drafter's call makes depends on who led the steps before it
         (the table learns the rows of the trees it drafts; EAGLE catches up on the steps it did not draft), so
         the drafter that looks better step by step under one leader may run slower as the leader
-        (benchmarks/results/demo_steps)."""
+        (benchmarks/results/auto_leader)."""
         kind = temperature_key(state.sampling.temperature)
         gate = self.leader_gates.get(kind) or self.leader_gates.setdefault(
             kind, BatchGate(margin=0.0, memory=LEADER_MEMORY))
@@ -713,8 +713,7 @@ class Auto(BaseStrategy):
         tree). A call costs what it catches up on too: a drafter with a cache of its own (EAGLE) first feeds the
         rows committed since its last call, so where lookup alone takes some steps, or another drafter leads
         some contexts, its calls cost more than back-to-back ones. Pricing it at its back-to-back calls (their
-        median, before) made it look cheaper than it ran, and it kept the lead from a table that made more
-        tokens/s (benchmarks/results/demo_steps). Left out: the generation's first call (the prompt's catch-up,
+        median, before) made it look cheaper than it ran (benchmarks/results/auto_leader). Left out: the generation's first call (the prompt's catch-up,
         paid once whatever the policy; it prices the slot only until another is timed) and looks (a look after a
         long gap catches up on far more than any call in the regime it looks from)."""
         if slot.first_call:

@@ -20,7 +20,7 @@ import statistics
 import threading
 from collections import deque
 
-# a drafter's last calls whose trimmed mean is its cost (call_cost): one slow call (the OS, a collection) must not
+# a drafter's last calls whose mean, stalls left out, is its cost (call_cost): one slow call (the OS, a collection) must not
 # price the drafter out, because a drafter that looks dear is called only on looks, far apart
 DRAFT_TIMES = 9
 STALL_FACTOR = 3.0
