@@ -94,6 +94,7 @@ class AutoConfig:
     explore_every: int = setting(8, min=1)      # look at a drafter that has not paid lately after this many steps
     #                                     (the gap doubles while it keeps not paying, up to 64, or for a dear drafter
     #                                     up to what keeps its looks to a small share of the time); 1 = every step
+    #                                     (with several drafters, each called in turn: no leader gate)
     calibration_prior: float = setting(4.0, above=0.0)   # pseudo-observations pulling a calibration bucket
     #                                     towards its raw confidence
     sampled_confidence: bool = False    # true: sampled drafter nodes estimated per draft-probability bucket; false:
@@ -471,10 +472,12 @@ class Auto(BaseStrategy):
             # per level for all rows), while rows that called another would draft it one by one and leave the first
             # to catch them up later (benchmarks/results/auto_drafters/README.md: the A/B at B = 4)
             return self.slots[0] if self._call_drafter(state, context) else None
-        first = self._leader(state)
-        if first is not None:
-            return first if self._call_drafter(state, context, first) else None
-        others = [slot for slot in self.slots if slot.drafter is not None and slot.key != self.first_key]
+        others = [slot for slot in self.slots if slot.drafter is not None]
+        if self.explore_every > 1:            # 1: every drafter is called in turn (no gate: nothing is judged)
+            first = self._leader(state)
+            if first is not None:
+                return first if self._call_drafter(state, context, first) else None
+            others = [slot for slot in others if slot.key != self.first_key]
         wanted = [slot for slot in others if self._call_drafter(state, context, slot)]
         return pick(wanted, context, lambda slot: self.slot_rate(context, slot), self.explore_every,
                     MAX_EXPLORE_GAP, self.leaders)
