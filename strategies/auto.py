@@ -250,7 +250,6 @@ class Auto(BaseStrategy):
         self.top_k_ids = max((part.top_k_ids for part in self.drafters()), default=0)   # token_recycling's table
         self.called: DrafterSlot | None = None   # the slot this step calls (propose_start)
         self.leaders: dict[tuple, str] = {}   # lookup context -> key of the drafter leading there (drafter_slots.pick)
-        self.first_key = None                 # the key of the drafter the leader gate weighs (first_leader; _leader)
         self.side = None                      # (tree, seconds) of a slot other than the first, drafted in propose_start
         self.match_length = None              # suffix: the match its last paths continue (keys their calibration)
         self.costs = costs
@@ -474,17 +473,17 @@ class Auto(BaseStrategy):
             return self.slots[0] if self._call_drafter(state, context) else None
         others = [slot for slot in self.slots if slot.drafter is not None]
         if self.explore_every > 1:            # 1: every drafter is called in turn (no gate: nothing is judged)
-            first = self._leader(state)
-            if first is not None:
+            first, leads = self._leader(state)
+            if leads:
                 return first if self._call_drafter(state, context, first) else None
-            others = [slot for slot in others if slot.key != self.first_key]
+            others = [slot for slot in others if slot is not first]
         wanted = [slot for slot in others if self._call_drafter(state, context, slot)]
         return pick(wanted, context, lambda slot: self.slot_rate(context, slot), self.explore_every,
                     MAX_EXPLORE_GAP, self.leaders)
 
-    def _leader(self, state: DecodeState) -> DrafterSlot | None:
-        """The first leader's slot (drafter_slots.first_leader) where this step runs auto with it alone, None where
-        it runs with the others (each judged against lookup alone, one picked per step: drafter_slots.pick). Which
+    def _leader(self, state: DecodeState) -> tuple[DrafterSlot, bool]:
+        """(the first leader's slot (drafter_slots.first_leader), whether this step runs auto with it alone rather
+        than with the others, each judged against lookup alone and one picked per step: drafter_slots.pick). Which
         one is measured, not predicted: a gate per temperature kind (strategies/batch_gate.py, on one row) keeps
         whichever made more tokens per second of wall time over its recent steps, and looks at the other now and
         then. Per-step rates cannot choose: what a drafter's call makes depends on who led the steps before it
@@ -494,7 +493,6 @@ class Auto(BaseStrategy):
         kind = temperature_key(state.sampling.temperature)
         gate = self.leader_gates.get(kind) or self.leader_gates.setdefault(
             kind, BatchGate(margin=0.0, memory=LEADER_MEMORY))
-        self.first_key = first_leader(self.slots, state.sampling.greedy)
         now = time.perf_counter()
         leads = gate.mode(self.gate_row)
         switched = True                       # a call's first step (the drafter catches up on the prompt) or a switch
@@ -503,7 +501,7 @@ class Auto(BaseStrategy):
             last_gate.record(led, len(state.token_ids) - length, now - at, 1, switch=last_switched)
             switched = led != leads
         self.leader_mark = (gate, leads, now, len(state.token_ids), switched)
-        return next(slot for slot in self.slots if slot.key == self.first_key) if leads else None
+        return first_leader(self.slots, state.sampling.greedy), leads
 
     def slot_rate(self, context, slot: DrafterSlot) -> float | None:
         """A drafter's tokens/s in this context priced now, by what its calls made (measured_rates: its last calls
@@ -716,9 +714,10 @@ class Auto(BaseStrategy):
         tree). A call costs what it catches up on too: a drafter with a cache of its own (EAGLE) first feeds the
         rows committed since its last call, so where lookup alone takes some steps, or another drafter leads
         some contexts, its calls cost more than back-to-back ones. Pricing it at its back-to-back calls (their
-        median, before) made it look cheaper than it ran (benchmarks/results/auto_leader). Left out: the generation's first call (the prompt's catch-up,
-        paid once whatever the policy; it prices the slot only until another is timed) and looks (a look after a
-        long gap catches up on far more than any call in the regime it looks from)."""
+        median, before) made it look cheaper than it ran (benchmarks/results/auto_leader). Left out: the
+        generation's first call (the prompt's catch-up, paid once whatever the policy; it prices the slot only
+        until another is timed) and looks (a look after a long gap catches up on far more than any call in the
+        regime it looks from)."""
         if slot.first_call:
             slot.first_call = False
             if not slot.cost_known:

@@ -20,8 +20,8 @@ import statistics
 import threading
 from collections import deque
 
-# a drafter's last calls whose mean, stalls left out, is its cost (call_cost): one slow call (the OS, a collection) must not
-# price the drafter out, because a drafter that looks dear is called only on looks, far apart
+# a drafter's last calls whose mean, stalls left out, is its cost (call_cost): one slow call (the OS, a
+# collection) must not price the drafter out, because a drafter that looks dear is called only on looks, far apart
 DRAFT_TIMES = 9
 STALL_FACTOR = 3.0
 
@@ -81,16 +81,16 @@ def call_cost(times) -> float:
     return sum(kept) / len(kept)
 
 
-def first_leader(slots: list[DrafterSlot], greedy: bool) -> str:
-    """The key of the drafter auto runs alone while its leader gate says so (Auto._leader), against the others
+def first_leader(slots: list[DrafterSlot], greedy: bool) -> DrafterSlot:
+    """The slot of the drafter auto runs alone while its leader gate says so (Auto._leader), against the others
     (picked step by step: pick): at greedy the first that leads_greedy (a table read, next to free), else the
     first auto holds (the one auto.drafter names). The gate starts with it."""
     held = [slot for slot in slots if slot.drafter is not None]
     if greedy:
         for slot in held:
             if slot.drafter.leads_greedy:
-                return slot.key
-    return held[0].key
+                return slot
+    return held[0]
 
 
 def pick(wanted: list[DrafterSlot], context: tuple, rate, explore_every: int, max_gap: int,

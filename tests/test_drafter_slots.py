@@ -88,9 +88,10 @@ def test_the_table_leads_greedy_steps_first_and_the_first_drafter_sampled_ones()
     class Table:
         leads_greedy = True
     dear, table = DrafterSlot(Dear(), "neural"), DrafterSlot(Table(), "neural:token_recycling")
-    assert first_leader([dear, table], greedy=True) == table.key
-    assert first_leader([dear, table], greedy=False) == dear.key
-    assert first_leader([DrafterSlot(Dear(), "neural"), DrafterSlot(Dear(), "neural:x")], greedy=True) == "neural"
+    assert first_leader([dear, table], greedy=True) is table
+    assert first_leader([dear, table], greedy=False) is dear
+    both_dear = [DrafterSlot(Dear(), "neural"), DrafterSlot(Dear(), "neural:x")]
+    assert first_leader(both_dear, greedy=True) is both_dear[0]
 
 
 @pytest.mark.parametrize("slow", ["token_recycling", "lookahead"])
@@ -115,7 +116,7 @@ def test_one_sequence_keeps_the_leader_its_gate_measured_faster(monkeypatch, slo
     out = sd.generate(PROMPT, max_new_tokens=160, ignore_eos=True)
     assert out.token_ids == hf_greedy(target, PROMPT, 160, eos_token_id=None)
     table, other = strategy.slots
-    assert other.drafter.name == "lookahead" and strategy.first_key == table.key
+    assert other.drafter.name == "lookahead" and first_leader(strategy.slots, greedy=True) is table
     gate = strategy.leader_gates["greedy"]
     assert gate.measured() and gate.best is (slow != "token_recycling"), (gate.rate(True), gate.rate(False))
 
