@@ -119,6 +119,10 @@ MAX_EXPLORE_GAP = 64
 # steps whose tokens/s make a leader's rate (Auto._leader): a step keeps 1 to depth + 1 tokens, so a mode's rate
 # needs more of them than a batch size's gate does (where a step's tokens are a whole batch's)
 LEADER_MEMORY = 48
+# ... and a look at the other leader runs this many steps, forgetting its old ones (BatchGate.fresh_probes): its
+# first pays the switch and is not counted, so 6 are, against the 2 of a batch gate's look, which is noisier than
+# the gap between leaders where they are close (benchmarks/results/auto_leader)
+LEADER_PROBE_STEPS = 8
 # a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
 # estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
 # pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
@@ -492,7 +496,7 @@ class Auto(BaseStrategy):
         (benchmarks/results/auto_leader)."""
         kind = temperature_key(state.sampling.temperature)
         gate = self.leader_gates.get(kind) or self.leader_gates.setdefault(
-            kind, BatchGate(margin=0.0, memory=LEADER_MEMORY))
+            kind, BatchGate(margin=0.0, memory=LEADER_MEMORY, probe_steps=LEADER_PROBE_STEPS, fresh_probes=True))
         now = time.perf_counter()
         leads = gate.mode(self.gate_row)
         switched = True                       # a call's first step (the drafter catches up on the prompt) or a switch

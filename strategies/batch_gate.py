@@ -70,9 +70,14 @@ class BatchGate:
 
     def __init__(self, probe_steps: int = 4, gap: int = 8, max_gap: int = 256, memory: int = 16,
                  explore: float = 0.02, first_samples: int | None = None, margin: float = MARGIN,
-                 speculate_first: bool = True):
+                 speculate_first: bool = True, fresh_probes: bool = False):
         self.probe_steps, self.base_gap, self.max_gap, self.explore = probe_steps, gap, max_gap, explore
         self.margin = margin
+        # a look at the other mode forgets that mode's old steps: where the modes' own state changes how fast
+        # they run (auto's leaders: the table learns from every verify, a drafter's first calls are cold), steps
+        # from a hundred steps back describe a mode that is gone, and kept them in the rate long after they were
+        # true (benchmarks/results/auto_leader: the table's cold first call kept EAGLE leading for 100 steps)
+        self.fresh_probes = fresh_probes
         # counted steps of the first mode before the other is looked at: a call's first steps (the drafter
         # catching up on whole prompts, a warm-up call of a few tokens) are its slowest, and a switch made
         # on them is paid for long after (the next look waits 1 / explore times what the wrong mode lost)
@@ -197,3 +202,5 @@ class BatchGate:
 
     def _start_probe(self) -> None:
         self.probing, self.speculate, self.steps, self.probe_loss = True, not self.best, 0, 0.0
+        if self.fresh_probes:
+            self.samples[self.speculate].clear()

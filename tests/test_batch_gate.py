@@ -201,6 +201,24 @@ def test_gate_follows_a_change():
     assert gate.best is False
 
 
+def test_fresh_probes_judge_a_mode_by_its_look_not_by_its_old_steps():
+    """A mode whose own speed changes while the other runs (auto's leaders: the table warms up on every
+    verify): with fresh_probes a look forgets that mode's old steps, so the first look after it got faster
+    brings it back; without, its old slow steps outweigh the look's few and the gate stays away."""
+    def drive(fresh: bool) -> BatchGate:
+        gate = BatchGate(probe_steps=8, gap=8, max_gap=64, memory=48, margin=0.0, explore=0.25,
+                         fresh_probes=fresh)
+        run_steps(gate, 60, 1, {True: 50.0, False: 100.0})      # the first mode starts slow: the other leads
+        assert gate.best is False
+        run_steps(gate, 40, 1, {True: 200.0, False: 100.0})     # then the first mode is twice as fast
+        return gate
+
+    fresh = drive(True)
+    assert fresh.best is True and abs(fresh.rate(True) - 200.0) < 1e-6   # its rate is its steps since the look
+    stale = drive(False)                                       # control: the old slow steps still count
+    assert stale.best is False and stale.rate(True) < 100.0
+
+
 def test_gate_rate_ignores_a_stalled_step():
     """A step that stalled (the OS, a collection: many steps' time) does not decide the mode."""
     gate = BatchGate()
