@@ -239,9 +239,8 @@ def run_demo(models: DemoModels, prompt: str = DEFAULT_PROMPT, max_new_tokens: i
             times[index].append(seconds)
             if index < len(result.rows):          # every timed output is checked too
                 result.rows[index].identical &= out.token_ids == result.reference_ids
-                forwards = max(out.stats.target_forwards, 1)
-                steps[index].append((out.stats.draft_time_s * 1e3 / forwards, out.stats.verify_time_s * 1e3 / forwards,
-                                     out.stats.proposed_nodes / forwards))
+                split = out.stats.step_split()
+                steps[index].append((split.draft_ms, split.verify_ms, split.nodes))
     for row, row_times, row_steps in zip(result.rows, times, steps):
         row.seconds = statistics.median(row_times)
         if row_steps:

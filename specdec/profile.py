@@ -91,14 +91,14 @@ def main(argv: list[str]) -> int:
     sd.strategy.use_costs(profile)
     out = sd.generate(args.prompt, max_new_tokens=args.max_new_tokens)
     stats = out.stats
-    steps = max(stats.target_forwards, 1)
-    print(f"per verify step ({steps} steps, {stats.proposed_nodes / steps:.1f} nodes each): "
-          f"draft {stats.draft_time_s / steps * 1000:.2f} ms, verify {stats.verify_time_s / steps * 1000:.2f} ms, "
-          f"other {stats.other_time_s / steps * 1000:.2f} ms (a plain one-token verify: "
+    split = stats.step_split()
+    print(f"per verify step ({stats.target_forwards} steps, {split.nodes:.1f} nodes each): "
+          f"draft {split.draft_ms:.2f} ms, verify {split.verify_ms:.2f} ms, "
+          f"other {split.other_ms:.2f} ms (a plain one-token verify: "
           f"{profile.seconds[0] * 1000:.2f} ms)")
     per_call = sd.strategy.draft_cost_s
     if per_call is None:
-        per_call = stats.draft_time_s / steps
+        per_call = split.draft_ms / 1000
     print(f"drafting ({sd.config.strategy}): {per_call * 1000:.2f} ms per call "
           f"({per_call / profile.seconds[0]:.2f} plain steps); {stats.tokens_per_forward:.2f} tokens per forward, "
           f"{stats.tokens_per_second:.1f} tokens/s over {stats.new_tokens} tokens")

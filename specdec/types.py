@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 import torch
 
@@ -83,6 +83,18 @@ class StepResult:
         return self.accepted[-1] + 1 if self.accepted else 0
 
 
+class StepSplit(NamedTuple):
+    """Where a verify step's time went, in milliseconds per verify step (Stats.step_split): drafting
+    (propose + observe), the target's forward over the tree, everything else (acceptance, cache commit,
+    stop rules, Python) and the prefill spread over the steps; with the tree nodes per step. The four
+    parts times the steps make the call's total."""
+    draft_ms: float
+    verify_ms: float
+    other_ms: float
+    prefill_ms: float
+    nodes: float
+
+
 @dataclass
 class Stats:
     new_tokens: int = 0
@@ -120,6 +132,33 @@ class Stats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_time_s if self.total_time_s else 0.0
+
+    def step_split(self) -> StepSplit:
+        """Milliseconds per verify step of each part of the call, and nodes per step (zeros before a step)."""
+        steps = self.target_forwards
+        if not steps:
+            return StepSplit(0.0, 0.0, 0.0, 0.0, 0.0)
+        return StepSplit(*(1e3 * seconds / steps for seconds in (self.draft_time_s, self.verify_time_s,
+                                                                   self.other_time_s, self.prefill_time_s)),
+                         self.proposed_nodes / steps)
+
+    @classmethod
+    def summed(cls, calls: Iterable[Stats]) -> Stats:
+        """Several calls' statistics as one call's: counts and times added, steps' accepted lengths joined
+        (so tokens_per_second, tokens_per_forward and step_split are over all of them, not means of means)."""
+        total = cls()
+        calls = list(calls)
+        for s in calls:
+            total.new_tokens += s.new_tokens
+            total.target_forwards += s.target_forwards
+            total.proposed_nodes += s.proposed_nodes
+            total.accepted_lengths.extend(s.accepted_lengths)
+            total.prefill_time_s += s.prefill_time_s
+            total.draft_time_s += s.draft_time_s
+            total.verify_time_s += s.verify_time_s
+            total.total_time_s += s.total_time_s
+        total.profiled = bool(calls) and all(s.profiled for s in calls)
+        return total
 
     def as_dict(self) -> dict:
         return {

@@ -10,6 +10,7 @@ import specdec
 import specdec.loop
 from conftest import char_tokenizer, noisy_copy, tiny_model
 from specdec.strategies.draft_model import DraftModel
+from specdec.types import Stats
 
 # seconds each part adds to the fake clock (distinct powers of two: a part counted twice or in the
 # wrong bucket shows up in the sums)
@@ -56,6 +57,19 @@ def test_split_puts_each_part_in_its_bucket_and_adds_up(monkeypatch, strategy):
     assert s.draft_time_s == steps * PROPOSE + len(observed) * OBSERVE
     assert s.other_time_s == steps * COMMIT
     assert s.prefill_time_s + s.draft_time_s + s.verify_time_s + s.other_time_s == s.total_time_s
+    split = s.step_split()                                  # per verify step, in milliseconds
+    assert split.draft_ms * steps == pytest.approx(1e3 * s.draft_time_s)
+    assert split.verify_ms == pytest.approx(1e3 * FORWARD) and split.other_ms == pytest.approx(1e3 * COMMIT)
+    assert (split.draft_ms + split.verify_ms + split.other_ms + split.prefill_ms) * steps == pytest.approx(
+        1e3 * s.total_time_s)
+    assert split.nodes == s.proposed_nodes / steps
+    second = sd.generate("class A:\n    pass", max_new_tokens=7).stats
+    both = Stats.summed([s, second])                        # two calls as one: sums, not means of means
+    assert both.target_forwards == steps + second.target_forwards
+    assert both.total_time_s == pytest.approx(s.total_time_s + second.total_time_s)
+    assert both.accepted_lengths == s.accepted_lengths + second.accepted_lengths
+    assert both.step_split().verify_ms == pytest.approx(1e3 * FORWARD)
+    assert both.tokens_per_forward == (s.new_tokens + second.new_tokens) / both.target_forwards
 
 
 def test_verify_against_plain_times_both_forwards_on_the_same_context():

@@ -44,8 +44,8 @@ for temp in (0.0, 0.8):
                 if DEVICE == "cuda": torch.cuda.synchronize()
                 dt = time.perf_counter() - t0; s = out.stats
                 rates[name].append(s.new_tokens / dt); taus[name].append(s.tokens_per_forward)
-                split[name].append((1e3 * s.draft_time_s / s.target_forwards, 1e3 * s.verify_time_s / s.target_forwards,
-                                    1e3 * s.other_time_s / s.target_forwards, s.proposed_nodes / s.target_forwards))
+                per_step = s.step_split()
+                split[name].append((per_step.draft_ms, per_step.verify_ms, per_step.other_ms, per_step.nodes))
     print(f"=== T {temp}")
     for name in sds:
         sp = [statistics.median(x[i] for x in split[name]) for i in range(4)]

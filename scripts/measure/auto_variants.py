@@ -20,6 +20,7 @@ import sysconfig
 import torch
 
 import specdec
+from specdec.types import Stats
 
 
 def prompts_from(split: str, tokenizer, count: int = 4) -> list[str]:
@@ -64,14 +65,10 @@ def main() -> None:
                 if round_:
                     stats[name].append(out.stats)
     for name, calls in stats.items():
-        steps = sum(s.target_forwards for s in calls)
-        total = sum(s.total_time_s for s in calls)
-        tokens = sum(s.new_tokens for s in calls)
-        draft, verify, prefill = (sum(getattr(s, f) for s in calls) for f in
-                                  ("draft_time_s", "verify_time_s", "prefill_time_s"))
-        print(f"{name}: tok/s {tokens / total:.1f} tau {tokens / steps:.2f} draft {draft / steps * 1e3:.2f} "
-              f"verify {verify / steps * 1e3:.2f} other {(total - draft - verify - prefill) / steps * 1e3:.2f} "
-              f"prefill {prefill / steps * 1e3:.2f} nodes {sum(s.proposed_nodes for s in calls) / steps:.1f}")
+        total = Stats.summed(calls)
+        split = total.step_split()
+        print(f"{name}: tok/s {total.tokens_per_second:.1f} tau {total.tokens_per_forward:.2f} draft {split.draft_ms:.2f} "
+              f"verify {split.verify_ms:.2f} other {split.other_ms:.2f} prefill {split.prefill_ms:.2f} nodes {split.nodes:.1f}")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def main() -> None:
         counts.update(forwards=0, rows=0, levels=0, catch_up_s=0.0, catch_up_forward_s=0.0, level_forward_s=0.0)
         stats = sd.generate(prompt, max_new_tokens=args.new, temperature=0.0, ignore_eos=True).stats
         steps = stats.target_forwards
-        splits.append((stats.draft_time_s / steps * 1e3, stats.verify_time_s / steps * 1e3, counts["forwards"] / steps,
+        per_step = stats.step_split()
+        splits.append((per_step.draft_ms, per_step.verify_ms, counts["forwards"] / steps,
                        counts["rows"] / counts["forwards"], stats.tokens_per_forward,
                        counts["catch_up_s"] / steps * 1e3, counts["catch_up_forward_s"] / steps * 1e3,
                        counts["level_forward_s"] / steps * 1e3, counts["levels"] / steps))

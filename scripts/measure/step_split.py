@@ -107,7 +107,7 @@ def main() -> None:
             return statistics.median(per_step(s) for s in runs)
         row = {"strategy": name, "tokens_per_s": median(lambda s: s.tokens_per_second),
                "tau": median(lambda s: s.tokens_per_forward),
-               **{f"{part}_ms": median(lambda s, p=part: 1000 * getattr(s, f"{p}_time_s") / max(s.target_forwards, 1))
+               **{f"{part}_ms": median(lambda s, p=part: getattr(s.step_split(), f"{p}_ms"))
                   for part in ("draft", "verify", "other")},
                **{f"{part}_ops": n for part, n in ops_per_step(sd, texts[args.rounds], args.max_new_tokens).items()}}
         rows.append(row)
