@@ -75,8 +75,8 @@ class BatchGate:
         self.margin = margin
         # a look at the other mode forgets that mode's old steps: where the modes' own state changes how fast
         # they run (auto's leaders: the table learns from every verify, a drafter's first calls are cold), steps
-        # from a hundred steps back describe a mode that is gone, and kept them in the rate long after they were
-        # true (benchmarks/results/auto_leader: the table's cold first call kept EAGLE leading for 100 steps)
+        # from a hundred steps back describe a mode that is gone, and kept in its rate they outweigh the look's
+        # few (benchmarks/results/auto_leader: the table's cold first call kept EAGLE leading for 11 calls)
         self.fresh_probes = fresh_probes
         # counted steps of the first mode before the other is looked at: a call's first steps (the drafter
         # catching up on whole prompts, a warm-up call of a few tokens) are its slowest, and a switch made
