@@ -19,6 +19,7 @@ import specdec
 from specdec.family.demo import DEFAULT_PROMPT, choose_models, load_overrides
 from specdec.strategies.auto import LEADER_MEMORY
 from specdec.strategies.batch_gate import BatchGate
+from specdec.types import Stats
 
 # the gate before fresh looks: a look ran 4 steps and the looked-at leader's rate kept its steps from before
 OLD_GATE = dict(margin=0.0, memory=LEADER_MEMORY)
@@ -30,29 +31,27 @@ ROWS = {                                   # row -> (overrides beside the demo's
 }
 
 
-def load(overrides: dict, gate: dict | None):
-    models = choose_models(None, None, None, None, None, [], None)
+def load(models, overrides: dict, gate: dict | None):
     speculator = specdec.load("auto", **{**load_overrides("auto", models, "cpu"), **overrides})
     if gate is not None:
         speculator.strategy.leader_gates["greedy"] = BatchGate(**gate)
     return speculator
 
 
-def trace(rounds: int, old: bool) -> None:
-    speculator = load({}, OLD_GATE if old else None)
+def trace(models, rounds: int, old: bool) -> None:
+    speculator = load(models, {}, OLD_GATE if old else None)
     strategy = speculator.strategy
+    original, modes = strategy._leader, []
+
+    def leader(state):
+        slot, leads = original(state)
+        modes.append("T" if leads else "e")
+        return slot, leads
+
+    strategy._leader = leader
     for _ in range(rounds):
-        modes = []
-        original = strategy._leader
-
-        def leader(state, original=original, modes=modes):
-            slot, leads = original(state)
-            modes.append("T" if leads else "e")
-            return slot, leads
-
-        strategy._leader = leader
+        modes.clear()
         out = speculator.generate(DEFAULT_PROMPT, max_new_tokens=128, ignore_eos=True)
-        del strategy._leader
         gate = strategy.leader_gates["greedy"]
         print(f"{out.stats.tokens_per_second:6.1f} tok/s  tok/fwd {out.stats.tokens_per_forward:.2f}  gate rates "
               f"T {gate.rate(True) or 0:5.0f} e {gate.rate(False) or 0:5.0f}  {''.join(modes)}")
@@ -66,19 +65,19 @@ def main() -> None:
     parser.add_argument("--old", action="store_true", help="--trace: the old gate")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    models = choose_models(None, None, None, None, None, [], None)
     if args.trace:
-        trace(args.rounds, args.old)
+        trace(models, args.rounds, args.old)
         return
-    speculators = {name: load(*row) for name, row in ROWS.items()}
+    speculators = {name: load(models, *row) for name, row in ROWS.items()}
     calls = {name: [] for name in ROWS}
     for _ in range(args.rounds):
         for name, speculator in speculators.items():
             calls[name].append(speculator.generate(DEFAULT_PROMPT, max_new_tokens=128, ignore_eos=True).stats)
     for name, stats in calls.items():
         timed = stats[1:]
-        overall = sum(s.new_tokens for s in timed) / sum(s.total_time_s for s in timed)
         print(f"{name:18s} median {statistics.median(s.tokens_per_second for s in timed):6.1f} tok/s  overall "
-              f"{overall:6.1f}  per call {[round(s.tokens_per_second) for s in timed]}")
+              f"{Stats.summed(timed).tokens_per_second:6.1f}  per call {[round(s.tokens_per_second) for s in timed]}")
 
 
 if __name__ == "__main__":
