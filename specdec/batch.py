@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .acceptance import Verdict, accept_greedy, rejection_start, rejection_walk, walk_values
 from .compiled import padded_parents
-from .loop import Decoding, feature_layers
+from .loop import Decoding, feature_layers, prefill_top_k
 from .sampling import logits_to_probs
 from .errors import IncompatibleModelsError
 from .models import AttentionLayout, cache_kwargs, check_cacheable
@@ -339,7 +339,7 @@ def decode_batch(verifier: Verifier, strategy, jobs: Sequence[Job] | deque, batc
         # prefill_chunk bounds the tokens of one prefill forward for the whole group, as for one prompt
         per_row = max(1, verifier.prefill_chunk // len(group))
         prefilled = fresh.prefill_outputs([job.prompt_ids[:-1] for job in group], layers, per_row,
-                                          max(job.room for job in group), strategy.top_k_ids)
+                                          max(job.room for job in group), prefill_top_k(strategy))
         share = (clock() - started) / len(group)
         # the group's pending tokens in one copy; from then on each row's stays on the device (its verdicts')
         pending = to_device(torch.tensor([job.prompt_ids[-1] for job in group], dtype=torch.long), verifier.device)

@@ -37,6 +37,12 @@ class _Clock:
         return time.perf_counter()
 
 
+def prefill_top_k(strategy) -> int:
+    """The top-k ids the prefill computes for `strategy` (DecodeState.prompt_top_ids): its top_k_ids, unless it
+    asks for them on the verify forwards only (top_k_prefill false)."""
+    return strategy.top_k_ids if strategy.top_k_prefill else 0
+
+
 def feature_layers(strategy) -> tuple[int, ...] | None:
     """Which target hidden states the strategy reads (None: none): its `feature_layers`, else the
     last layer's (what the lm_head reads) when it sets needs_hidden_states."""
@@ -223,7 +229,7 @@ def decode(verifier: Verifier, strategy, prompt_ids: list[int], sampling: Sampli
     if processing is None:          # the checkpoint's generation_config processing (api builds it up front)
         processing = LogitsProcessing.for_generation(verifier.model, prompt_ids, stop.max_new_tokens)
     start = clock()
-    prefilled = verifier.prefill_outputs(prompt_ids[:-1], layers, strategy.top_k_ids)
+    prefilled = verifier.prefill_outputs(prompt_ids[:-1], layers, prefill_top_k(strategy))
     stats.prefill_time_s = clock() - start
     rng = TorchRandom(generator)     # the one random source of this call: drafting and acceptance
     sequence = Decoding(strategy, prompt_ids, prefilled.hidden, sampling, stop, rng, stats, noise, processing, clock,

@@ -252,6 +252,7 @@ class Auto(BaseStrategy):
         for part in self.drafters():
             part.price_calls()                # a drafter that can price a call without making it does (expected_call)
         self.top_k_ids = max((part.top_k_ids for part in self.drafters()), default=0)   # token_recycling's table
+        self.top_k_prefill = any(part.top_k_ids and part.top_k_prefill for part in self.drafters())
         self.called: DrafterSlot | None = None   # the slot this step calls (propose_start)
         self.leaders: dict[tuple, str] = {}   # lookup context -> key of the drafter leading there (drafter_slots.pick)
         self.side = None                      # (tree, seconds) of a slot other than the first, drafted in propose_start
@@ -541,7 +542,7 @@ class Auto(BaseStrategy):
             keep, tree, merged = lookup_keep, lookup_tree.select(lookup_keep), lookup_tree
         else:
             merged, source = merge_paths(neural_tree, paths, lookup_nodes + neural_tree.num_nodes)
-            accept, keys = self._estimates(merged, source, state, slot.key)
+            accept, keys = self._estimates(merged, source, state, slot.key, slot.drafter.chain_nodes)
             sampled = neural_tree.draft_probs is not None and not state.sampling.greedy and state.noise is None
             forced = range(neural_tree.num_nodes) if sampled or slot.drafter.verify_whole else ()
             draft_cost = slot.draft_cost_s or 0.0
@@ -880,9 +881,12 @@ class Auto(BaseStrategy):
             values = slot.call_values.setdefault(context, deque(maxlen=CALL_MEMORY))
             values.append((len(committed), verified, alone, len(lookup_keep)))
 
-    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState, neural: str = NEURAL) -> list[tuple]:
+    def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState, neural: str = NEURAL,
+                   chain: Sequence[int] = ()) -> list[tuple]:
         """(calibration key, draft confidence or None) of every node; the drafter's nodes under its slot's
-        name (`neural`: each drafter auto holds is calibrated apart)."""
+        name (`neural`: each drafter auto holds is calibrated apart), those its table chain added (`chain`:
+        strategies/leaf_chain.py, the drafter's node indices, kept in the merged tree) under that name + "~chain":
+        read from a table, not drafted, they are kept at rates of their own."""
         depths = tree.depths()
         confidence: list[float | None] = [None] * tree.num_nodes
         if self.sampled_confidence and tree.draft_probs is not None and tree.num_nodes:
@@ -894,7 +898,9 @@ class Auto(BaseStrategy):
                 rank[node] = r
         temperature = state.sampling.temperature
         names = {NEURAL: neural, LOOKUP: LOOKUP}
-        keys = [(self.calibrator.key(f"{names[source[i]]}{'' if rank[i] == 0 else '+'}", temperature, confidence[i], depths[i]),
+        chained = set(chain)
+        keys = [(self.calibrator.key(f"{names[source[i]]}{'~chain' if i in chained else ''}{'' if rank[i] == 0 else '+'}",
+                                     temperature, confidence[i], depths[i]),
                  confidence[i]) for i in range(tree.num_nodes)]
         match = self.match_length
         if match:      # suffix's nodes: their own acceptance per match length (and depth), not prompt lookup's
@@ -905,9 +911,9 @@ class Auto(BaseStrategy):
         return keys
 
     def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState,
-                   neural: str = NEURAL) -> tuple[list[float], list]:
+                   neural: str = NEURAL, chain: Sequence[int] = ()) -> tuple[list[float], list]:
         """(acceptance estimate of every node, its (key, confidence): what observe calibrates with)."""
-        keys = self._node_keys(tree, source, state, neural)
+        keys = self._node_keys(tree, source, state, neural, chain)
         depths = tree.depths()
         prior = PRIOR_ACCEPT if state.sampling.greedy else PRIOR_ACCEPT_SAMPLED
         return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)])

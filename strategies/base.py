@@ -75,6 +75,13 @@ class BaseStrategy:
     #                                    first (strategies/drafter_slots.py: first_leader): its draft is a read of
     #                                    what the target already computed, next to free, while its point masses
     #                                    are kept far less often once sampling
+    top_k_prefill: bool = True         # with top_k_ids: the prefill computes them too (DecodeState.prompt_top_ids,
+    #                                    from every prompt row's logits, chunk by chunk); false: the verify
+    #                                    forwards only, and the prefill keeps computing its last row's logits alone
+    #                                    (eagle's table chain, which seeds from the prompt's text instead)
+    chain_nodes: Sequence[int] = ()    # the node indices of its last proposed tree that it read from a table
+    #                                    instead of drafting (eagle's table chain, strategies/leaf_chain.py): a
+    #                                    strategy around it (auto) calibrates their acceptance apart
 
     # ------------------------------------------------------------------ every call
     def bind(self, target, tokenizer) -> None:
@@ -256,6 +263,8 @@ class _WithDefaults(BaseStrategy):
     top_k_ids = property(lambda self: self._own("top_k_ids") or 0)
     verify_whole = property(lambda self: bool(self._own("verify_whole")))
     leads_greedy = property(lambda self: bool(self._own("leads_greedy")))
+    top_k_prefill = property(lambda self: self._own("top_k_prefill") is not False)
+    chain_nodes = property(lambda self: self._own("chain_nodes") or ())
 
     def bind(self, target, tokenizer) -> None:
         self._strategy.bind(target, tokenizer)

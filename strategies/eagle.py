@@ -47,7 +47,9 @@ from specdec.coupled import coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.base import BaseStrategy
+from specdec.models import output_vocab_size
 from specdec.strategies.best_first import best_first_tree, top_children
+from specdec.strategies.leaf_chain import LeafChain
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root, host_to_device
@@ -71,6 +73,9 @@ class EagleConfig:
     #                                     node is verified
     score_temperature: float = setting(0.5, above=0.0)  # greedy: the tree is ranked by the drafter's probabilities
     #                                     at this temperature (< 1 sharpens; 1 = as drafted)
+    table_chain: int = setting(4, min=0)    # greedy: the tree's deepest leaf continued by this many nodes read
+    #                                     from the target's own top-1 predictions (token recycling's table), at
+    #                                     no drafter forward (strategies/leaf_chain.py); 0 = off
     batch_rows: bool = True             # in a batch (generate(list)), draft every row's tree level in one drafter
     #                                     forward (strategies/eagle_batch.py); false: each row drafts alone
     dtype: Optional[str] = setting("auto", choices=(None, "auto", "float32", "float16", "bfloat16", "int8"))   # the
@@ -94,7 +99,7 @@ class Eagle(BaseStrategy):
                  sampled_top_k: int | None = EagleConfig.sampled_top_k,
                  sampled_depth: int | None = EagleConfig.sampled_depth,
                  score_temperature: float = EagleConfig.score_temperature, dtype: str | torch.dtype | None = None,
-                 batch_rows: bool = EagleConfig.batch_rows):
+                 batch_rows: bool = EagleConfig.batch_rows, table_chain: int = EagleConfig.table_chain):
         if max_nodes < 1 or top_k < 1 or depth < 1 or (expand is not None and expand < 1):
             raise ConfigError(f"eagle.max_nodes, eagle.top_k, eagle.depth and eagle.expand must be >= 1, got "
                               f"{max_nodes}, {top_k}, {depth}, {expand}")
@@ -114,6 +119,12 @@ class Eagle(BaseStrategy):
                               f"got {score_temperature}")
         self.score_temperature = float(score_temperature)
         self.batch_rows = bool(batch_rows)
+        if table_chain < 0:
+            raise ConfigError(f"eagle.table_chain must be >= 0 (nodes under the deepest leaf; 0 = off), got {table_chain}")
+        self.table_chain = int(table_chain)
+        self.top_k_ids = 1 if self.table_chain else 0   # the verifier's top-1 of every row: the chain's table
+        self.top_k_prefill = False          # the chain's table seeds from the prompt's text (strategies/leaf_chain.py)
+        self.vocab = 0                      # the target's logits' width (bind)
         self.dtype = dtype                       # the drafter's dtype: None = the target's; "auto" = measured (bind)
         self.drafter = drafter.eval()
         self.max_nodes, self.top_k, self.depth = int(max_nodes), int(top_k), int(depth)
@@ -130,6 +141,7 @@ class Eagle(BaseStrategy):
         check_module_fits_target(EAGLE_FILES, self.drafter, target)
         bind_eagle(self.drafter, target, drafter_dtype(self.dtype, target, self.drafter))
         self.device = target.device
+        self.vocab = output_vocab_size(target)
 
     def reset_cache(self) -> None:
         self.kv = BufferedLayer()           # rows 0..fed: the committed rows; a tree's rows after them
@@ -137,9 +149,12 @@ class Eagle(BaseStrategy):
         self.unfed: list[torch.Tensor] = []   # [n, F] target features not fed yet
         self.unfed_tokens: list[torch.Tensor] | None = []   # [n] their next tokens on the device (None: from the host)
         self.root = None                    # (out [H], logits [V]) of the last committed row
+        self.chain: LeafChain | None = None  # this call's table chain (reset)
 
     def reset(self, state: DecodeState) -> None:
         self.reset_cache()
+        if self.table_chain and self.vocab:
+            self.chain = LeafChain(self.table_chain, self.vocab, self.device, state)
         if state.prompt_hidden is not None and len(state.prompt_hidden):
             self.unfed.append(state.prompt_hidden)     # [P - 1, F]
             self.unfed_tokens = None                   # the prompt's tokens come from the host
@@ -151,7 +166,7 @@ class Eagle(BaseStrategy):
         if root is None or depth_limit <= 0:            # a one-token prompt: no target feature yet
             return CandidateTree.empty(self.device)
         if state.sampling.greedy or state.noise is not None:    # the coupled sampler ranks by the target's noise
-            return self._greedy_tree(*root, depth_limit, self.scorer(state))
+            return self.chained(self._greedy_tree(*root, depth_limit, self.scorer(state)), state)
         return self._sampled_tree(*root, min(self.sampled_depth, state.max_depth), state)
 
     # ------------------------------------------------------------------ batched drafting (specdec.batch)
@@ -189,8 +204,17 @@ class Eagle(BaseStrategy):
         if live:
             built = batch.trees([eagles[i] for i in live], [states[i] for i in live], [depths[i] for i in live])
             for i, tree in zip(live, built):
-                trees[i] = tree
+                trees[i] = eagles[i].chained(tree, states[i])
         return trees
+
+    def chained(self, tree: CandidateTree, state: DecodeState) -> CandidateTree:
+        """The tree with the table chain under its deepest leaf, where there is one (strategies/leaf_chain.py)."""
+        return tree if self.chain is None else self.chain.extend(tree, state)
+
+    @property
+    def chain_nodes(self) -> range:
+        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
+        return range(0) if self.chain is None else self.chain.nodes
 
     @staticmethod
     def _coupled_scorer(state: DecodeState):
@@ -202,6 +226,8 @@ class Eagle(BaseStrategy):
         return score
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
+        if self.chain is not None:
+            self.chain.observe(result)
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
         self.root = None
         # the rows' next tokens on the device: the accepted path's, then the new pending one. Only where this
@@ -359,4 +385,5 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
     e = cfg.eagle
     return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand,
                  stop_below=e.stop_below, sampled_top_k=e.sampled_top_k, sampled_depth=e.sampled_depth,
-                 score_temperature=e.score_temperature, dtype=e.dtype, batch_rows=e.batch_rows)
+                 score_temperature=e.score_temperature, dtype=e.dtype, batch_rows=e.batch_rows,
+                 table_chain=e.table_chain)

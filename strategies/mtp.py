@@ -50,7 +50,7 @@ class Mtp(Eagle):
         self.modules = int(drafter.layout.modules)
         super().__init__(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, stop_below=0.0,
                          sampled_top_k=sampled_top_k, sampled_depth=sampled_depth, score_temperature=1.0,
-                         batch_rows=False)
+                         batch_rows=False, table_chain=0)
 
     def bind(self, target, tokenizer) -> None:
         if self.drafter.target_id != id(target):

@@ -34,8 +34,11 @@ def test_greedy_identity_all_none_and_partial_acceptance(arch):
     depth = 4
     # all: the target always says 7; the drafter reads the same lm_head, so it says 7 at every depth
     always = biased_target(arch, 5.0, keep_weights=False)
-    accepted = run(always, Eagle(random_drafter(always), max_nodes=6, top_k=2, depth=depth))
+    accepted = run(always, Eagle(random_drafter(always), max_nodes=6, top_k=2, depth=depth, table_chain=0))
     assert accepted[1:-1] and all(a == depth for a in accepted[1:-1])
+    # ... and the table chain under the deepest leaf (the target's own top-1 after 7: 7) is kept whole too
+    accepted = run(always, Eagle(random_drafter(always), max_nodes=6, top_k=2, depth=depth, table_chain=3))
+    assert accepted[1:-1] and all(a == depth + 3 for a in accepted[1:-1])
     # none: an untrained drafter on a random target
     model = tiny_model(arch, seed=1, sharpen=4.0)
     for layers, vocab in [((-1,), None), (eagle3_layers(2), None), ((0, 1, 2), list(range(1, 96, 2)))]:
@@ -44,7 +47,8 @@ def test_greedy_identity_all_none_and_partial_acceptance(arch):
     # partial: a target leaning to 7 and a drafter echoing its feature (right early, drifting deeper);
     # at its own probabilities the drafter's tree is too bushy to reach the depth where it drifts
     leaning = biased_target(arch, 3.0)
-    accepted = run(leaning, Eagle(echo_drafter(leaning), max_nodes=6, top_k=2, depth=depth, score_temperature=1.0))
+    accepted = run(leaning, Eagle(echo_drafter(leaning), max_nodes=6, top_k=2, depth=depth, score_temperature=1.0,
+                                  table_chain=0))
     assert any(0 < a < depth for a in accepted)
 
 
@@ -175,7 +179,7 @@ def test_greedy_tree_is_the_best_tree_by_cumulative_probability(max_nodes, top_k
     model = tiny_model("llama", seed=3, sharpen=2.0)
     drafter = random_drafter(model, seed=4)
     strategy = Eagle(drafter, max_nodes=max_nodes, top_k=top_k, depth=depth, expand=max_nodes, stop_below=0.0,
-                     score_temperature=temperature)
+                     score_temperature=temperature, table_chain=0)         # the drafter's own tree, no table chain
     strategy.bind(model, None)
     hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
     state = state_for(PROMPT, hidden)
@@ -287,7 +291,7 @@ def test_expand_bounds_the_drafter_rows_per_depth():
     rows = []
     drafter.register_forward_pre_hook(lambda module, args: rows.append(args[1].shape[1]))
     for expand, bound in ((2, 2), (None, 3), (20, 12)):
-        strategy = Eagle(drafter, max_nodes=12, top_k=3, depth=4, expand=expand, stop_below=0.0)
+        strategy = Eagle(drafter, max_nodes=12, top_k=3, depth=4, expand=expand, stop_below=0.0, table_chain=0)
         strategy.bind(model, None)
         hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
         state = state_for(PROMPT, hidden)
