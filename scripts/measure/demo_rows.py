@@ -23,10 +23,11 @@ VARIANTS = {
     "auto(none)": ("auto", {"auto.drafter": "none"}),
     "auto(tr+eagle)": ("auto", {"auto.drafter": "token_recycling", "auto.more_drafters": ["eagle"]}),   # the table first
     "auto(tr)-lookup-off": ("auto", {"auto.drafter": "token_recycling", "auto.lookup": False}),
-    # EAGLE without the table chain under its deepest leaf (strategies/leaf_chain.py)
+    # EAGLE without the table chain under its deepest leaf (strategies/leaf_chain.py), and auto with it (off there
+    # by default: configs/auto.yaml)
     "eagle-nochain": ("eagle", {"eagle.table_chain": 0}),
-    "auto(eagle)-nochain": ("auto", {"auto.more_drafters": [], "eagle.table_chain": 0}),
-    "auto(eagle+tr)-nochain": ("auto", {"eagle.table_chain": 0}),
+    "auto(eagle)+chain": ("auto", {"auto.more_drafters": [], "eagle.table_chain": 4}),
+    "auto(eagle+tr)+chain": ("auto", {"eagle.table_chain": 4}),
 }
 
 
