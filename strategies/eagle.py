@@ -32,6 +32,8 @@ Trees:
     best slots by a score blind to the token a slot receives, each parent's children drawn without
     replacement from its warped distribution q, one drafter forward per depth. Lossless
     (tests/test_eagle_law.py).
+  * the table chain (greedy, `table_chain` nodes, default 4; off inside auto): the first deepest leaf is
+    continued from the target's own top-1 after each token (strategies/leaf_chain.py), at no drafter forward.
 Host reads: one per depth (the candidates' scores); drafted tokens stay on the device.
 """
 from __future__ import annotations
