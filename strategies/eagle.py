@@ -26,6 +26,9 @@ Trees:
     while greedy verification keeps only the target's argmax, so its top child is kept far more
     often than its draft probability says. Raw scores (1.0) build bushy, shallow trees; 0.5 builds
     the deeper ones greedy keeps (benchmarks/results/defaults.md has what was measured).
+  * the coupled sampler (temperature > 0): greedy's best-first tree, ranked by the target's noise
+    (`scorer`), `sampled_depth` levels at most (every tree at a temperature takes that depth: greedy's
+    `depth` is sized beside the table chain, which greedy trees alone get).
   * sampling (temperature > 0, rejection sampler): the tree carries the drafter's real
     distributions, built by strategies/sampled_tree.py (shared with medusa), `sampled_depth` levels
     (default 4) of `sampled_top_k` slots (default 1: a chain; null = depth / top_k): per depth the
@@ -65,14 +68,14 @@ class EagleConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
     max_nodes: int = setting(5, min=1)      # tree node budget
     top_k: int = setting(4, min=1)          # children considered per node (greedy and the coupled sampler)
-    depth: int = setting(8, min=1)          # tree levels at most
+    depth: int = setting(8, min=1)          # greedy: tree levels at most (sampled_depth at a temperature)
     expand: Optional[int] = setting(None, min=1)   # greedy: nodes expanded per depth (None = top_k, EAGLE-2;
     #                                     >= max_nodes = exact best tree)
     stop_below: float = setting(0.2, min=0.0, max=1.0)   # greedy: stop expanding once the nodes to expand hold
     #                                     less path probability in all than this (0 = always `depth` levels)
     sampled_top_k: Optional[int] = setting(1, min=1)    # sampling (rejection): nodes per level (1 = a chain; null = top_k)
-    sampled_depth: Optional[int] = setting(4, min=1)    # sampling (rejection): levels (null = depth); every sampled
-    #                                     node is verified
+    sampled_depth: Optional[int] = setting(4, min=1)    # at a temperature, under either sampler: levels (null =
+    #                                     depth); the rejection sampler verifies every sampled node
     score_temperature: float = setting(0.5, above=0.0)  # greedy: the tree is ranked by the drafter's probabilities
     #                                     at this temperature (< 1 sharpens; 1 = as drafted)
     table_chain: int = setting(4, min=0)    # greedy: the tree's deepest leaf continued by this many nodes read
@@ -161,15 +164,20 @@ class Eagle(BaseStrategy):
             self.unfed.append(state.prompt_hidden)     # [P - 1, F]
             self.unfed_tokens = None                   # the prompt's tokens come from the host
 
+    def levels(self, state: DecodeState) -> int:
+        """The drafter's tree levels at this step: `depth` at greedy, where the table chain continues the
+        tree; `sampled_depth` at a temperature, under either sampler (the chain is greedy's only)."""
+        return min(self.depth if state.sampling.greedy else self.sampled_depth, state.max_depth)
+
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
-        depth_limit = min(self.depth, state.max_depth)
+        depth_limit = self.levels(state)
         root = self.catch_up(state.token_ids)
         if root is None or depth_limit <= 0:            # a one-token prompt: no target feature yet
             return CandidateTree.empty(self.device)
         if state.sampling.greedy or state.noise is not None:    # the coupled sampler ranks by the target's noise
             return self.chained(self._greedy_tree(*root, depth_limit, self.scorer(state)), state)
-        return self._sampled_tree(*root, min(self.sampled_depth, state.max_depth), state)
+        return self._sampled_tree(*root, depth_limit, state)
 
     # ------------------------------------------------------------------ batched drafting (specdec.batch)
     def batch_drafter(self):
@@ -200,7 +208,7 @@ class Eagle(BaseStrategy):
         catch-up), through `batch` (an EagleBatch over this drafter): what propose() gives each row
         alone, drafted side by side."""
         batch.catch_up(eagles, states)
-        depths = [min(eagle.depth, state.max_depth) for eagle, state in zip(eagles, states)]
+        depths = [eagle.levels(state) for eagle, state in zip(eagles, states)]
         trees = [CandidateTree.empty(eagle.device) for eagle in eagles]
         live = [i for i, (eagle, depth) in enumerate(zip(eagles, depths)) if eagle.root is not None and depth > 0]
         if live:

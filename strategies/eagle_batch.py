@@ -143,7 +143,7 @@ class EagleBatch:
                 kinds.append(("children", eagle.scorer(state), root_logits))
             else:
                 root_probs = logits_to_probs(root_logits, state.sampling)
-                builders.append(sampled_tree_steps(root_probs, min(eagle.sampled_depth, state.max_depth),
+                builders.append(sampled_tree_steps(root_probs, depth,
                                                    eagle.max_nodes, eagle.sampled_top_k, state.rng))
                 kinds.append(("probs", None, None))
             boxes.append(box)

@@ -382,6 +382,31 @@ def test_sampled_trees_take_their_own_width_and_depth(sampled, parents_shape):
         assert tree.parents == parents_shape
 
 
+def test_a_temperature_takes_sampled_depth_levels_under_either_sampler():
+    """eagle.depth bounds greedy trees only (the table chain continues them); at a temperature the rejection
+    sampler's tree and the coupled sampler's best-first tree both take sampled_depth levels."""
+    from specdec.coupled import GumbelNoise
+    model = tiny_model("llama", seed=1, sharpen=4.0)
+    strategy = Eagle(random_drafter(model), max_nodes=8, top_k=2, depth=1, sampled_top_k=1, sampled_depth=3,
+                     stop_below=0.0, expand=8, table_chain=0)
+    strategy.bind(model, None)
+    hidden = Verifier(model).prefill(PROMPT[:-1], strategy.feature_layers)
+
+    def tree_at(temperature: float, coupled: bool = False):
+        state = state_for(PROMPT, hidden, temperature=temperature)
+        if coupled:
+            state.noise = GumbelNoise(0, state.sampling, strategy.vocab)
+        strategy.reset(state)
+        return strategy.propose(state)
+
+    greedy = tree_at(0.0)
+    assert greedy.num_nodes == 2 and max(greedy.depths()) == 0          # one level: the root's top_k
+    rejection = tree_at(0.9)
+    assert rejection.draft_probs is not None and rejection.parents == (-1, 0, 1)
+    coupled = tree_at(0.9, coupled=True)
+    assert coupled.draft_probs is None and max(coupled.depths()) == 2 and coupled.num_nodes == 8
+
+
 def test_drafter_dtype_is_the_targets_a_named_one_or_measured(monkeypatch):
     from specdec.heads import eagle_io
     model = tiny_model("llama", seed=1)
