@@ -35,8 +35,12 @@ Trees:
     best slots by a score blind to the token a slot receives, each parent's children drawn without
     replacement from its warped distribution q, one drafter forward per depth. Lossless
     (tests/test_eagle_law.py).
-  * the table chain (greedy, `table_chain` nodes, default 4; off inside auto): the first deepest leaf is
+  * the table chain (greedy, `table_chain` nodes, default 6; off inside auto): the first deepest leaf is
     continued from the target's own top-1 after each token (strategies/leaf_chain.py), at no drafter forward.
+    By default greedy trees are one level deep (`depth` 1): the level the catch-up forward gives (every step
+    pays that forward to feed the drafter the accepted rows), then the chain. Each deeper level is a drafter
+    forward (about 0.6 ms on pycode's drafter, more right after a target forward), and on a CPU the chain's
+    nodes kept about as many tokens for none (benchmarks/results/eagle_depth).
 Host reads: one per depth (the candidates' scores); drafted tokens stay on the device.
 """
 from __future__ import annotations
@@ -68,7 +72,9 @@ class EagleConfig:
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
     max_nodes: int = setting(5, min=1)      # tree node budget
     top_k: int = setting(4, min=1)          # children considered per node (greedy and the coupled sampler)
-    depth: int = setting(8, min=1)          # greedy: tree levels at most (sampled_depth at a temperature)
+    depth: int = setting(1, min=1)          # greedy: drafter levels at most (sampled_depth at a temperature); 1 = the
+    #                                     level the catch-up forward gives, continued by the table chain; with
+    #                                     table_chain 0, use about 8
     expand: Optional[int] = setting(None, min=1)   # greedy: nodes expanded per depth (None = top_k, EAGLE-2;
     #                                     >= max_nodes = exact best tree)
     stop_below: float = setting(0.2, min=0.0, max=1.0)   # greedy: stop expanding once the nodes to expand hold
@@ -78,7 +84,7 @@ class EagleConfig:
     #                                     depth); the rejection sampler verifies every sampled node
     score_temperature: float = setting(0.5, above=0.0)  # greedy: the tree is ranked by the drafter's probabilities
     #                                     at this temperature (< 1 sharpens; 1 = as drafted)
-    table_chain: int = setting(4, min=0)    # greedy: the tree's deepest leaf continued by this many nodes read
+    table_chain: int = setting(6, min=0)    # greedy: the tree's deepest leaf continued by this many nodes read
     #                                     from the target's own top-1 predictions (token recycling's table), at
     #                                     no drafter forward (strategies/leaf_chain.py); 0 = off
     batch_rows: bool = True             # in a batch (generate(list)), draft every row's tree level in one drafter

@@ -6,7 +6,7 @@ and prefill milliseconds and the tree nodes (sums of out.stats over the calls, d
     python scripts/measure/auto_variants.py --target T --eagle E --split S/split.json --temperature 0 --rounds 3 \\
         --variants '{"default": {}, "eagle": {"auto.more_drafters": []}, "tr": {"auto.drafter": "token_recycling"}}'
 
-Prompts: the first 4 held-out files of the split (names relative to this Python's standard library, as the
+Prompts: the first `--prompts` (default 4) held-out files of the split (names relative to this Python's standard library, as the
 pycode family's split.json lists them) with at least 700 tokens, tokens 200..584 of each (384-token prompts);
 128 new tokens each. A variant's overrides may name its strategy under "_strategy" (default auto).
 """
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=4, help="held-out files to take prompts from")
     parser.add_argument("--variants", default='{"default": {}, "eagle": {"auto.more_drafters": []}, '
                                                '"tr": {"auto.drafter": "token_recycling"}}')
     args = parser.parse_args()
@@ -53,7 +54,7 @@ def main() -> None:
     base = {"target.path": args.target, "eagle.path": args.eagle}
     variants = json.loads(args.variants)
     loaded = {name: specdec.load(extra.pop("_strategy", "auto"), **base, **extra) for name, extra in variants.items()}
-    prompts = prompts_from(args.split, next(iter(loaded.values())).tokenizer)
+    prompts = prompts_from(args.split, next(iter(loaded.values())).tokenizer, args.prompts)
     stats = {name: [] for name in loaded}
     for round_ in range(args.rounds + 1):
         for i, prompt in enumerate(prompts):

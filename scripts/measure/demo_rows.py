@@ -23,11 +23,17 @@ VARIANTS = {
     "auto(none)": ("auto", {"auto.drafter": "none"}),
     "auto(tr+eagle)": ("auto", {"auto.drafter": "token_recycling", "auto.more_drafters": ["eagle"]}),   # the table first
     "auto(tr)-lookup-off": ("auto", {"auto.drafter": "token_recycling", "auto.lookup": False}),
-    # EAGLE without the table chain under its deepest leaf (strategies/leaf_chain.py), and auto with it (off there
-    # by default: configs/auto.yaml)
-    "eagle-nochain": ("eagle", {"eagle.table_chain": 0}),
+    # EAGLE's own tree, without the table chain (strategies/leaf_chain.py) and 8 levels deep (the default before the
+    # chain); auto with the chain under its 8 levels (off there by default: configs/auto.yaml)
+    "eagle-nochain": ("eagle", {"eagle.depth": 8, "eagle.table_chain": 0}),
     "auto(eagle)+chain": ("auto", {"auto.more_drafters": [], "eagle.table_chain": 4}),
     "auto(eagle+tr)+chain": ("auto", {"eagle.table_chain": 4}),
+    # eagle's greedy trees 8 or 2 levels deep with the chain (eagle's default: 1 level, a chain of 6), and auto with
+    # eagle's default (benchmarks/results/eagle_depth)
+    "eagle-d8c4": ("eagle", {"eagle.depth": 8, "eagle.table_chain": 4}),
+    "eagle-d2c6": ("eagle", {"eagle.depth": 2}),
+    "auto(eagle)-d1c6": ("auto", {"auto.more_drafters": [], "eagle.depth": 1, "eagle.table_chain": 6}),
+    "auto(eagle+tr)-d1c6": ("auto", {"eagle.depth": 1, "eagle.table_chain": 6}),
 }
 
 
