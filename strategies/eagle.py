@@ -68,7 +68,7 @@ from specdec.verifier import CATCH_UP_CHUNK
 @dataclass
 class EagleConfig:
     """The `eagle:` section. Defaults suit a CPU (configs/eagle.yaml); on a GPU wider trees are
-    nearly free (max_nodes 60, top_k 10)."""
+    nearly free (max_nodes 60, top_k 10, depth 8, table_chain 0)."""
     path: Optional[str] = None          # folder written by `specdec train-heads train_eagle` (eagle.json + weights)
     max_nodes: int = setting(5, min=1)      # tree node budget
     top_k: int = setting(4, min=1)          # children considered per node (greedy and the coupled sampler)
