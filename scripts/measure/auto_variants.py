@@ -6,9 +6,9 @@ and prefill milliseconds and the tree nodes (sums of out.stats over the calls, d
     python scripts/measure/auto_variants.py --target T --eagle E --split S/split.json --temperature 0 --rounds 3 \\
         --variants '{"default": {}, "eagle": {"auto.more_drafters": []}, "tr": {"auto.drafter": "token_recycling"}}'
 
-Prompts: the first `--prompts` (default 4) held-out files of the split (names relative to this Python's standard library, as the
-pycode family's split.json lists them) with at least 700 tokens, tokens 200..584 of each (384-token prompts);
-128 new tokens each. A variant's overrides may name its strategy under "_strategy" (default auto).
+Prompts: the first `--prompts` (default 4) held-out files of the split (names relative to this Python's
+standard library, as the pycode family's split.json lists them) with at least 700 tokens, tokens 200..584 of
+each (384-token prompts); 128 new tokens each. A variant's overrides may name its strategy under "_strategy" (default auto).
 """
 from __future__ import annotations
 
