@@ -158,8 +158,9 @@ step device_tests 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/t
 step recurrent_tests 100 env SPECDEC_TEST_DEVICE=$DEVICE $RUN "${TESTS[@]}" tests/test_recurrent_target.py \
   --junitxml="$WORK/recurrent_tests.xml"
 
-# (3) an EAGLE drafter for the target
-step train_eagle 90 $RUN -m specdec.cli train-heads train_eagle target="$TARGET" output_dir="$EAGLE" \
+# (3) an EAGLE drafter for the target (one minute of training; loading, the last evaluation and the save
+# come on top, 80-100 s in all on an H100)
+step train_eagle 120 $RUN -m specdec.cli train-heads train_eagle target="$TARGET" output_dir="$EAGLE" \
   split_file="$SPLIT" device=$DEVICE bf16=null progress=false "${TRAIN[@]}"
 
 # (4) bf16 greedy identity, ties counted
