@@ -31,6 +31,7 @@ from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
 from .base import BaseStrategy
+from .lean_forward import LeanForward, why_not_lean
 from specdec.tree import host_to_device
 
 
@@ -48,6 +49,9 @@ class DraftConfig:
     min_confidence: float = setting(0.0, min=0.0, max=1.0)   # chains stop early where the draft's own token prob < this (0 = off)
     batch_rows: bool = True             # generate(list): all rows' chains (trees) in one draft forward per position
     #                                     (level); false: a forward per row, as before; kept for the A/B in benchmarks/results/batch
+    lean_forward: bool = True           # one sequence: run a Llama, Qwen2 or Mistral draft's layers as plain tensor code
+    #                                     (strategies/lean_forward.py), without Hugging Face's per-call costs; other
+    #                                     drafts, and false, call the model's own forward
 
 
 CONFIG_SECTIONS = {"draft": DraftConfig}
@@ -99,7 +103,7 @@ class DraftModel(BaseStrategy):
                  adaptive: bool = DraftConfig.adaptive, min_tokens: int = DraftConfig.min_tokens,
                  max_tokens: int = DraftConfig.max_tokens, draft_cost: float = DraftConfig.draft_cost,
                  min_confidence: float = DraftConfig.min_confidence, batch_rows: bool = DraftConfig.batch_rows,
-                 draft_tokenizer=None):
+                 draft_tokenizer=None, lean_forward: bool = DraftConfig.lean_forward):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
@@ -116,6 +120,9 @@ class DraftModel(BaseStrategy):
         self.min_confidence = float(min_confidence)
         self.batch_rows = bool(batch_rows)
         self.draft_tokenizer = draft_tokenizer
+        self.lean_forward = bool(lean_forward)   # early_exit and layer_skip pass False: their views of the target
+        #                                          keep the model's own forward
+        self.lean = None                      # LeanForward of the draft, where lean_forward and it can run the draft
         self.layout = None                    # the draft's attention layout, known at bind
         self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
         if draft is not None:                 # None: set by use_draft before bind (early_exit's view of the target)
@@ -125,6 +132,7 @@ class DraftModel(BaseStrategy):
         """Draft with `draft` (a causal LM over the target's tokenizer)."""
         self.draft = draft.eval()
         self.vocab = output_vocab_size(draft)
+        self.lean = LeanForward(draft) if self.lean_forward and why_not_lean(draft) is None else None
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -276,6 +284,8 @@ class DraftModel(BaseStrategy):
     # ------------------------------------------------------------------ drafting
     def _logits(self, input_ids: torch.Tensor, mask=None, positions=None, last_only: bool = False) -> torch.Tensor:
         """[L, V] draft logits of every input row ([1, V]: the last row's only)."""
+        if self.lean is not None and not isinstance(mask, dict):    # per-layer-type masks: sliding windows
+            return self.fit_vocab(self.lean(input_ids, mask, positions, self.cache, last_only))
         out = self.draft(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **cache_kwargs(self.draft, self.cache), use_cache=True, logits_to_keep=1 if last_only else 0)
         return self.fit_vocab(out.logits[0])
@@ -507,4 +517,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
                       max_tokens=d.max_tokens, draft_cost=d.draft_cost, min_confidence=d.min_confidence,
-                      batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer)
+                      batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer, lean_forward=d.lean_forward)

@@ -108,7 +108,8 @@ class EarlyExit(DraftModel):
         super().__init__(None, num_tokens=num_tokens, branching=branching, max_nodes=max_nodes, adaptive=adaptive,
                          min_tokens=min_tokens, max_tokens=max_tokens,
                          draft_cost=DraftConfig.draft_cost if draft_cost is None else draft_cost,
-                         min_confidence=min_confidence, batch_rows=batch_rows)
+                         min_confidence=min_confidence, batch_rows=batch_rows,
+                         lean_forward=False)   # its view of the target keeps the model's own forward
         self.exit_layer = int(exit_layer)
         self.given_draft_cost = draft_cost
         self.reuse_kv = bool(reuse_kv)

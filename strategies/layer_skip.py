@@ -326,7 +326,8 @@ class LayerSkip(DraftModel):
                  batch_rows: bool = LayerSkipConfig.batch_rows):
         super().__init__(None, num_tokens=num_tokens, branching=branching, max_nodes=max_nodes, adaptive=adaptive,
                          min_tokens=min_tokens, max_tokens=max_tokens, draft_cost=draft_cost or 0.0,
-                         min_confidence=min_confidence, batch_rows=batch_rows)
+                         min_confidence=min_confidence, batch_rows=batch_rows,
+                         lean_forward=False)   # its view of the target keeps the model's own forward
         if not 0.0 < skip_fraction < 1.0:
             raise ConfigError(f"layer_skip.skip_fraction must lie strictly between 0 and 1, got {skip_fraction}")
         if min(int(window), int(every)) < 1 or min(int(context), int(candidates)) < 0:
