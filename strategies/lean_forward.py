@@ -88,6 +88,7 @@ class LeanForward:
         self.scaling = attn.scaling
         self.heads = model.config.num_attention_heads
         self.kv_heads = getattr(model.config, "num_key_value_heads", None) or self.heads
+        self.groups = self.heads // self.kv_heads
 
     def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:     # [1, L, count * d] -> [1, count, L, d]
         return x.view(1, -1, count, self.head_dim).transpose(1, 2)
@@ -111,8 +112,9 @@ class LeanForward:
             k = _rotate(self._heads(F.linear(x, attn.k_proj.weight, attn.k_proj.bias), self.kv_heads), cos, sin)
             v = self._heads(F.linear(x, attn.v_proj.weight, attn.v_proj.bias), self.kv_heads)
             k, v = cache.update(k, v, index)                                                        # [1, kv, K, d]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
-                                                 enable_gqa=self.kv_heads != self.heads)             # [1, heads, L, d]
+            if self.groups > 1:       # grouped-query attention (sdpa's enable_gqa needs torch >= 2.5)
+                k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)     # [1, heads, L, d]
             out = out.transpose(1, 2).reshape(1, length, self.heads * self.head_dim)
             h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
             x = _rms_norm(layer.post_attention_layernorm, h)
