@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 _KNOWN = {   # model_type -> (decoder layer, attention, MLP, RMSNorm) class names of transformers' modeling file
     "llama": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
@@ -47,8 +48,19 @@ def why_not_lean(model) -> str | None:
                  type(getattr(layer, "post_attention_layernorm", None)).__name__)
         if found != (layer_cls, attn_cls, mlp_cls, norm_cls, norm_cls):
             return f"a layer of other modules ({', '.join(found)})"
+        if not all(hasattr(layer.self_attn, name) for name in ("head_dim", "scaling")):
+            return "an attention module without head_dim and scaling (an older transformers)"
+        linears = [getattr(layer.self_attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
+            getattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")]
+        odd = [type(linear).__name__ for linear in linears if type(linear) is not nn.Linear]
+        if odd:      # a quantized or patched linear layer: its weight is not what F.linear takes
+            return f"linear layers of class {odd[0]}"
     if type(inner.norm).__name__ != norm_cls:
         return f"a final norm of class {type(inner.norm).__name__}"
+    if type(model.get_output_embeddings()) is not nn.Linear:
+        return f"an lm_head of class {type(model.get_output_embeddings()).__name__}"
+    if any(hasattr(module, "_hf_hook") for module in model.modules()):
+        return "accelerate hooks (offloaded or dispatched weights), which only the model's own forward runs"
     return None
 
 

@@ -76,6 +76,13 @@ def test_models_it_cannot_run_keep_their_own_forward():
 
     stand_in.model.layers[1].mlp = Silent()
     assert "other modules" in why_not_lean(stand_in)
+
+    class Quantized(nn.Linear):           # a quantized or patched linear layer
+        pass
+
+    patched = copy.deepcopy(tiny_model("llama"))
+    patched.model.layers[0].self_attn.q_proj = Quantized(32, 32, bias=False)
+    assert "linear layers of class Quantized" in why_not_lean(patched)
     with pytest.raises(ValueError, match="cannot run"):
         LeanForward(stand_in)
     # draft_model falls back to the model's own forward there, and where draft.lean_forward is false
