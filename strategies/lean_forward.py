@@ -3,12 +3,14 @@
 A draft model is called once per drafted token. On a 2-layer, 1.7M-parameter draft its Hugging Face
 forward costs 1.2-2 ms on a CPU, of which its matrix products are about 0.25 ms: the rest is the
 fixed cost of the call (mask and output building, keyword checks, deprecation wrappers, module
-hooks, per layer and per call). LeanForward runs the same modules' weights with the same operations
-(RMSNorm in float32, rotary embeddings from the model's own rotary module, scaled-dot-product
-attention with the same mask) and the same KV cache, as plain tensor code. It is used only where
-every module is one of the classes it knows (Llama, Qwen2 or Mistral decoder layers, full attention
-everywhere); anything else (another architecture, sliding windows, a layer view with stand-in
-sublayers such as layer_skip's) keeps Hugging Face's forward. A draft only guesses, so an
+hooks, per layer and per call). LeanForward runs the same modules' weights with the same math
+(RMSNorm in float32, rotary embeddings from the model's own rotary module, so its rope scaling too,
+attention with the same mask) and the same KV cache, as plain tensor code; its attention kernel is
+PyTorch's scaled_dot_product_attention whatever `attn_implementation` the model was loaded with, and
+hooks registered on the model's modules do not run. It is used only where every module is one of
+the classes it knows (Llama, Qwen2 or Mistral decoder layers, full attention everywhere); anything
+else (another architecture, sliding windows, a layer view with stand-in sublayers such as
+layer_skip's, quantized linear layers) keeps Hugging Face's forward. A draft only guesses, so an
 approximation would cost acceptance, never correctness; the tests check it agrees with Hugging
 Face's forward all the same (tests/test_lean_forward.py).
 """
@@ -18,16 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_KNOWN = {   # model_type -> (decoder layer, attention, MLP, RMSNorm) class names of transformers' modeling file
-    "llama": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
-    "qwen2": ("Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"),
-    "mistral": ("MistralDecoderLayer", "MistralAttention", "MistralMLP", "MistralRMSNorm"),
+_KNOWN = {   # model_type -> (causal LM, decoder layer, attention, MLP, RMSNorm) class names of transformers' modeling file
+    "llama": ("LlamaForCausalLM", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"),
+    "mistral": ("MistralForCausalLM", "MistralDecoderLayer", "MistralAttention", "MistralMLP", "MistralRMSNorm"),
 }
 
 
 def why_not_lean(model) -> str | None:
-    """None when LeanForward can run `model` exactly as its own forward does, else why not (for logs
-    and tests)."""
+    """None when LeanForward computes what `model`'s own forward does (up to the attention kernel), else why
+    not (for logs and tests)."""
     config = getattr(model, "config", None)
     names = _KNOWN.get(getattr(config, "model_type", None))
     if names is None:
@@ -41,15 +43,21 @@ def why_not_lean(model) -> str | None:
         return "sliding-window attention"
     if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ())):
         return "layers that do not all attend fully"
-    layer_cls, attn_cls, mlp_cls, norm_cls = names
-    for layer in inner.layers:
+    model_cls, layer_cls, attn_cls, mlp_cls, norm_cls = names
+    if type(model).__name__ != model_cls:       # a subclass may have a forward of its own
+        return f"a model of class {type(model).__name__}, not {model_cls}"
+    if len(inner.layers) != config.num_hidden_layers:     # the model's forward runs the first num_hidden_layers
+        return f"{len(inner.layers)} layers against num_hidden_layers {config.num_hidden_layers}"
+    for position, layer in enumerate(inner.layers):
         found = (type(layer).__name__, type(getattr(layer, "self_attn", None)).__name__,
                  type(getattr(layer, "mlp", None)).__name__, type(getattr(layer, "input_layernorm", None)).__name__,
                  type(getattr(layer, "post_attention_layernorm", None)).__name__)
         if found != (layer_cls, attn_cls, mlp_cls, norm_cls, norm_cls):
             return f"a layer of other modules ({', '.join(found)})"
-        if not all(hasattr(layer.self_attn, name) for name in ("head_dim", "scaling")):
-            return "an attention module without head_dim and scaling (an older transformers)"
+        if not all(hasattr(layer.self_attn, name) for name in ("head_dim", "scaling", "layer_idx")):
+            return "an attention module without head_dim, scaling and layer_idx (an older transformers)"
+        if layer.self_attn.layer_idx != position:   # the cache slot the model's forward writes
+            return f"layer {position} writes the cache of layer {layer.self_attn.layer_idx}"
         linears = [getattr(layer.self_attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")] + [
             getattr(layer.mlp, name) for name in ("gate_proj", "up_proj", "down_proj")]
         odd = [type(linear).__name__ for linear in linears if type(linear) is not nn.Linear]
@@ -73,6 +81,7 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embeddings as the modeling files apply them: x [1, n, L, d], cos and sin [1, 1, L, d]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -88,7 +97,6 @@ class LeanForward:
         reason = why_not_lean(model)
         if reason is not None:
             raise ValueError(f"LeanForward cannot run this model: {reason}")
-        self.model = model
         inner = model.model
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
@@ -124,7 +132,8 @@ class LeanForward:
             k = _rotate(self._heads(F.linear(x, attn.k_proj.weight, attn.k_proj.bias), self.kv_heads), cos, sin)
             v = self._heads(F.linear(x, attn.v_proj.weight, attn.v_proj.bias), self.kv_heads)
             k, v = cache.update(k, v, index)                                                        # [1, kv, K, d]
-            if self.groups > 1:       # grouped-query attention (sdpa's enable_gqa needs torch >= 2.5)
+            if self.groups > 1:   # grouped-query attention: repeated as repeat_kv does (sdpa's enable_gqa
+                #                   is torch >= 2.5, and this package takes torch >= 2.1)
                 k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)     # [1, heads, L, d]
             out = out.transpose(1, 2).reshape(1, length, self.heads * self.head_dim)

@@ -22,6 +22,27 @@ from conftest import hf_greedy, noisy_copy, tiny_model
 LEAN_ARCHS = ["llama", "qwen2", "mistral"]
 
 
+def _perturbed(model, seed: int = 7, scale: float = 0.1):
+    """The model with every parameter moved by noise of a fixed size: a freshly built model's norm weights
+    are ones and its biases zeros, so a forward that left them out would agree with one that does not."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return model
+
+
+def _rope_scaled_llama():
+    """A Llama whose rotary module scales positions (llama3 rope): LeanForward takes its cos / sin from it."""
+    import transformers as T
+    from conftest import tiny_config
+    config = tiny_config("llama", hidden=64)
+    config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    torch.manual_seed(5)
+    return T.LlamaForCausalLM(config).eval()
+
+
 def _own(model, cache, ids, mask=None, positions=None):
     """[L, V] the model's own forward's logits."""
     return model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_kwargs(model, cache),
@@ -37,9 +58,11 @@ def _same_cache(a, b) -> None:
                                    layer_b.values[..., : layer_b.get_seq_length(), :])
 
 
-@pytest.mark.parametrize("arch", LEAN_ARCHS)
+@pytest.mark.parametrize("arch", LEAN_ARCHS + ["llama3-rope"])
 def test_lean_logits_and_cache_are_the_models_own_on_every_kind_of_call(arch):
-    model = tiny_model(arch, seed=3, hidden=64)
+    model = _perturbed(_rope_scaled_llama() if arch == "llama3-rope" else tiny_model(arch, seed=3, hidden=64))
+    if arch == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None      # Qwen2's q / k / v biases are run
     lean = LeanForward(model)
     gen = torch.Generator().manual_seed(0)
     own_cache, lean_cache = new_cache(model), new_cache(model)
@@ -83,6 +106,10 @@ def test_models_it_cannot_run_keep_their_own_forward():
     patched = copy.deepcopy(tiny_model("llama"))
     patched.model.layers[0].self_attn.q_proj = Quantized(32, 32, bias=False)
     assert "linear layers of class Quantized" in why_not_lean(patched)
+    windowed_qwen = tiny_model("qwen2")
+    windowed_qwen.config.use_sliding_window, windowed_qwen.config.sliding_window = True, 16
+    assert "sliding" in why_not_lean(windowed_qwen)
+    assert "layer" in why_not_lean(_with_layer_types(tiny_model("llama"), ["full_attention", "sliding_attention"]))
     with pytest.raises(ValueError, match="cannot run"):
         LeanForward(stand_in)
     # draft_model falls back to the model's own forward there, and where draft.lean_forward is false
@@ -91,16 +118,49 @@ def test_models_it_cannot_run_keep_their_own_forward():
     assert DraftModel(tiny_model("llama")).lean is not None
 
 
+def _with_layer_types(model, kinds):
+    model.config.layer_types = kinds
+    return model
+
+
 @pytest.mark.parametrize("arch", LEAN_ARCHS)
 @pytest.mark.parametrize("branching", [None, [3, 2, 1]], ids=["chain", "tree"])
-def test_draft_model_with_lean_forward_is_identical_to_greedy_and_never_calls_the_draft_module(arch, branching):
+def test_draft_model_with_lean_forward_drafts_what_the_models_own_forward_drafts(arch, branching):
+    """The whole call pattern (prompt catch-up, the step's catch-up of two, chains or tree levels after commits):
+    the same tokens kept at every step as with the model's own forward, and greedy identity."""
     target = tiny_model(arch, seed=0, sharpen=6.0)
-    draft = noisy_copy(target, noise=0.2)
+    draft = _perturbed(noisy_copy(target, noise=0.2), seed=3, scale=0.02)   # still agrees with the target often
     calls = []
     draft.register_forward_hook(lambda *_: calls.append(1))
     prompt = [1, 5, 9, 14, 3, 7, 22, 40, 5, 9]
-    strategy = DraftModel(draft, num_tokens=4, branching=branching)
-    out = Speculator(target, None, strategy).generate(prompt, max_new_tokens=40, ignore_eos=True)
-    assert out.token_ids == hf_greedy(target, prompt, 40, eos_token_id=None)
-    assert sum(out.stats.accepted_lengths) > 0
-    assert not calls       # every draft forward ran lean
+    outs = {}
+    for lean in (True, False):
+        strategy = DraftModel(draft, num_tokens=4, branching=branching, lean_forward=lean)
+        assert (strategy.lean is not None) == lean
+        calls.clear()
+        outs[lean] = Speculator(target, None, strategy).generate(prompt, max_new_tokens=40, ignore_eos=True)
+        assert bool(calls) != lean        # lean: every draft forward ran without the module's own forward
+    assert outs[True].token_ids == hf_greedy(target, prompt, 40, eos_token_id=None)
+    assert outs[True].stats.accepted_lengths == outs[False].stats.accepted_lengths
+    assert sum(outs[True].stats.accepted_lengths) > 0
+
+
+def test_draft_lean_forward_is_a_config_setting_and_the_target_views_keep_their_own_forward():
+    from specdec.config import build_config, SpecConfig
+    from specdec.strategies.draft_model import from_config
+    from specdec.strategies.early_exit import EarlyExit
+    from specdec.strategies.layer_skip import LayerSkip
+    assert EarlyExit(exit_layer=1).lean_forward is False
+    assert LayerSkip(attention=[0]).lean_forward is False
+    cfg = SpecConfig()
+    assert cfg.draft.lean_forward is True
+    cfg.draft.lean_forward = False
+    cfg.draft.path = "unused"
+    import specdec.models as models
+    draft = tiny_model("llama")
+    original = models.load_model
+    models.load_model = lambda *args, **kwargs: draft
+    try:
+        assert from_config(cfg, None, None, "cpu", torch.float32).lean is None
+    finally:
+        models.load_model = original

@@ -33,7 +33,7 @@ def main() -> None:
     stream = torch.zeros(args.stream_mb * 2 ** 18)               # float32: MiB * 2^20 / 4
     with torch.inference_mode():
         cache = new_cache(draft)
-        draft(input_ids=torch.randint(3, 1000, (1, args.past)), **cache_kwargs(draft, cache), use_cache=True)
+        draft(input_ids=torch.randint(3, draft.config.vocab_size, (1, args.past)), **cache_kwargs(draft, cache), use_cache=True)
         token = torch.tensor([[5]])
 
         def own():
