@@ -87,23 +87,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-class LeanForward:
+class LeanForward(nn.Module):
     """forward(input_ids [1, L], mask, positions [1, L] | None, cache, last_only) -> logits [L or 1, V],
     the model's own logits for those rows, writing their keys and values into `cache` (a DynamicCache,
     as the model's forward would). `mask`: None (the rows continue the cache as a chain) or one
-    [1, 1, L, K] mask (additive or bool) over the cache's K = past + L slots."""
+    [1, 1, L, K] mask (additive or bool) over the cache's K = past + L slots.
+
+    A module of its own (holding none of the model's: they stay the model's children alone), so that a
+    forward hook sees its calls as it would the model's (the bench's forward meter: drafting modules)."""
 
     def __init__(self, model):
         reason = why_not_lean(model)
         if reason is not None:
             raise ValueError(f"LeanForward cannot run this model: {reason}")
+        super().__init__()
         inner = model.model
-        self.embed = inner.embed_tokens
-        self.rotary = inner.rotary_emb
-        self.final_norm = inner.norm
-        self.lm_head = model.get_output_embeddings()
-        self.layers = list(inner.layers)
-        attn = self.layers[0].self_attn
+        # a plain tuple: the model's modules are read at each call (bind moves them), not registered here
+        self.parts = (inner.embed_tokens, inner.rotary_emb, inner.norm, model.get_output_embeddings(),
+                      tuple(inner.layers))
+        attn = inner.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self.heads = model.config.num_attention_heads
@@ -113,8 +115,9 @@ class LeanForward:
     def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:     # [1, L, count * d] -> [1, count, L, d]
         return x.view(1, -1, count, self.head_dim).transpose(1, 2)
 
-    def __call__(self, input_ids: torch.Tensor, mask, positions: torch.Tensor | None, cache,
-                 last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, mask, positions: torch.Tensor | None, cache,
+                last_only: bool = False) -> torch.Tensor:
+        embed, rotary, final_norm, lm_head, layers = self.parts
         length = input_ids.shape[1]
         past = cache.get_seq_length()
         if positions is None:
@@ -122,10 +125,10 @@ class LeanForward:
         if mask is None and length > 1:   # a chain after the cache: row i sees the past and rows <= i
             keys = torch.arange(past + length, device=input_ids.device)
             mask = (keys[None, :] <= (past + torch.arange(length, device=input_ids.device))[:, None])[None, None]
-        h = self.embed(input_ids)                                                                   # [1, L, H]
-        cos, sin = self.rotary(h, positions)                                                        # [1, L, d]
+        h = embed(input_ids)                                                                        # [1, L, H]
+        cos, sin = rotary(h, positions)                                                        # [1, L, d]
         cos, sin = cos[:, None], sin[:, None]                                                       # [1, 1, L, d]
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(layer.input_layernorm, h)
             q = _rotate(self._heads(F.linear(x, attn.q_proj.weight, attn.q_proj.bias), self.heads), cos, sin)
@@ -144,5 +147,5 @@ class LeanForward:
             h = h + F.linear(x, mlp.down_proj.weight, mlp.down_proj.bias)
         if last_only:
             h = h[:, -1:]
-        h = _rms_norm(self.final_norm, h)
-        return F.linear(h, self.lm_head.weight, getattr(self.lm_head, "bias", None))[0]            # [L or 1, V]
+        h = _rms_norm(final_norm, h)
+        return F.linear(h, lm_head.weight, lm_head.bias)[0]            # [L or 1, V]

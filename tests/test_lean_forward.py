@@ -137,6 +137,8 @@ def test_draft_model_with_lean_forward_drafts_what_the_models_own_forward_drafts
     for lean in (True, False):
         strategy = DraftModel(draft, num_tokens=4, branching=branching, lean_forward=lean)
         assert (strategy.lean is not None) == lean
+        if lean:      # a drafting module, so the bench's forward meter times its calls as draft forwards
+            assert strategy.lean in strategy.drafting_modules()
         calls.clear()
         outs[lean] = Speculator(target, None, strategy).generate(prompt, max_new_tokens=40, ignore_eos=True)
         assert bool(calls) != lean        # lean: every draft forward ran without the module's own forward
