@@ -10,22 +10,17 @@ import torch
 
 from conftest import assert_ragged_batch_greedy_identical, char_tokenizer, hf_greedy, tiny_model
 from eagle_helpers import random_drafter
+from test_token_recycling import state_of
 from specdec import Speculator
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingParams, TorchRandom
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.leaf_chain import LeafChain
 from specdec.tree import CandidateTree
-from specdec.types import DecodeState, StepResult
+from specdec.types import StepResult
 from specdec.verifier import Verifier
 
 VOCAB = 16
 PROMPT = [5, 9, 3, 5, 9, 3, 5, 9, 3, 5]
-
-
-def state_of(tokens, max_depth=16, temperature=0.0, prompt_top_ids=None) -> DecodeState:
-    return DecodeState(token_ids=list(tokens), prompt_len=len(tokens), sampling=SamplingParams(temperature),
-                       rng=TorchRandom(torch.Generator()), max_depth=max_depth, prompt_top_ids=prompt_top_ids)
 
 
 def chain_over(table: torch.Tensor, length: int) -> LeafChain:
