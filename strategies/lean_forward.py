@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.models import decoder_layer_types
+
 _KNOWN = {   # model_type -> (causal LM, decoder layer, attention, MLP, RMSNorm) class names of transformers' modeling file
     "llama": ("LlamaForCausalLM", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"),
@@ -38,11 +40,9 @@ def why_not_lean(model) -> str | None:
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if inner is None or any(not hasattr(inner, name) for name in needed) or model.get_output_embeddings() is None:
         return "not a decoder with embed_tokens, layers, norm, rotary_emb and an lm_head"
-    if getattr(config, "sliding_window", None) and (getattr(config, "use_sliding_window", True)
-                                                      or config.model_type == "mistral"):
-        return "sliding-window attention"
-    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ())):
-        return "layers that do not all attend fully"
+    kinds = set(decoder_layer_types(model)[0])     # Hugging Face's own reading: sliding windows, mixed layers
+    if kinds != {"full_attention"}:
+        return f"layers that do not all attend fully ({', '.join(sorted(kinds))})"
     model_cls, layer_cls, attn_cls, mlp_cls, norm_cls = names
     if type(model).__name__ != model_cls:       # a subclass may have a forward of its own
         return f"a model of class {type(model).__name__}, not {model_cls}"

@@ -89,8 +89,8 @@ def test_models_it_cannot_run_keep_their_own_forward():
     assert why_not_lean(tiny_model("llama")) is None
     assert "model_type" in why_not_lean(tiny_model("gpt2"))
     windowed = copy.deepcopy(tiny_model("mistral"))
-    windowed.config.sliding_window = 16
-    assert "sliding" in why_not_lean(windowed)
+    windowed.config.sliding_window = 16               # Mistral's forward reads its window from the config
+    assert "sliding_attention" in why_not_lean(windowed)
     stand_in = copy.deepcopy(tiny_model("llama"))
 
     class Silent(nn.Module):              # a layer_skip-style stand-in for a sublayer
@@ -106,21 +106,20 @@ def test_models_it_cannot_run_keep_their_own_forward():
     patched = copy.deepcopy(tiny_model("llama"))
     patched.model.layers[0].self_attn.q_proj = Quantized(32, 32, bias=False)
     assert "linear layers of class Quantized" in why_not_lean(patched)
-    windowed_qwen = tiny_model("qwen2")
-    windowed_qwen.config.use_sliding_window, windowed_qwen.config.sliding_window = True, 16
-    assert "sliding" in why_not_lean(windowed_qwen)
-    assert "layer" in why_not_lean(_with_layer_types(tiny_model("llama"), ["full_attention", "sliding_attention"]))
+    import transformers as T
+    from conftest import tiny_config
+    def windowed_qwen(full_layers):     # Qwen2's layers from max_window_layers on attend within the window
+        return T.Qwen2ForCausalLM(T.Qwen2Config(**{**tiny_config("qwen2").to_dict(), "use_sliding_window": True,
+                                                   "sliding_window": 16, "max_window_layers": full_layers,
+                                                   "layer_types": None}))
+    assert why_not_lean(windowed_qwen(0)).endswith("(sliding_attention)")
+    assert "full_attention, sliding_attention" in why_not_lean(windowed_qwen(1))
     with pytest.raises(ValueError, match="cannot run"):
         LeanForward(stand_in)
     # draft_model falls back to the model's own forward there, and where draft.lean_forward is false
     assert DraftModel(stand_in).lean is None
     assert DraftModel(tiny_model("llama"), lean_forward=False).lean is None
     assert DraftModel(tiny_model("llama")).lean is not None
-
-
-def _with_layer_types(model, kinds):
-    model.config.layer_types = kinds
-    return model
 
 
 @pytest.mark.parametrize("arch", LEAN_ARCHS)
