@@ -284,8 +284,7 @@ class DraftModel(BaseStrategy):
     # ------------------------------------------------------------------ drafting
     def _logits(self, input_ids: torch.Tensor, mask=None, positions=None, last_only: bool = False) -> torch.Tensor:
         """[L, V] draft logits of every input row ([1, V]: the last row's only)."""
-        if self.lean is not None and not isinstance(mask, dict):    # a dict (per-layer-type masks, sliding
-            #                                                          windows) never reaches a lean draft: refused
+        if self.lean is not None:     # every layer attends fully (why_not_lean): one mask, never a per-type dict
             return self.fit_vocab(self.lean(input_ids, mask, positions, self.cache, last_only))
         out = self.draft(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          **cache_kwargs(self.draft, self.cache), use_cache=True, logits_to_keep=1 if last_only else 0)
