@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from specdec.cache import BufferedLayer
 from specdec.int8_linear import linear_group
+from specdec.strategies.draft_vocab import project
 from specdec.tree import host_to_device
 
 
@@ -348,10 +349,12 @@ class EagleDrafter(nn.Module):
 
     uses_target_lm_head = True
     draft_vocab = None                  # the whole target vocabulary
+    vocab_subset = None                 # draft_vocab's VocabSubset (strategies/draft_vocab.py), set by the eagle
+    #                                     strategy: the lm_head reads only its kept tokens' rows, -inf elsewhere
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """[..., H] drafter outputs -> [..., V] logits, through the target's own lm_head."""
-        return self._shared(self._shared_lm_head, "lm_head")(out)
+        return project(self.vocab_subset, self._shared(self._shared_lm_head, "lm_head"), out)
 
     def forward(self, g, tokens, positions, past_k=None, past_v=None, visible=None, with_logits: bool = True,
                 cache: BufferedLayer | None = None, start: int = 0):

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specdec.strategies.draft_vocab import project
+
 # the heads' own file format (written and read by heads/io.py): a folder with these two files
 WEIGHTS_FILE = "heads.safetensors"
 CONFIG_FILE = "heads.json"
@@ -69,6 +71,8 @@ class MedusaHeads(nn.Module):
             nn.init.zeros_(proj.weight)
         self._shared_lm_head: list[nn.Module] = []     # the target's lm_head, outside state_dict()
         self._shared_embedding: list[nn.Module] = []   # the target's input embedding, likewise
+        self.vocab_subset = None     # draft_vocab's VocabSubset (strategies/draft_vocab.py): the projections read
+        #                              only its kept tokens' rows and give -inf elsewhere; None: every token
 
     @property
     def num_heads(self) -> int:
@@ -110,9 +114,13 @@ class MedusaHeads(nn.Module):
     def head_logits(self, k: int, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Head k (1..K) alone: [..., H] (and prev_ids [...]) -> [..., V] logits for token +k+1."""
         features = self.head_features(k, hidden, prev_ids)
-        if self.lm_heads is not None:
-            return self.lm_heads[k - 1](features)
-        return self._lm_head()(features)
+        return self._projected(self.lm_heads[k - 1] if self.lm_heads is not None else self._lm_head(), features)
+
+    def _projected(self, projection: nn.Module, features: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] through one vocabulary projection (and vocab_subset, when set)."""
+        if self.vocab_subset is None:
+            return projection(features)
+        return project(self.vocab_subset, projection, features)
 
     def features(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[..., H] (and prev_ids [..., K], column k - 1 for head k) -> [..., K, H]."""
@@ -130,7 +138,10 @@ class MedusaHeads(nn.Module):
         matmul: the shared lm_head over all heads' rows at once, or the heads' own projections as
         one batched matmul over a [K, V, H] stack of their weights."""
         if self.lm_heads is None:
-            return self._lm_head()(features)
+            return self._projected(self._lm_head(), features)
+        if self.vocab_subset is not None:      # each head's own kept rows: K products, as K head calls would be
+            return torch.stack([self._projected(head, features[..., k, :]) for k, head in enumerate(self.lm_heads)],
+                               dim=-2)
         return torch.einsum("...kh,kvh->...kv", features, self._own_weights())
 
     def _own_weights(self) -> torch.Tensor:

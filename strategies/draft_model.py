@@ -31,6 +31,8 @@ from specdec.types import DecodeState, StepResult
 from specdec.verifier import CATCH_UP_CHUNK
 
 from .base import BaseStrategy
+from . import draft_vocab
+from .draft_vocab import DraftVocabConfig, VocabSubset
 from .lean_forward import LeanForward, why_not_lean
 from specdec.tree import host_to_device
 
@@ -54,7 +56,7 @@ class DraftConfig:
     #                                     drafts, and false, call the model's own forward
 
 
-CONFIG_SECTIONS = {"draft": DraftConfig}
+CONFIG_SECTIONS = {"draft": DraftConfig, "draft_vocab": DraftVocabConfig}
 
 
 @dataclass
@@ -103,7 +105,8 @@ class DraftModel(BaseStrategy):
                  adaptive: bool = DraftConfig.adaptive, min_tokens: int = DraftConfig.min_tokens,
                  max_tokens: int = DraftConfig.max_tokens, draft_cost: float = DraftConfig.draft_cost,
                  min_confidence: float = DraftConfig.min_confidence, batch_rows: bool = DraftConfig.batch_rows,
-                 draft_tokenizer=None, lean_forward: bool = DraftConfig.lean_forward):
+                 draft_tokenizer=None, lean_forward: bool = DraftConfig.lean_forward,
+                 vocab_subset: VocabSubset | None = None):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
@@ -123,6 +126,7 @@ class DraftModel(BaseStrategy):
         self.lean_forward = bool(lean_forward)   # early_exit and layer_skip pass False: their views of the target
         #                                          keep the model's own forward
         self.lean = None                      # LeanForward of the draft, where lean_forward and it can run the draft
+        self.vocab_subset = vocab_subset      # draft_vocab: the draft proposes only these tokens (strategies/draft_vocab.py)
         self.layout = None                    # the draft's attention layout, known at bind
         self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
         if draft is not None:                 # None: set by use_draft before bind (early_exit's view of the target)
@@ -132,7 +136,8 @@ class DraftModel(BaseStrategy):
         """Draft with `draft` (a causal LM over the target's tokenizer)."""
         self.draft = draft.eval()
         self.vocab = output_vocab_size(draft)
-        self.lean = LeanForward(draft) if self.lean_forward and why_not_lean(draft) is None else None
+        self.lean = (LeanForward(draft, self.vocab_subset) if self.lean_forward and why_not_lean(draft) is None
+                     else None)
 
     # ------------------------------------------------------------------ protocol
     def bind(self, target, tokenizer) -> None:
@@ -291,8 +296,11 @@ class DraftModel(BaseStrategy):
         return self.fit_vocab(out.logits[0])
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[L, Vd] draft logits -> [L, V] float, cut or padded (-inf) to the target's vocabulary."""
+        """[L, Vd] draft logits -> [L, V] float, cut or padded (-inf) to the target's vocabulary (and -inf off
+        draft_vocab's kept tokens, where the forward projected onto every token)."""
         logits = logits.float()
+        if self.vocab_subset is not None:
+            logits = self.vocab_subset.mask(logits)
         if logits.shape[-1] > self.vocab:
             logits = logits[:, : self.vocab]
         elif logits.shape[-1] < self.vocab:
@@ -514,7 +522,9 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
     if os.path.isfile(os.path.join(tok_path, "tokenizer.json")) or os.path.isfile(os.path.join(tok_path, "tokenizer_config.json")):
         draft_tokenizer = load_tokenizer(tok_path, "draft", key="draft.path")
     d = cfg.draft
+    vocab_subset = draft_vocab.from_config(cfg, tokenizer, output_vocab_size(draft), "the draft")
     return DraftModel(draft, num_tokens=d.num_tokens, branching=list(d.branching) if d.branching else None,
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
                       max_tokens=d.max_tokens, draft_cost=d.draft_cost, min_confidence=d.min_confidence,
-                      batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer, lean_forward=d.lean_forward)
+                      batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer, lean_forward=d.lean_forward,
+                      vocab_subset=vocab_subset)

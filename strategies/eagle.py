@@ -57,6 +57,7 @@ from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.base import BaseStrategy
 from specdec.models import output_vocab_size
+from specdec.strategies import draft_vocab
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.leaf_chain import LeafChain
 from specdec.strategies.sampled_tree import sampled_tree
@@ -398,6 +399,13 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Eagle:
         raise ModelLoadError(f"strategy eagle needs a trained drafter: set eagle.path=/folder/written/by "
                              f"{TRAIN_HINT}")
     drafter = load_eagle(cfg.eagle.path, target)
+    if cfg.draft_vocab.size and not drafter.uses_target_lm_head:
+        raise ConfigError(f"draft_vocab.size={cfg.draft_vocab.size} cuts a projection onto the whole vocabulary, and "
+                          f"the EAGLE-3 drafter in {cfg.eagle.path} has its own lm_head (its draft vocabulary is chosen "
+                          f"at training: `specdec train eagle layout=eagle3 draft_vocab_size=N`); leave draft_vocab.size "
+                          f"at 0 for it")
+    if drafter.uses_target_lm_head:
+        drafter.vocab_subset = draft_vocab.from_config(cfg, tokenizer, drafter.layout.vocab_size, "the EAGLE drafter")
     e = cfg.eagle
     return Eagle(drafter, max_nodes=e.max_nodes, top_k=e.top_k, depth=e.depth, expand=e.expand,
                  stop_below=e.stop_below, sampled_top_k=e.sampled_top_k, sampled_depth=e.sampled_depth,

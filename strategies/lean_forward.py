@@ -22,6 +22,8 @@ from torch import nn
 
 from specdec.models import decoder_layer_types
 
+from .draft_vocab import VocabSubset
+
 _KNOWN = {   # model_type -> (causal LM, decoder layer, attention, MLP, RMSNorm) class names of transformers' modeling file
     "llama": ("LlamaForCausalLM", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"),
@@ -96,7 +98,7 @@ class LeanForward(nn.Module):
     A module of its own (holding none of the model's: they stay the model's children alone), so that a
     forward hook sees its calls as it would the model's (the bench's forward meter: drafting modules)."""
 
-    def __init__(self, model):
+    def __init__(self, model, vocab: VocabSubset | None = None):
         reason = why_not_lean(model)
         if reason is not None:
             raise ValueError(f"LeanForward cannot run this model: {reason}")
@@ -111,6 +113,7 @@ class LeanForward(nn.Module):
         self.heads = model.config.num_attention_heads
         self.kv_heads = getattr(model.config, "num_key_value_heads", None) or self.heads
         self.groups = self.heads // self.kv_heads
+        self.vocab = vocab                      # draft_vocab's kept tokens: the lm_head reads only their rows
 
     def _heads(self, x: torch.Tensor, count: int) -> torch.Tensor:     # [1, L, count * d] -> [1, count, L, d]
         return x.view(1, -1, count, self.head_dim).transpose(1, 2)
@@ -148,4 +151,6 @@ class LeanForward(nn.Module):
         if last_only:
             h = h[:, -1:]
         h = _rms_norm(final_norm, h)
+        if self.vocab is not None:
+            return self.vocab.linear(h, lm_head.weight, lm_head.bias)[0]   # [L or 1, V], -inf off the kept ids
         return F.linear(h, lm_head.weight, lm_head.bias)[0]            # [L or 1, V]

@@ -38,6 +38,7 @@ from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
 from specdec.sampling import logits_to_probs
 from specdec.strategies.base import BaseStrategy
+from specdec.strategies import draft_vocab
 from specdec.strategies.best_first import best_first_tree, top_children
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
@@ -273,6 +274,7 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Medusa:
         raise ModelLoadError("strategy medusa needs trained heads: set heads.path=/folder/written/by/"
                              "`specdec train-heads` (train them with `specdec train-heads target=...`)")
     heads = load_heads(cfg.heads.path, target)
+    heads.vocab_subset = draft_vocab.from_config(cfg, tokenizer, heads.layout.vocab_size, "the heads")
     m = cfg.medusa
     return Medusa(heads, tree=m.tree, choices=[list(c) for c in m.choices] if m.choices else None,
                   max_nodes=m.max_nodes, top_k=m.top_k)
