@@ -34,7 +34,8 @@ FORMAT = "specdec-rest-datastore"
 VERSION = 1
 SEPARATOR = np.uint32(0xFFFFFFFF)
 SORT_DEPTH = 16
-CHUNK = 1 << 20                     # rows per step when ranks are recomputed (bounds the temporaries)
+CHUNK = 1 << 18                     # at most this many rows per step when ranks are recomputed (bounds the
+#                                     temporaries: about 25 bytes a row)
 
 
 class DatastoreError(ConfigError):
@@ -87,24 +88,28 @@ def suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
     rank = tokens.astype(np.int32, casting="unsafe") + 1                 # [N] >= 1; a separator after every token
     rank[separators] = largest + 2
     del separators
-    order = np.arange(n, dtype=np.int64)
+    order = np.arange(n, dtype=np.uint32)
     span = 1
     while span < depth:
-        key = rank.astype(np.int64) << 32                                 # [N]: (rank here, rank span on)
+        key = rank.astype(np.int64)                                       # [N]: (rank here, rank span on)
+        key <<= 32
         key[:-span] |= rank[span:]
-        order = np.argsort(key)                                           # in-place introsort of the indices
+        del order, rank                     # the last round's order and ranks are in `key` now: freed before the
+        #                                     sort, so a round holds the key, the new order and the new ranks
+        order = np.argsort(key).astype(np.uint32)    # argsort gives int64 indices; positions fit in 4 bytes
         rank = _ranks(key, order)
         del key
         span *= 2
-    return order.astype(np.uint32)
+    return order
 
 
 def _ranks(key: np.ndarray, order: np.ndarray) -> np.ndarray:
     """[N] int32 dense ranks (>= 1) of `key` (sorted by `order`), equal keys equal ranks; in chunks."""
     rank = np.empty(len(key), dtype=np.int32)
     current, previous = 0, None
-    for start in range(0, len(order), CHUNK):
-        rows = order[start: start + CHUNK]
+    chunk = max(4096, min(CHUNK, len(order) // 8))      # a small datastore's temporaries stay small too
+    for start in range(0, len(order), chunk):
+        rows = order[start: start + chunk]
         sorted_key = key[rows]
         new = np.empty(len(rows), dtype=bool)
         new[0] = previous is None or sorted_key[0] != previous
