@@ -465,7 +465,8 @@ def test_token_recycling_reproduces_autoregressive(arch):
 
 def test_rest_reproduces_autoregressive(arch, tmp_path):
     """rest drafting from a datastore of other seeds' texts (and the last seed's own): accepted in full,
-    in part or not at all, and the text is autoregressive's for every seed."""
+    in part or not at all, and the text is autoregressive's for every seed; under the rejection sampler the
+    same seeds give other texts (the control: the identity is the coupled sampler's doing)."""
     from specdec.strategies.datastore import build
     from specdec.strategies.rest import Rest
     target = with_output_bias(target_of(arch), token=7, bias=3.0 if arch == "gpt2" else 5.0)
@@ -477,6 +478,9 @@ def test_rest_reproduces_autoregressive(arch, tmp_path):
         assert tokens == autoregressive(target, PROMPT, seed, n=32)
         kinds += step_kinds
     assert kinds["all"] > 0 and kinds["none"] > 0 and kinds["partial"] > 0, kinds
+    differs = [run(target, Rest(str(tmp_path / "ds"), max_nodes=8), PROMPT, seed, sampler="rejection", n=32)[0]
+               != autoregressive(target, PROMPT, seed, sampler="rejection", n=32) for seed in (2, 3, 5, 6)]
+    assert any(differs)
 
 
 def test_lookahead_reproduces_autoregressive(arch):
