@@ -63,6 +63,25 @@ def char_tokenizer(vocab: int = VOCAB, reverse: bool = False):
     return build(vocab, reverse)
 
 
+_REST_STORES: dict = {}
+
+
+def rest_datastore(texts: tuple[str, ...]) -> str:
+    """A REST datastore (strategies/datastore.py) of `texts` under char_tokenizer(), built once per process in a
+    folder removed at exit: for suites that build their strategies outside fixtures."""
+    if texts not in _REST_STORES:
+        import atexit
+        import shutil
+        import tempfile
+        from specdec.strategies.datastore import build, tokenizer_fingerprint
+        tokenizer = char_tokenizer()
+        folder = tempfile.mkdtemp(prefix="specdec-rest-")
+        atexit.register(shutil.rmtree, folder, True)
+        build([tokenizer(text)["input_ids"] for text in texts], folder, tokenizer_fingerprint(tokenizer))
+        _REST_STORES[texts] = folder
+    return _REST_STORES[texts]
+
+
 def save_bench_family(root):
     """The benchmark tests' tiny family in `root`: a 3-layer Llama target and, as its draft, the target
     without its last layer (so drafts are partly accepted), saved as HF checkpoints (root/target,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCHITECTURES, char_tokenizer, hf_greedy, noisy_copy, tiny_model
+from conftest import ARCHITECTURES, char_tokenizer, hf_greedy, noisy_copy, rest_datastore, tiny_model
 from eagle_helpers import random_drafter
 from specdec import Speculator
 from specdec.batch import BatchVerifier
@@ -25,6 +25,7 @@ from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
 from specdec.strategies.token_recycling import TokenRecycling
 from specdec.strategies.lookahead import Lookahead
+from specdec.strategies.rest import Rest
 from specdec.verifier import Verifier
 
 PROMPTS = ["def parse(text):\n    return text", "class Foo:", "for i in range(10):\n    print(i)\n    x = x + 1",
@@ -58,13 +59,14 @@ def strategy(name: str, target):
         "layer_skip_auto": lambda: LayerSkip(auto=True, every=2, branching=[2, 2, 1]),
         "token_recycling": lambda: TokenRecycling(profile=False),
         "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
+        "rest": lambda: Rest(rest_datastore(tuple(PROMPTS)), min_match=1, max_nodes=6),
     }[name]()
 
 
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "draft_adaptive", "draft_per_row",
               "medusa", "eagle",
               "eagle3", "auto", "suffix", "early_exit_chain", "early_exit_tree", "layer_skip_chain", "layer_skip_auto",
-              "token_recycling", "lookahead"]
+              "token_recycling", "lookahead", "rest"]
 
 
 def speculator(name: str, arch: str = "llama") -> Speculator:

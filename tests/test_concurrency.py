@@ -12,7 +12,7 @@ import torch
 
 import specdec.api as api
 from zoo import random_heads
-from conftest import char_tokenizer, noisy_copy, tiny_model
+from conftest import char_tokenizer, noisy_copy, rest_datastore, tiny_model
 from eagle_helpers import random_drafter
 from specdec import Speculator
 from specdec.strategies.auto import Auto
@@ -25,12 +25,13 @@ from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.suffix import Suffix
 from specdec.strategies.token_recycling import TokenRecycling
 from specdec.strategies.lookahead import Lookahead
+from specdec.strategies.rest import Rest
 
 THREADS, CALLS = 8, 4
 PROMPTS = ["def parse(text):\n    return text", "class Foo:\n    x = 1\n    y = 2", "for i in range(10):\n    print(i)",
            "import os\nimport sys\n", "a = b = c = 1; a = b = c", "while True:\n    pass"]
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto", "suffix",
-              "token_recycling", "lookahead"]
+              "token_recycling", "lookahead", "rest"]
 
 
 def _target():
@@ -52,6 +53,7 @@ def build(name: str) -> Speculator:
         "suffix": lambda: Suffix(),
         "token_recycling": lambda: TokenRecycling(profile=False),
         "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
+        "rest": lambda: Rest(rest_datastore(tuple(PROMPTS)), min_match=1, max_nodes=6),
     }[name]()
     return Speculator(target, char_tokenizer(), strategy)
 
