@@ -101,3 +101,25 @@ def test_cli_check_exit_status(saved_model, capsys):
     out = capsys.readouterr().out
     assert "NOT a tie" in out and "FAILED" in out
     assert main(["prompt_lookup", f"target.path={saved_model}", "device=cpu", "no_equals_sign"]) == 2
+
+
+@pytest.mark.parametrize("name", ["token_recycling", "rest"])
+def test_specdec_check_passes_through_the_training_free_drafters_and_fails_when_acceptance_is_broken(
+        name, tmp_path, capsys):
+    """`specdec check token_recycling|rest ...`: identity and the sampling law hold; with an acceptance that keeps
+    every first child whatever the target says, the check fails."""
+    from specdec.cli import main as cli_main
+    from specdec.strategies.datastore import build, tokenizer_fingerprint
+    tokenizer = char_tokenizer()
+    tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    build([tokenizer("abcabcabcabcabd" * 4)["input_ids"]], tmp_path / "store", tokenizer_fingerprint(tokenizer))
+    extra = [f"rest.datastore={tmp_path / 'store'}", "rest.min_match=1"] if name == "rest" else []
+    argv = ["check", name, f"target.path={tmp_path / 'target'}", "device=cpu", "dtype=float32", *extra,
+            "--prompt", "abcabcabcab", "--max-new-tokens", "12", "--runs", "60", "--no-speed"]
+    assert cli_main(argv) == 0
+    assert "PASSED" in capsys.readouterr().out
+    with mock.patch("specdec.loop.accept_greedy", keep_first_children), \
+            mock.patch("specdec.loop.accept_sampling", always_accept):
+        assert cli_main(argv) == 1
+    assert "FAILED" in capsys.readouterr().out
