@@ -13,7 +13,7 @@ from specdec.errors import ConfigError
 
 PROMPT_SETS = ("code", "grounded", "noise", "samples", "jsonl")
 PEER_KINDS = ("plain", "assistant", "prompt_lookup", "early_exit")
-NEEDS = ("draft", "heads", "eagle")
+NEEDS = ("draft", "heads", "eagle", "datastore")
 
 
 @dataclass
@@ -24,6 +24,7 @@ class ModelsConfig:
     draft: Optional[str] = None         # draft checkpoint (draft_model rows, HF assistant rows)
     heads: Optional[str] = None         # Medusa heads folder (medusa rows are skipped without it)
     eagle: Optional[str] = None         # EAGLE drafter folder (eagle rows are skipped without it)
+    datastore: Optional[str] = None     # REST datastore folder, `specdec index` (rest rows are skipped without it)
     tokenizer: Optional[str] = None     # tokenizer folder when it is not beside the target weights
     device: str = "cpu"                 # cpu | cuda | cuda:N | auto
     dtype: str = "float32"              # float32 | float16 | bfloat16 | auto
@@ -34,7 +35,8 @@ class StrategyEntry:
     label: str = MISSING                # the row's name in tables and plots
     config: str = MISSING               # a shipped specdec config name or a YAML path
     overrides: List[str] = field(default_factory=list)    # dotted key=value, e.g. draft.num_tokens=6
-    needs: List[str] = field(default_factory=list)        # "draft" / "heads" / "eagle": skip (with a note) without them
+    needs: List[str] = field(default_factory=list)        # "draft" / "heads" / "eagle" / "datastore": skip (with a
+    #                                                       note) without them
     sweep: Optional[str] = None         # sweep group, e.g. "draft length"; rows of a group are plotted together
     sweep_value: Optional[float] = None  # the x value of this row in its sweep (γ, tree size, ...)
 

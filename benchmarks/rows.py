@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from omegaconf import OmegaConf
 
 from specdec.api import Speculator
 from specdec.config import load_spec_config
@@ -11,8 +12,11 @@ from specdec.strategies import build_strategy
 
 from .generation import Generation, shared_generation_config
 
-NEEDED_BY_STRATEGY = {"draft_model": "draft", "medusa": "heads", "eagle": "eagle"}
-WHAT_IS_NEEDED = {"draft": "a draft checkpoint", "heads": "trained Medusa heads", "eagle": "a trained EAGLE drafter"}
+NEEDED_BY_STRATEGY = {"draft_model": "draft", "medusa": "heads", "eagle": "eagle", "rest": "datastore"}
+WHAT_IS_NEEDED = {"draft": "a draft checkpoint", "heads": "trained Medusa heads", "eagle": "a trained EAGLE drafter",
+                  "datastore": "a REST datastore: specdec index FILES... --out DIR --tokenizer TARGET"}
+# the config key each need fills (a row's own overrides may set it instead of models.*)
+CONFIG_KEY_OF_NEED = {"draft": "draft.path", "heads": "heads.path", "eagle": "eagle.path", "datastore": "rest.datastore"}
 
 
 @dataclass
@@ -50,7 +54,8 @@ class SpecdecRow:
 
 def _path_overrides(models) -> list[str]:
     pairs = {"target.path": models.target, "target.tokenizer": models.tokenizer, "draft.path": models.draft,
-             "heads.path": models.heads, "eagle.path": models.eagle, "device": models.device, "dtype": models.dtype}
+             "heads.path": models.heads, "eagle.path": models.eagle, "rest.datastore": models.datastore,
+             "device": models.device, "dtype": models.dtype}
     return [f"{key}={value}" for key, value in pairs.items() if value is not None]
 
 
@@ -58,13 +63,11 @@ def build_specdec_rows(entries, models, target, tokenizer, device, dtype, notes:
     """A row per entry; entries whose draft model or heads are not given are skipped with a note."""
     rows = []
     for entry in entries:
-        missing = [need for need in entry.needs if getattr(models, need) is None]
-        if not missing:
-            # profile: the time split in the report is the device's own on a GPU (a sync around each part)
-            # the row's own overrides last: a row may set a model path of its own (or null one out)
-            cfg = load_spec_config(entry.config, _path_overrides(models) + list(entry.overrides) + ["profile=true"])
-            need = NEEDED_BY_STRATEGY.get(cfg.strategy)
-            missing = [need] if need and getattr(models, need) is None else []
+        # profile: the time split in the report is the device's own on a GPU (a sync around each part)
+        # the row's own overrides last: a row may set a model path of its own (or null one out)
+        cfg = load_spec_config(entry.config, _path_overrides(models) + list(entry.overrides) + ["profile=true"])
+        needs = list(entry.needs) + ([NEEDED_BY_STRATEGY[cfg.strategy]] if cfg.strategy in NEEDED_BY_STRATEGY else [])
+        missing = [need for need in needs if OmegaConf.select(cfg, CONFIG_KEY_OF_NEED[need]) is None]
         if missing:
             notes.append(f"row {entry.label!r} skipped: it needs models.{missing[0]}=PATH "
                          f"({WHAT_IS_NEEDED[missing[0]]})")

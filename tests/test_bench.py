@@ -301,3 +301,29 @@ def test_no_shipped_config_names_a_folder_outside_the_package():
             if re.search(r"\.\./shared|:\s*/[A-Za-z]|(target|draft|heads|eagle|split):\s*\.\./", value):
                 offenders.append(f"{os.path.relpath(path, root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_rest_rows_need_a_datastore_from_the_models_or_their_own_overrides(tmp_path):
+    """A rest row runs with models.datastore or a rest.datastore override of its own, and is skipped with a note
+    saying how to make one otherwise; the Spec-Bench preset holds rest and lookahead rows."""
+    import torch
+    from conftest import tiny_model
+    from specdec.benchmarks.config import ModelsConfig, StrategyEntry
+    from specdec.benchmarks.rows import build_specdec_rows
+    from specdec.strategies.datastore import build, tokenizer_fingerprint
+    tokenizer = char_tokenizer()
+    build([tokenizer("def parse(text):\n    return text\n")["input_ids"]], tmp_path / "store",
+          tokenizer_fingerprint(tokenizer))
+    target = tiny_model("llama", seed=0)
+    entries = [StrategyEntry(label="rest", config="rest"),
+               StrategyEntry(label="rest, own store", config="rest", overrides=[f"rest.datastore={tmp_path / 'store'}"]),
+               StrategyEntry(label="needs one", config="prompt_lookup", needs=["datastore"])]
+    for datastore, built in ((None, ["rest, own store"]), (str(tmp_path / "store"), [e.label for e in entries])):
+        notes: list[str] = []
+        rows = build_specdec_rows(entries, ModelsConfig(datastore=datastore), target, tokenizer, "cpu", torch.float32,
+                                  notes)
+        assert [row.label for row in rows] == built
+        assert len(notes) == len(entries) - len(built)
+        assert all("models.datastore=PATH" in note and "specdec index" in note for note in notes)
+    preset = load_bench_config("specbench", [])
+    assert {"rest", "lookahead"} <= {entry.label for entry in preset.strategies}
