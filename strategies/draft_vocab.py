@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+import os
 from typing import Optional
 
 import numpy as np
@@ -61,8 +62,16 @@ def most_frequent(counts: np.ndarray, size: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=8)
-def _kept_ids(corpus: str, fingerprint: str | None, vocab_size: int, size: int) -> torch.Tensor:
+def _kept_ids(corpus: str, stamp: int, fingerprint: str | None, vocab_size: int, size: int) -> torch.Tensor:
+    """Cached per datastore and its meta.json's modification time (`stamp`): a rebuilt datastore is read anew."""
     return most_frequent(token_counts(Datastore.open(corpus, fingerprint), vocab_size), size)
+
+
+def _stamp(corpus: str) -> int:
+    try:
+        return os.stat(os.path.join(corpus, "meta.json")).st_mtime_ns
+    except OSError:
+        return -1                       # no datastore there: Datastore.open says so
 
 
 class VocabSubset:
@@ -136,4 +145,5 @@ def from_config(cfg, tokenizer, vocab_size: int, who: str) -> VocabSubset | None
                           f"node than that; keep at least {MIN_SIZE} tokens (or 0 for {who}'s whole vocabulary of "
                           f"{vocab_size})")
     fingerprint = None if tokenizer is None else tokenizer_fingerprint(tokenizer)
-    return VocabSubset(_kept_ids(str(section.corpus), fingerprint, int(vocab_size), size))
+    corpus = str(section.corpus)
+    return VocabSubset(_kept_ids(corpus, _stamp(corpus), fingerprint, int(vocab_size), size))

@@ -96,6 +96,20 @@ def test_bad_settings_are_refused_saying_what_to_do(tmp_path):
         draft_vocab.from_config(_cfg(40, tmp_path / "nothing"), tokenizer, 96, "the draft")
 
 
+def test_a_rebuilt_datastore_is_read_anew(tmp_path):
+    import os
+    tokenizer = char_tokenizer()
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    build([list(range(3, 43)) * 2], tmp_path / "store", fingerprint)
+    assert draft_vocab.from_config(_cfg(40, tmp_path / "store"), tokenizer, 96, "the draft").token_ids.tolist() \
+        == list(range(3, 43))
+    build([list(range(50, 90)) * 2], tmp_path / "store", fingerprint)
+    meta = tmp_path / "store" / "meta.json"
+    os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 10 ** 9))   # a coarse clock's rebuild
+    assert draft_vocab.from_config(_cfg(40, tmp_path / "store"), tokenizer, 96, "the draft").token_ids.tolist() \
+        == list(range(50, 90))
+
+
 def test_an_eagle3_drafter_with_its_own_lm_head_is_refused(monkeypatch):
     import specdec.heads.eagle_io as eagle_io
     from specdec.strategies import eagle
