@@ -342,3 +342,29 @@ def load_or_measure(target, sizes: Sequence[int], context_len: int, repeats: int
         warnings.warn(f"could not store the cost profile in {path}: {not_stored}. Using the one measured now, "
                       f"for this process only (measured again at the next load)", stacklevel=2)
     return profile
+
+
+def batch_bucket(batch: int) -> int:
+    """The power of two at or above a batch size (1 for 1): the batch sizes one cost profile and one
+    batch gate serve."""
+    return 1 << (batch - 1).bit_length()
+
+
+def batch_costs(profiles: dict, target, batch: int, sizes: Sequence[int], context_len: int, repeats: int,
+                row_linear: int = 0) -> CostProfile:
+    """The verify costs for forwards of `batch` (> 1) rows: the profile of its bucket (batch_bucket), measured
+    the first time a batch that size runs (cached on disk like the one-row profile) and kept in `profiles`
+    (bucket -> profile: a planner's, shared by its per-call copies). As the batch grows the forward turns
+    compute-bound, tree nodes cost more, and a planner drafts less or nothing. Every smaller bucket is measured
+    with it: a batch shrinks through them as its last prompts finish, and a measurement then would stall the
+    batch's last steps."""
+    bucket = batch_bucket(batch)
+    if bucket not in profiles:
+        sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
+        smaller = 2
+        while smaller <= bucket:
+            if smaller not in profiles:
+                profiles[smaller] = load_or_measure(target, sparse, context_len, repeats, batch=smaller,
+                                                    row_linear=row_linear)
+            smaller *= 2
+    return profiles[bucket]

@@ -42,7 +42,7 @@ import time
 from typing import NamedTuple
 
 from specdec.config import setting
-from specdec.costmodel import CostProfile, load_or_measure, planning_costs, profile_sizes
+from specdec.costmodel import CostProfile, batch_bucket, batch_costs, planning_costs, profile_sizes
 from specdec.models import verified_on_chains
 from specdec.tree import CandidateTree, merge_into_trie
 from specdec.types import DecodeState, StepResult
@@ -154,12 +154,6 @@ MATCH_BUCKETS = (1, 2, 3, 5, 8, 13, 21)
 def match_bucket(length: int) -> int:
     """Bucket of a suffix match length (len(MATCH_BUCKETS) for longer ones)."""
     return next((i for i, bound in enumerate(MATCH_BUCKETS) if length <= bound), len(MATCH_BUCKETS))
-
-
-def batch_bucket(batch: int) -> int:
-    """The power of two at or above a batch size (1 for 1): the batch sizes one cost profile and one
-    batch gate serve."""
-    return 1 << (batch - 1).bit_length()
 
 
 class _Step(NamedTuple):
@@ -347,24 +341,12 @@ class Auto(BaseStrategy):
         self.target = target
 
     def costs_at(self, batch: int) -> CostProfile:
-        """The verify costs for forwards of `batch` rows: the profile of the next power of two, measured
-        the first time a batch that size runs (cached on disk like the batch-1 one). As the batch grows
-        the forward turns compute-bound, tree nodes cost more, and the planner drafts less or nothing."""
+        """The verify costs for forwards of `batch` rows (specdec.costmodel.batch_costs; the first call, a
+        warm-up, pays for measuring them)."""
         if batch <= 1 or not self.profile or self.target is None:
             return self.costs
-        bucket = batch_bucket(batch)               # a few profiles serve every size
-        if bucket not in self.batch_costs:
-            sizes, context = self.profile_setup(self.target)
-            sparse = tuple(n for n in sizes if n <= 4 or n in (6, 8, 12, 16, 24, 32, 48, 64) or n == sizes[-1])
-            # every smaller bucket too, now: a batch shrinks through them as its last prompts finish, and a
-            # measurement then would stall the batch's last steps (and the first call, a warm-up, pays here)
-            smaller = 2
-            while smaller <= bucket:
-                if smaller not in self.batch_costs:
-                    self.batch_costs[smaller] = load_or_measure(self.target, sparse, context, self.profile_repeats,
-                                                                batch=smaller, row_linear=self.row_linear)
-                smaller *= 2
-        return self.batch_costs[bucket]
+        return batch_costs(self.batch_costs, self.target, batch, *self.profile_setup(self.target),
+                           self.profile_repeats, self.row_linear)
 
     def prepare_batches(self, max_rows: int) -> None:
         """The verify costs of every batch bucket up to max_rows, now (costs_at measures them at the first

@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from specdec.config import setting
-from specdec.costmodel import CostProfile, planning_costs, profile_sizes
+from specdec.costmodel import CostProfile, batch_costs, planning_costs, profile_sizes
 from specdec.errors import ConfigError
 from specdec.models import output_vocab_size, verified_on_chains
 from specdec.tree import CandidateTree, host_to_device
@@ -237,6 +237,8 @@ class TokenRecycling(BaseStrategy):
         self.profile, self.profile_context, self.profile_repeats = bool(profile), profile_context, profile_repeats
         self.default_scope = str(scope)
         self.costs = costs
+        self.batch_costs: dict[int, CostProfile] = {}   # batch bucket > 1 -> its verify costs (shared by per-call copies)
+        self.target = None
         self.compiled_verifier = False
         self.row_linear = 0
         # shared by a Speculator's calls (per-call copies hold the same objects): what persists and is learned
@@ -281,6 +283,7 @@ class TokenRecycling(BaseStrategy):
             raise ConfigError(f"token_recycling.k = {self.k} is larger than the target's vocabulary ({vocab} "
                               f"tokens): a table row holds the top-k of the target's logits; set k <= {vocab}")
         self.device = target.device
+        self.target = target
         self.chains = verified_on_chains(target)
         self.rows = max(vocab, target.get_input_embeddings().num_embeddings)
         if self.costs is None:
@@ -336,10 +339,25 @@ class TokenRecycling(BaseStrategy):
         key = self.calibrator.key(f"recycle{rank}", temperature, None, depth)
         return self.calibrator.estimate(key, None, prior_accept(rank, temperature == 0))
 
+    def costs_at(self, batch: int) -> CostProfile:
+        """The verify costs for forwards of `batch` rows (specdec.costmodel.batch_costs, as auto's): in a batch
+        a row's tree is sized by its share of the batch's forward, which turns compute-bound as the batch grows."""
+        if batch <= 1 or not self.profile or self.target is None:
+            return self.costs
+        return batch_costs(self.batch_costs, self.target, batch, *self.profile_setup(self.target),
+                           self.profile_repeats, self.row_linear)
+
+    def prepare_batches(self, max_rows: int) -> None:
+        """The verify costs of every batch bucket up to max_rows, now (a server's load: no batch stalls on one)."""
+        self.costs_at(max_rows)
+
     def plan(self, state: DecodeState) -> Shape:
         temperature = state.sampling.temperature
+        batch = max(1, state.batch_size)
+        costs = self.costs_at(batch)
         return plan_shape(lambda depth, rank: self.accept_rate(depth, rank, temperature), self.k, self.max_nodes,
-                          self.max_depth, self.costs.verify_cost, self.draft_cost_s, chain=self.chains)
+                          self.max_depth, lambda nodes: costs.verify_cost(nodes) / batch, self.draft_cost_s,
+                          chain=self.chains)
 
     def calibrate(self, result: StepResult, temperature: float) -> None:
         """Every drafted node whose parent was kept was tried: record whether it was kept, per (depth,

@@ -117,6 +117,22 @@ def test_the_cost_model_chooses_the_shape():
     assert max(middling.ranks) < max(cheap.ranks)          # low ranks first: the cheaper tree keeps fewer siblings
 
 
+def test_a_batch_row_plans_with_the_batch_costs():
+    """In a batch, a row's tree is sized by its share of the batch forward's cost (the profile of the batch's
+    bucket, as auto's): where a node costs a row as much as its plain step, no tree; alone, the cheap one-row
+    profile's tree."""
+    steep = CostProfile((0, 64), (1.0, 65.0), 0, "test")
+    strategy = recycler(profile=True)
+    strategy.batch_costs.update({2: steep, 4: steep})          # measured already: nothing is measured here
+    strategy.bind(tiny_model("llama", seed=0), None)
+    alone = strategy.plan(state_of(PROMPT))
+    state = state_of(PROMPT)
+    state.batch_size = 3                                       # the profile of 4
+    assert len(alone.parents) > 0 and strategy.plan(state).parents == ()
+    assert sorted(strategy.batch_costs) == [2, 4]
+    assert recycler(profile=False).costs_at(4) is CHEAP        # no profile: the one-row costs (a guess)
+
+
 def test_the_shape_follows_the_calibrated_acceptance():
     """After steps where rank 0 is always kept, the planned tree is a deeper chain-like tree than
     after steps where nothing is kept."""
