@@ -97,8 +97,9 @@ def test_the_table_leads_greedy_steps_first_and_the_first_drafter_sampled_ones()
 @pytest.mark.parametrize("slow", ["token_recycling", "lookahead"])
 def test_one_sequence_keeps_the_leader_its_gate_measured_faster(monkeypatch, slow):
     """The leader gate weighs auto with its first leader (the table, at greedy) against auto with the others by
-    the wall time of their steps: whichever drafter is made slow (30 ms a draft) ends without the lead. Greedy
-    identity holds throughout."""
+    the wall time of their steps: whichever drafter is made slow (30 ms a draft) ends without the lead, or (the
+    lookahead, which auto prices out on its own) without calls beyond a few looks. Greedy identity holds
+    throughout."""
     import time
     from specdec.strategies.lookahead import Lookahead
     from specdec.strategies.token_recycling import TokenRecycling
@@ -107,7 +108,10 @@ def test_one_sequence_keeps_the_leader_its_gate_measured_faster(monkeypatch, slo
     cls = {"token_recycling": TokenRecycling, "lookahead": Lookahead}[slow]
     propose = cls.propose
 
+    slow_calls = []
+
     def slowed(self, state):
+        slow_calls.append(1)
         time.sleep(0.03)
         return propose(self, state)
 
@@ -118,7 +122,12 @@ def test_one_sequence_keeps_the_leader_its_gate_measured_faster(monkeypatch, slo
     table, other = strategy.slots
     assert other.drafter.name == "lookahead" and first_leader(strategy.slots, greedy=True) is table
     gate = strategy.leader_gates["greedy"]
-    assert gate.measured() and gate.best is (slow != "token_recycling"), (gate.rate(True), gate.rate(False))
+    assert gate.measured()
+    if slow == "token_recycling":
+        assert gate.best is False, (gate.rate(True), gate.rate(False))
+    else:       # the others' mode leading is lookup alone wherever auto prices the slow lookahead out, as it
+        #         may: either the table leads, or the lookahead was called on a few looks only
+        assert gate.best is True or len(slow_calls) <= 10, (gate.rate(True), gate.rate(False), len(slow_calls))
 
 
 # ---------------------------------------------------------------------- auto with two drafters, end to end
