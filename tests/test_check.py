@@ -108,7 +108,6 @@ def test_specdec_check_passes_through_the_training_free_drafters_and_fails_when_
         name, tmp_path, capsys):
     """`specdec check token_recycling|rest ...`: identity and the sampling law hold; with an acceptance that keeps
     every first child whatever the target says, the check fails."""
-    from specdec.cli import main as cli_main
     from specdec.strategies.datastore import build, tokenizer_fingerprint
     tokenizer = char_tokenizer()
     tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(tmp_path / "target")
@@ -117,6 +116,13 @@ def test_specdec_check_passes_through_the_training_free_drafters_and_fails_when_
     extra = [f"rest.datastore={tmp_path / 'store'}", "rest.min_match=1"] if name == "rest" else []
     argv = ["check", name, f"target.path={tmp_path / 'target'}", "device=cpu", "dtype=float32", *extra,
             "--prompt", "abcabcabcab", "--max-new-tokens", "12", "--runs", "60", "--no-speed"]
+    check_passes_and_fails_when_acceptance_is_broken(argv, capsys)
+
+
+def check_passes_and_fails_when_acceptance_is_broken(argv: list[str], capsys) -> None:
+    """`specdec` with `argv` (a check) passes; with an acceptance that keeps every first child whatever the target
+    says, and a sampler that accepts every draft, it fails."""
+    from specdec.cli import main as cli_main
     assert cli_main(argv) == 0
     assert "PASSED" in capsys.readouterr().out
     with mock.patch("specdec.loop.accept_greedy", keep_first_children), \

@@ -295,17 +295,9 @@ def test_auto_prices_lookahead_out_where_its_rows_cost_what_they_bring():
 def test_specdec_check_passes_through_lookahead_and_fails_when_acceptance_is_broken(tmp_path, capsys):
     """`specdec check lookahead ...`: identity and the sampling law hold; with an acceptance that keeps
     every first child (the window's junk included), the check fails."""
-    from unittest import mock
-    from law import always_accept
-    from specdec.cli import main as cli_main
-    from test_check import keep_first_children
+    from test_check import check_passes_and_fails_when_acceptance_is_broken
     tiny_model("llama", seed=0, sharpen=4.0).save_pretrained(tmp_path)
     char_tokenizer().save_pretrained(tmp_path)
     argv = ["check", "lookahead", f"target.path={tmp_path}", "device=cpu", "dtype=float32", "lookahead.window=3",
             "lookahead.ngram=3", "--prompt", "abcabcabcab", "--max-new-tokens", "12", "--runs", "60", "--no-speed"]
-    assert cli_main(argv) == 0
-    assert "PASSED" in capsys.readouterr().out
-    with mock.patch("specdec.loop.accept_greedy", keep_first_children), \
-            mock.patch("specdec.loop.accept_sampling", always_accept):
-        assert cli_main(argv) == 1
-    assert "FAILED" in capsys.readouterr().out
+    check_passes_and_fails_when_acceptance_is_broken(argv, capsys)
