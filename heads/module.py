@@ -114,13 +114,8 @@ class MedusaHeads(nn.Module):
     def head_logits(self, k: int, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Head k (1..K) alone: [..., H] (and prev_ids [...]) -> [..., V] logits for token +k+1."""
         features = self.head_features(k, hidden, prev_ids)
-        return self._projected(self.lm_heads[k - 1] if self.lm_heads is not None else self._lm_head(), features)
-
-    def _projected(self, projection: nn.Module, features: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V] through one vocabulary projection (and vocab_subset, when set)."""
-        if self.vocab_subset is None:
-            return projection(features)
-        return project(self.vocab_subset, projection, features)
+        return project(self.vocab_subset, self.lm_heads[k - 1] if self.lm_heads is not None else self._lm_head(),
+                       features)
 
     def features(self, hidden: torch.Tensor, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[..., H] (and prev_ids [..., K], column k - 1 for head k) -> [..., K, H]."""
@@ -138,10 +133,10 @@ class MedusaHeads(nn.Module):
         matmul: the shared lm_head over all heads' rows at once, or the heads' own projections as
         one batched matmul over a [K, V, H] stack of their weights."""
         if self.lm_heads is None:
-            return self._projected(self._lm_head(), features)
+            return project(self.vocab_subset, self._lm_head(), features)
         if self.vocab_subset is not None:      # each head's own kept rows: K products, as K head calls would be
-            return torch.stack([self._projected(head, features[..., k, :]) for k, head in enumerate(self.lm_heads)],
-                               dim=-2)
+            return torch.stack([project(self.vocab_subset, head, features[..., k, :])
+                                for k, head in enumerate(self.lm_heads)], dim=-2)
         return torch.einsum("...kh,kvh->...kv", features, self._own_weights())
 
     def _own_weights(self) -> torch.Tensor:
