@@ -16,7 +16,6 @@ from specdec import Speculator
 from specdec.cache import new_cache
 from specdec.config import SpecConfig
 from specdec.errors import ConfigError
-from specdec.heads import HeadsLayout, MedusaHeads
 from specdec.heads.io import output_vocab
 from specdec.sampling import SamplingParams
 from specdec.strategies import draft_vocab
@@ -25,6 +24,7 @@ from specdec.strategies.draft_model import DraftModel
 from specdec.strategies.draft_vocab import MIN_SIZE, VocabSubset, most_frequent, project, token_counts
 from specdec.strategies.eagle import Eagle
 from specdec.strategies.medusa import Medusa
+from test_medusa import fresh_heads
 
 PROMPTS = [[1, 5, 9, 14, 3, 7, 22, 40, 5, 9], [2, 8, 8, 30, 41, 6, 17, 9, 3, 12, 50, 4]]
 
@@ -136,25 +136,15 @@ def _proposed_tokens(monkeypatch, cls) -> list[int]:
     return seen
 
 
-def _medusa_heads(model, own_lm_head: bool, token_conditioned: bool) -> MedusaHeads:
-    heads = MedusaHeads(HeadsLayout(3, 1, model.config.hidden_size, output_vocab(model), own_lm_head=own_lm_head,
-                                    token_conditioned=token_conditioned))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-        if own_lm_head:
-            heads.init_own_lm_heads(model.get_output_embeddings().weight)
-    return heads
-
-
 def _strategy(kind: str, target, kept: torch.Tensor):
     subset = VocabSubset(kept)
     if kind.startswith("draft_model"):
         return DraftModel(noisy_copy(target, noise=0.2), num_tokens=3, lean_forward=kind == "draft_model",
                           vocab_subset=subset)
     if kind.startswith("medusa"):
-        heads = _medusa_heads(target, own_lm_head="own" in kind, token_conditioned="conditioned" in kind)
+        heads = fresh_heads(target, noise=0.1, seed=1, own_lm_head="own" in kind,
+                            token_conditioned="conditioned" in kind)
+        heads.init_own_lm_heads(target.get_output_embeddings().weight)       # own projections: the target's
         heads.vocab_subset = subset
         return Medusa(heads, max_nodes=8, top_k=3)
     drafter = random_drafter(target, seed=1)

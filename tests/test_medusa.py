@@ -19,10 +19,10 @@ from specdec.types import DecodeState
 
 
 def fresh_heads(model, num_heads: int = 3, num_layers: int = 1, noise: float = 0.0, seed: int = 0,
-                token_conditioned: bool = False) -> MedusaHeads:
+                token_conditioned: bool = False, own_lm_head: bool = False) -> MedusaHeads:
     """Untrained heads for `model`; noise > 0 makes the blocks differ from the identity."""
     layout = HeadsLayout(num_heads, num_layers, model.config.hidden_size, output_vocab(model),
-                         token_conditioned=token_conditioned)
+                         token_conditioned=token_conditioned, own_lm_head=own_lm_head)
     heads = MedusaHeads(layout)
     if noise:
         torch.manual_seed(seed)
