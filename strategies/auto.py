@@ -350,8 +350,11 @@ class Auto(BaseStrategy):
 
     def prepare_batches(self, max_rows: int) -> None:
         """The verify costs of every batch bucket up to max_rows, now (costs_at measures them at the first
-        batch of each size otherwise, stalling that batch)."""
+        batch of each size otherwise, stalling that batch), and its drafters' (the table sizes its own trees by
+        them)."""
         self.costs_at(max_rows)
+        for drafter in self.drafters():
+            drafter.prepare_batches(max_rows)
 
     def for_call(self) -> "Auto":
         """Auto for a call that overlaps another: lookup and drafter with per-call state of their

@@ -83,6 +83,9 @@ class Sam(BaseStrategy):
     def forget(self) -> None:
         self.recycling.forget()
 
+    def prepare_batches(self, max_rows: int) -> None:
+        self.recycling.prepare_batches(max_rows)
+
 
 def from_config(cfg, target, tokenizer, device, dtype) -> Sam:
     from . import token_recycling

@@ -145,6 +145,31 @@ def test_auto_measures_its_batch_costs_before_serving(tmp_path, monkeypatch):
     Autoregressive().prepare_batches(16)           # the default: nothing to prepare
 
 
+@pytest.mark.parametrize("holder", ["auto", "sam"])
+def test_the_tables_batch_costs_are_measured_before_serving_too(tmp_path, monkeypatch, holder):
+    """token_recycling sizes its trees in a batch by the batch's verify costs: a strategy holding it (auto as its
+    drafter, sam) prepares them with its own, so that generating a batch measures nothing."""
+    from specdec import costmodel
+    from specdec.strategies.auto import Auto
+    from specdec.strategies.prompt_lookup import PromptLookup
+    from specdec.strategies.sam import Sam
+    from specdec.strategies.token_recycling import TokenRecycling
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    table = TokenRecycling(k=4, max_nodes=4, profile_context=8, profile_repeats=1)
+    strategy = (Auto(PromptLookup(), table, profile=True, profile_context=8, max_nodes=4, profile_repeats=1)
+                if holder == "auto" else Sam(PromptLookup(min_ngram=5, max_ngram=8), table))
+    sd = Speculator(target(), tokenizer(), strategy)
+    measured = []
+    real = costmodel.measure_verify_costs
+    monkeypatch.setattr(costmodel, "measure_verify_costs", lambda *args, **kwargs: measured.append(
+        kwargs.get("batch", args[4] if len(args) > 4 else 1)) or real(*args, **kwargs))
+    sd.strategy.prepare_batches(5)
+    assert sorted(table.batch_costs) == [2, 4, 8] and measured
+    before = list(measured)
+    sd.generate(["def f(x):", "class A:", "import os"], max_new_tokens=6)
+    assert measured == before, "nothing is measured while generating"
+
+
 def test_metrics_only_grow_and_add_up():
     model = target()
     sd = Speculator(model, tokenizer(), strategies(model)["draft tree"]())
