@@ -20,7 +20,7 @@ import torch
 from specdec.cache import commit_rows, new_cache
 from specdec.config import setting
 from specdec.coupled import coupled_proposals, coupled_scores
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, StrategyError
 from specdec.models import cache_kwargs, check_same_tokenizer, output_vocab_size
 from specdec.processing import LogitsProcessing
 from specdec.sampling import logits_to_probs
@@ -54,6 +54,12 @@ class DraftConfig:
     lean_forward: bool = True           # one sequence: run a Llama, Qwen2 or Mistral draft's layers as plain tensor code
     #                                     (strategies/lean_forward.py), without Hugging Face's per-call costs; other
     #                                     drafts, and false, call the model's own forward
+    dtype: Optional[str] = setting(None, choices=(None, "float32", "float16", "bfloat16"))   # the draft's dtype:
+    #                                     null = the target's. Only drafting changes: the target verifies in its own
+    #                                     (greedy identity holds; sampled drafts carry the probabilities they were drawn
+    #                                     from). float16 beside a float32 target on a CPU halves the bytes each draft
+    #                                     forward reads (benchmarks/results/draft_dtype); a draft whose activations
+    #                                     overflow float16 there is stopped with an error saying so
 
 
 CONFIG_SECTIONS = {"draft": DraftConfig, "draft_vocab": DraftVocabConfig}
@@ -106,7 +112,7 @@ class DraftModel(BaseStrategy):
                  max_tokens: int = DraftConfig.max_tokens, draft_cost: float = DraftConfig.draft_cost,
                  min_confidence: float = DraftConfig.min_confidence, batch_rows: bool = DraftConfig.batch_rows,
                  draft_tokenizer=None, lean_forward: bool = DraftConfig.lean_forward,
-                 vocab_subset: VocabSubset | None = None):
+                 vocab_subset: VocabSubset | None = None, dtype: str | torch.dtype | None = DraftConfig.dtype):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
@@ -127,7 +133,9 @@ class DraftModel(BaseStrategy):
         #                                          keep the model's own forward
         self.lean = None                      # LeanForward of the draft, where lean_forward and it can run the draft
         self.vocab_subset = vocab_subset      # draft_vocab: the draft proposes only these tokens (strategies/draft_vocab.py)
+        self.dtype = dtype                    # the draft's dtype: None = as loaded (from_config: the target's)
         self.layout = None                    # the draft's attention layout, known at bind
+        self._check_overflow = False          # whether fit_vocab checks the draft's logits for float16 overflow (bind)
         self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
         if draft is not None:                 # None: set by use_draft before bind (early_exit's view of the target)
             self.use_draft(draft)
@@ -145,6 +153,12 @@ class DraftModel(BaseStrategy):
         check_same_tokenizer(tokenizer, self.draft_tokenizer, target_vocab, self.vocab)
         self.vocab = target_vocab   # draft logits are cut / padded to the target's width
         self.draft.to(device=target.device)
+        if self.dtype is not None:
+            self.draft.to(dtype=self.dtype if isinstance(self.dtype, torch.dtype) else getattr(torch, self.dtype))
+        # float16 holds magnitudes up to 65504 (float32 and bfloat16 about 3e38): a draft's activations can overflow
+        # it, and NaN logits would then reach the samplers. On a CPU reading a flag is free, so its logits are
+        # checked there (on CUDA a check would cost a host sync per draft forward)
+        self._check_overflow = self.draft.dtype == torch.float16 and target.device.type == "cpu"
         self.layout = draft_attention_layout(self.draft)
         self._target_processing = lambda prompt, max_new: LogitsProcessing.for_generation(target, prompt, max_new)
 
@@ -299,6 +313,10 @@ class DraftModel(BaseStrategy):
         """[L, Vd] draft logits -> [L, V] float, cut or padded (-inf) to the target's vocabulary (and -inf off
         draft_vocab's kept tokens, where the forward projected onto every token)."""
         logits = logits.float()
+        if self._check_overflow and bool(torch.isnan(logits).any()):
+            raise StrategyError(
+                "the draft's float16 forward overflowed (NaN logits): its activations exceed float16's range on "
+                "this text. Run the draft in bfloat16 (draft.dtype=bfloat16) or in the target's dtype (draft.dtype=null)")
         if self.vocab_subset is not None:
             logits = self.vocab_subset.mask(logits)
         if logits.shape[-1] > self.vocab:
@@ -527,4 +545,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
                       max_tokens=d.max_tokens, draft_cost=d.draft_cost, min_confidence=d.min_confidence,
                       batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer, lean_forward=d.lean_forward,
-                      vocab_subset=vocab_subset)
+                      vocab_subset=vocab_subset, dtype=d.dtype)

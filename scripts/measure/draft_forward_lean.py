@@ -3,7 +3,7 @@ timed warm (the same forward again and again) and cold (after streaming `--strea
 caches, as the target's forward does between a step's draft calls), on a cache of `--past` prompt tokens.
 Means over `--repeats` forwards, in milliseconds.
 
-    python scripts/measure/draft_forward_lean.py --draft MODELS/pycode/draft
+    python scripts/measure/draft_forward_lean.py --draft MODELS/pycode/draft [--dtype float16]
 
 Why: a draft is called once per drafted token, so its per-call fixed cost and what the target's forward
 leaves in the caches decide its drafting time more than its arithmetic (benchmarks/results/lean_draft)."""
@@ -26,9 +26,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--stream-mb", type=int, default=120)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="the draft's dtype (draft.dtype)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    draft = load_model(args.draft, "draft", "cpu", torch.float32)
+    draft = load_model(args.draft, "draft", "cpu", torch.float32).to(getattr(torch, args.dtype))
     lean = LeanForward(draft)
     stream = torch.zeros(args.stream_mb * 2 ** 18)               # float32: MiB * 2^20 / 4
     with torch.inference_mode():
