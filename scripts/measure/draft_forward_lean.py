@@ -16,7 +16,8 @@ import torch
 
 from specdec.cache import new_cache
 from specdec.models import cache_kwargs, load_model
-from specdec.strategies.lean_forward import LeanForward
+from specdec.int8_linear import quantize_linears
+from specdec.strategies.lean_forward import LeanForward, why_not_lean
 
 
 def main() -> None:
@@ -26,12 +27,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--stream-mb", type=int, default=120)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                        help="the draft's dtype (draft.dtype)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "int8"),
+                        help="the draft's dtype (draft.dtype); int8: int8 weights and bfloat16 activations "
+                             "(specdec/int8_linear.py), which only Hugging Face's forward runs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    draft = load_model(args.draft, "draft", "cpu", torch.float32).to(getattr(torch, args.dtype))
-    lean = LeanForward(draft)
+    draft = load_model(args.draft, "draft", "cpu", torch.float32)
+    if args.dtype == "int8":
+        quantize_linears(draft.to(torch.bfloat16))
+    else:
+        draft.to(getattr(torch, args.dtype))
+    lean = LeanForward(draft) if why_not_lean(draft) is None else None
     stream = torch.zeros(args.stream_mb * 2 ** 18)               # float32: MiB * 2^20 / 4
     with torch.inference_mode():
         cache = new_cache(draft)
@@ -47,7 +53,7 @@ def main() -> None:
             cache.crop(-1)
 
         for cold in (False, True):
-            for name, forward in (("Hugging Face's forward", own), ("LeanForward", plain)):
+            for name, forward in (("Hugging Face's forward", own), ("LeanForward", plain))[: 2 if lean else 1]:
                 for _ in range(20):
                     forward()
                 spent = 0.0
