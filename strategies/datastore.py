@@ -8,9 +8,10 @@
 * meta.json: the format and version, the tokenizer's fingerprint, the counts, and each file's size and
   sha256 (written last, atomically: a half-built datastore has none and is refused).
 
-The sort is prefix doubling over ranks (numpy), SORT_DEPTH = 16 tokens in four rounds; the new ranks
-of each round are computed in chunks, so building holds about 20 bytes per token (the token ids
-themselves are read through the memory map).
+The sort is prefix doubling over ranks (numpy), SORT_DEPTH = 16 tokens in at most four rounds. Each
+round re-sorts, in chunks, the runs of rows whose ranks are still equal, in place: building holds the
+order and two ranks, 12 bytes per token, beside one chunk's temporaries (the token ids themselves are
+read from the file in chunks).
 
 `Datastore.open(dir, fingerprint)` maps both files read-only and refuses - saying which and what to do
 - a folder that is not a datastore, a truncated or corrupt file, or one built with another tokenizer.
@@ -34,8 +35,8 @@ FORMAT = "specdec-rest-datastore"
 VERSION = 1
 SEPARATOR = np.uint32(0xFFFFFFFF)
 SORT_DEPTH = 16
-CHUNK = 1 << 18                     # at most this many rows per step when ranks are recomputed (bounds the
-#                                     temporaries: about 25 bytes a row)
+CHUNK = 1 << 18                     # rows per step of the sort's chunked work (bounds its temporaries, about 50
+#                                     bytes a row; a run of equal ranks longer than this is one step)
 
 
 class DatastoreError(ConfigError):
@@ -76,48 +77,99 @@ def write_tokens(streams: Iterable[Sequence[int]], path: Path) -> tuple[int, int
 
 def suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
     """[N] uint32 positions sorted by the `depth` tokens that start at each (prefix doubling; positions
-    past the end sort first, and SEPARATOR after every token)."""
+    past the end sort first, and SEPARATOR after every token), equal ones in their positions' order.
+    `tokens`: an array, or anything whose slices are arrays (read twice, in chunks)."""
     n = len(tokens)
     if n == 0:
         return np.zeros(0, dtype=np.uint32)
-    tokens = np.asarray(tokens)
-    separators = tokens == SEPARATOR
-    largest = int(tokens[~separators].max()) if (~separators).any() else 0
-    if largest >= (1 << 31) - 2:
-        raise DatastoreError(f"token id {largest} is too large for the datastore (ids below {(1 << 31) - 2})")
-    rank = tokens.astype(np.int32, casting="unsafe") + 1                 # [N] >= 1; a separator after every token
-    rank[separators] = largest + 2
-    del separators
-    order = np.arange(n, dtype=np.uint32)
+    step = _chunk(n)
+    largest, too_large = -1, False
+    for start in range(0, n, step):        # the ids are read in chunks: no wider copy of them all
+        ids = np.asarray(tokens[start: start + step], dtype=np.uint32).view(np.int32)   # a separator reads -1
+        largest = max(largest, int(ids.max()))
+        too_large |= bool((ids < -1).any())                               # ids of 2^31 and up read negative
+    if too_large or largest >= (1 << 31) - 2:
+        raise DatastoreError(f"a token id is too large for the datastore (ids below {(1 << 31) - 2})")
+    rank = np.zeros(n + depth, dtype=np.int32)     # [N + depth] >= 1; a separator after every token; 0 past the end
+    for start in range(0, n, step):
+        ranks = rank[start: min(start + step, n)]
+        ranks[:] = np.asarray(tokens[start: start + step], dtype=np.uint32).view(np.int32)
+        ranks += 1                                                       # a separator: 0
+        ranks[ranks == 0] = largest + 2
+    del ids, ranks                         # views: they would keep this first rank array alive through the rounds
+    order = _counting_order(rank[:n], largest + 2)
     span = 1
     while span < depth:
-        key = rank.astype(np.int64)                                       # [N]: (rank here, rank span on)
-        key <<= 32
-        key[:-span] |= rank[span:]
-        del order, rank                     # the last round's order and ranks are in `key` now: freed before the
-        #                                     sort, so a round holds the key, the new order and the new ranks
-        order = np.argsort(key).astype(np.uint32)    # argsort gives int64 indices; positions fit in 4 bytes
-        rank = _ranks(key, order)
-        del key
+        rank, distinct = _refine(order, rank, span)
+        if distinct == n:                  # every suffix told apart: longer prefixes change no order
+            break
         span *= 2
     return order
 
 
-def _ranks(key: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """[N] int32 dense ranks (>= 1) of `key` (sorted by `order`), equal keys equal ranks; in chunks."""
-    rank = np.empty(len(key), dtype=np.int32)
-    current, previous = 0, None
-    chunk = max(4096, min(CHUNK, len(order) // 8))      # a small datastore's temporaries stay small too
-    for start in range(0, len(order), chunk):
-        rows = order[start: start + chunk]
-        sorted_key = key[rows]
-        new = np.empty(len(rows), dtype=bool)
-        new[0] = previous is None or sorted_key[0] != previous
-        new[1:] = sorted_key[1:] != sorted_key[:-1]
-        ranks = current + np.cumsum(new, dtype=np.int64)
-        rank[rows] = ranks
-        current, previous = int(ranks[-1]), sorted_key[-1]
-    return rank
+def _chunk(n: int) -> int:
+    """Rows per step of the sort's chunked work: a small datastore's temporaries stay small too."""
+    return max(4096, min(CHUNK, n // 8))
+
+
+def _counting_order(rank: np.ndarray, largest: int) -> np.ndarray:
+    """[N] uint32 positions stably sorted by `rank` (values 1..largest), a counting sort in chunks: it holds
+    the order and the counts, never an index of 8 bytes a row."""
+    n = len(rank)
+    offsets = np.zeros(largest + 2, dtype=np.int64)                     # where each value's rows start
+    offsets[1:] = np.cumsum(np.bincount(rank, minlength=largest + 1))
+    order = np.empty(n, dtype=np.uint32)
+    step = _chunk(n)
+    for start in range(0, n, step):
+        values = rank[start: start + step]
+        local = np.argsort(values, kind="stable")                        # [C]
+        ordered = values[local]
+        within = np.arange(len(values)) - np.searchsorted(ordered, ordered, side="left")   # rank among equals
+        order[offsets[ordered] + within] = start + local
+        offsets[:-1] += np.bincount(values, minlength=largest + 1)
+    return order
+
+
+def _refine(order: np.ndarray, rank: np.ndarray, span: int) -> tuple[np.ndarray, int]:
+    """One prefix-doubling round: `order` (positions sorted by their first `span` tokens, whose dense ranks
+    `rank` holds, with room of at least `span` zeros past the end) re-sorted in place by (rank here, rank `span` on), stably; returns (the new dense ranks,
+    how many distinct there are). Rows of equal rank are contiguous in `order`, so the work goes in chunks
+    cut between such runs: the round holds the order and both ranks (12 bytes a row) beside one chunk's
+    temporaries."""
+    n = len(order)
+    new_rank = np.zeros(len(rank), dtype=np.int32)                      # [N + span room] (0 past the end)
+    counter, previous = 0, None
+    start, step = 0, _chunk(n)
+    while start < n:
+        stop = min(start + step, n)
+        if stop < n:                       # on to the end of the run of equal rank that row stop - 1 is in
+            last, lo, hi = rank[order[stop - 1]], stop, n
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if rank[order[mid]] > last:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            stop = lo
+        rows = order[start: stop]                                         # [C] positions (a view)
+        key = rank[rows].astype(np.int64)                                 # [C]: (rank here, rank span on)
+        key <<= 32
+        key |= rank[rows + span]
+        local = np.argsort(key, kind="stable")
+        order[start: stop] = rows[local]
+        key = key[local]
+        del local
+        new = np.empty(len(key), dtype=bool)
+        new[0] = previous is None or key[0] != previous
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+        previous = key[-1]
+        del key
+        ranks = np.cumsum(new, dtype=np.int64)
+        ranks += counter
+        new_rank[order[start: stop]] = ranks
+        counter = int(ranks[-1])
+        start = stop
+    return new_rank, counter
 
 
 def build(streams: Iterable[Sequence[int]], out_dir: str | os.PathLike, fingerprint: str,
@@ -132,9 +184,7 @@ def build(streams: Iterable[Sequence[int]], out_dir: str | os.PathLike, fingerpr
     count, largest = write_tokens(streams, tokens_path)
     if progress:
         progress(f"{count} token ids written; sorting their suffixes")
-    tokens = np.memmap(tokens_path, dtype=np.uint32, mode="r") if count else np.zeros(0, dtype=np.uint32)
-    suffix_array(tokens).tofile(suffix_path)
-    del tokens
+    suffix_array(_FileTokens(tokens_path, count)).tofile(suffix_path)
     meta = {"format": FORMAT, "version": VERSION, "fingerprint": fingerprint, "tokens": count, "max_token": largest,
             "sort_depth": SORT_DEPTH,
             "files": {name: {"bytes": (out / name).stat().st_size, "sha256": _sha256(out / name)}
@@ -143,6 +193,21 @@ def build(streams: Iterable[Sequence[int]], out_dir: str | os.PathLike, fingerpr
     if progress:
         progress(f"datastore written to {out}")
     return meta
+
+
+class _FileTokens:
+    """tokens.bin's ids read by slices from the file, for the sort's chunked reads: mapped, the pages read would
+    stay resident through the sort (a twelfth of its peak)."""
+
+    def __init__(self, path: Path, count: int):
+        self.path, self.count = path, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(self.count)
+        return np.fromfile(self.path, dtype=np.uint32, count=max(stop - start, 0), offset=start * 4)
 
 
 # ---------------------------------------------------------------------- reading

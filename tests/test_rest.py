@@ -52,6 +52,29 @@ def test_longest_suffix_queries_equal_brute_force(tmp_path, seed):
             assert store.tokens[start: start + length].tolist() == context[len(context) - length:]
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("rows_per_step", [3, 50, None])
+def test_the_suffix_array_is_the_brute_force_sort(monkeypatch, seed, rows_per_step):
+    """Positions sorted by their first SORT_DEPTH tokens (a separator after every token, the end before all),
+    equal ones in their positions' order: exactly, also with the sort's chunks smaller than its runs of
+    equal ranks (rows_per_step)."""
+    from specdec.strategies import datastore
+    if rows_per_step is not None:
+        monkeypatch.setattr(datastore, "_chunk", lambda n: rows_per_step)
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 40])                      # small vocabularies: runs longer than 16 tokens
+    tokens = []
+    for _ in range(rng.randrange(1, 4)):
+        tokens += [rng.randrange(vocab) for _ in range(rng.randrange(0, 200))] + [int(SEPARATOR)]
+    if seed == 0:
+        tokens = [1] * 70                               # one token: every suffix a prefix of another
+    array = np.asarray(tokens, dtype=np.uint32)
+    keyed = [[vocab if t == int(SEPARATOR) else t for t in tokens[i: i + datastore.SORT_DEPTH]]
+             for i in range(len(tokens))]
+    expected = sorted(range(len(tokens)), key=lambda i: (keyed[i], i))
+    assert datastore.suffix_array(array).tolist() == expected
+
+
 def test_continuations_stop_at_the_end_of_a_file(tmp_path):
     build([[1, 2, 3, 4], [1, 2, 9]], tmp_path / "ds", FINGERPRINT)
     store = Datastore.open(tmp_path / "ds", FINGERPRINT)
@@ -131,7 +154,7 @@ def word_tokenizer(words: list[str]):
 def test_index_a_folder_shows_progress_and_stays_in_memory(tmp_path, capsys, megabytes):
     """A folder of text (words of 2 or 3 letters: as many tokens per byte as code has) tokenized and indexed by
     `specdec index`: the peak of what Python and numpy allocate while indexing (after a first run has imported
-    what the command uses) stays below 8 x the text's size, the command says how far it got, and the datastore
+    what the command uses) stays below 5 x the text's size (the issue asks for well below 8 x), the command says how far it got, and the datastore
     answers."""
     rng = random.Random(0)
     # words of 2 or 3 letters and a space: about 3.5 bytes of text per token, as a code tokenizer's
@@ -154,7 +177,7 @@ def test_index_a_folder_shows_progress_and_stays_in_memory(tmp_path, capsys, meg
     assert main(["index", str(corpus), "--out", str(tmp_path / "ds"), "--tokenizer", str(tmp_path / "tok")]) == 0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert peak < 8 * size, f"indexing {size} bytes of text peaked at {peak} bytes"
+    assert peak < 5 * size, f"indexing {size} bytes of text peaked at {peak} bytes"
     err = capsys.readouterr().err
     assert "tokenizing" in err and "20/20" in err and "datastore written" in err
     store = Datastore.open(tmp_path / "ds", tokenizer_fingerprint(tokenizer))
@@ -174,8 +197,10 @@ def datastore_of_outputs(target, tokenizer, folder, prompts=PROMPTS, n=30):
     streams = []
     for prompt in prompts:
         ids = tokenizer(prompt)["input_ids"]
-        streams.append(ids + hf_greedy(target, ids, n, eos_token_id=None)[: n // 2])
+        # the other model's first: where a match occurs in both, its rows sort first (equal suffixes keep their
+        # positions' order) and its continuation wins the trie's ties, so some drafts are rejected
         streams.append(ids + hf_greedy(other, ids, n, eos_token_id=None))
+        streams.append(ids + hf_greedy(target, ids, n, eos_token_id=None)[: n // 2])
     build(streams, folder, tokenizer_fingerprint(tokenizer))
     return str(folder)
 
