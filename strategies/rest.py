@@ -129,6 +129,8 @@ def index_main(argv: List[str]) -> int:
     from tqdm.auto import tqdm
 
     from specdec.models import load_tokenizer
+
+    from .windowed_tokens import token_ids
     parser = argparse.ArgumentParser(prog="specdec index", description="tokenize text files once into a REST "
                                      "datastore (rest.datastore=DIR)")
     parser.add_argument("files", nargs="+", help="text files, or folders of them (every file below, sorted)")
@@ -145,7 +147,7 @@ def index_main(argv: List[str]) -> int:
             except (OSError, UnicodeDecodeError) as exc:
                 LOG.warning("specdec index: skipping %s (%s)", path, exc)
                 continue
-            yield tokenizer(text, add_special_tokens=False)["input_ids"]
+            yield token_ids(tokenizer, text)          # in windows: a large file's tokenizing stays small
 
     meta = build(streams(), args.out, tokenizer_fingerprint(tokenizer), progress=LOG.info)
     LOG.info("%d files, %d token ids", len(files), meta["tokens"])
