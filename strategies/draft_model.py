@@ -93,6 +93,30 @@ def draft_attention_layout(draft):
         return None
 
 
+def convert_draft(draft, target, dtype: torch.dtype) -> None:
+    """`draft` in `dtype` (draft.dtype), in place, but for its rotary embeddings' inverse frequencies, which stay in
+    float32 as Hugging Face loads them (in 16 bits a cosine at position 1000 is off by up to 0.2 to 0.9, and the
+    draft would guess worse the longer the context). A draft that shares weights with its target is refused:
+    converting it would convert the target, and the target must verify in its own dtype."""
+    target_storage = {p.data_ptr() for p in target.parameters()}
+    if any(p.data_ptr() in target_storage for p in draft.parameters()):
+        raise ConfigError(f"draft.dtype {str(dtype).removeprefix('torch.')}: the draft shares weights with the "
+                          f"target, and converting it would convert the target too; give a draft of its own "
+                          f"(or leave draft.dtype null)")
+    frequencies = {name: buffer for name, buffer in draft.named_buffers() if name.endswith("inv_freq")}
+    draft.to(dtype=dtype)
+    for name, buffer in frequencies.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(draft.get_submodule(owner) if owner else draft, attribute, buffer)
+
+
+def overflowed(logits: torch.Tensor) -> bool:
+    """Whether draft logits [L, V] show an overflow: a NaN or +inf, or a row with no finite logit (-inf stands
+    for the tokens a draft may not propose, never for all of them)."""
+    return bool(torch.isnan(logits).any() or torch.isposinf(logits).any()
+                or not torch.isfinite(logits).any(dim=-1).all())
+
+
 def chain_rate(acceptance: float, draft_cost: float, length: int) -> float:
     """Expected new tokens per target-forward time of a chain of `length` drafted tokens, each accepted
     with probability `acceptance` (given its parent was): E[tokens] = (1 - a^(g+1)) / (1 - a), over
@@ -154,11 +178,11 @@ class DraftModel(BaseStrategy):
         self.vocab = target_vocab   # draft logits are cut / padded to the target's width
         self.draft.to(device=target.device)
         if self.dtype is not None:
-            self.draft.to(dtype=self.dtype if isinstance(self.dtype, torch.dtype) else getattr(torch, self.dtype))
+            convert_draft(self.draft, target, self.dtype if isinstance(self.dtype, torch.dtype) else getattr(torch, self.dtype))
         # float16 holds magnitudes up to 65504 (float32 and bfloat16 about 3e38): a draft's activations can overflow
-        # it, and NaN logits would then reach the samplers. On a CPU reading a flag is free, so its logits are
-        # checked there (on CUDA a check would cost a host sync per draft forward)
-        self._check_overflow = self.draft.dtype == torch.float16 and target.device.type == "cpu"
+        # it, and infinite or NaN logits would then reach the samplers. On a CPU reading a flag is free, so its logits
+        # are checked there (on CUDA a check would cost a host sync per draft forward)
+        self._check_overflow = self.draft.dtype == torch.float16 and self.dtype is not None and target.device.type == "cpu"
         self.layout = draft_attention_layout(self.draft)
         self._target_processing = lambda prompt, max_new: LogitsProcessing.for_generation(target, prompt, max_new)
 
@@ -313,7 +337,7 @@ class DraftModel(BaseStrategy):
         """[L, Vd] draft logits -> [L, V] float, cut or padded (-inf) to the target's vocabulary (and -inf off
         draft_vocab's kept tokens, where the forward projected onto every token)."""
         logits = logits.float()
-        if self._check_overflow and bool(torch.isnan(logits).any()):
+        if self._check_overflow and overflowed(logits):
             raise StrategyError(
                 "the draft's float16 forward overflowed (NaN logits): its activations exceed float16's range on "
                 "this text. Run the draft in bfloat16 (draft.dtype=bfloat16) or in the target's dtype (draft.dtype=null)")

@@ -50,25 +50,48 @@ def test_exact_law_through_the_rejection_sampler_with_a_16_bit_draft(dtype):
     check_always_accept_breaks_the_law(DraftModel(noisy_copy(LAW_TARGET, noise=0.2), num_tokens=2, dtype=dtype))
 
 
-def _overflowing_draft(target):
-    """A draft whose residual stream exceeds float16's range (65504) at its first layer's output."""
+def _overflowing_draft(target, where: str):
+    """A draft whose residual stream exceeds float16's range (65504) at its first layer's output (NaN logits after
+    the final norm), or whose logits do (infinite logits)."""
     draft = noisy_copy(target, noise=0.1)
     with torch.no_grad():
-        draft.model.layers[0].mlp.down_proj.weight.mul_(1e7)
+        if where == "residual":
+            draft.model.layers[0].mlp.down_proj.weight.mul_(1e7)
+        else:
+            draft.model.norm.weight.mul_(3e4)
     return draft
 
 
 @pytest.mark.parametrize("lean", [True, False])
-def test_a_float16_overflow_is_stopped_saying_what_to_do(lean):
+@pytest.mark.parametrize("where", ["residual", "logits"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_float16_overflow_is_stopped_saying_what_to_do(lean, where, temperature):
     target = tiny_model("llama", seed=0, sharpen=6.0)
-    sd = Speculator(target, None, DraftModel(_overflowing_draft(target), num_tokens=3, lean_forward=lean,
+    sd = Speculator(target, None, DraftModel(_overflowing_draft(target, where), num_tokens=3, lean_forward=lean,
                                              dtype="float16"))
     with pytest.raises(StrategyError, match=r"float16 forward overflowed.*draft\.dtype=bfloat16"):
-        sd.generate(PROMPTS[0], max_new_tokens=8, ignore_eos=True)
+        sd.generate(PROMPTS[0], max_new_tokens=8, ignore_eos=True, temperature=temperature)
     # the same draft in float32 drafts badly but runs, and the target's text is unchanged
-    sd = Speculator(target, None, DraftModel(_overflowing_draft(target), num_tokens=3, lean_forward=lean))
+    sd = Speculator(target, None, DraftModel(_overflowing_draft(target, where), num_tokens=3, lean_forward=lean))
     assert sd.generate(PROMPTS[0], max_new_tokens=8, ignore_eos=True).token_ids == hf_greedy(
         target, PROMPTS[0], 8, eos_token_id=None)
+
+
+def test_the_rotary_frequencies_stay_in_float32():
+    """In 16 bits the rotary embeddings' inverse frequencies would put a cosine at position 1000 off by tenths."""
+    target = tiny_model("llama", seed=0)
+    strategy = DraftModel(noisy_copy(target), dtype="bfloat16")
+    strategy.bind(target, None)
+    buffers = dict(strategy.draft.named_buffers())
+    assert buffers["model.rotary_emb.inv_freq"].dtype == torch.float32
+    assert {p.dtype for p in strategy.draft.parameters()} == {torch.bfloat16}
+
+
+def test_a_draft_sharing_the_targets_weights_is_not_converted():
+    target = tiny_model("llama", seed=0)
+    with pytest.raises(ConfigError, match="shares weights with the target"):
+        DraftModel(target, dtype="float16").bind(target, None)
+    assert {p.dtype for p in target.parameters()} == {torch.float32}
 
 
 def test_the_config_key_reaches_the_draft_and_a_bad_dtype_is_refused(tmp_path):
