@@ -82,6 +82,9 @@ def suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
     n = len(tokens)
     if n == 0:
         return np.zeros(0, dtype=np.uint32)
+    if n + depth >= 1 << 31:               # ranks and positions are 32-bit
+        raise DatastoreError(f"{n} token ids are too many for one datastore (fewer than {(1 << 31) - depth}); "
+                             f"index the files in parts")
     step = _chunk(n)
     largest, too_large = -1, False
     for start in range(0, n, step):        # the ids are read in chunks: no wider copy of them all
@@ -97,7 +100,10 @@ def suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
         ranks += 1                                                       # a separator: 0
         ranks[ranks == 0] = largest + 2
     del ids, ranks                         # views: they would keep this first rank array alive through the rounds
-    order = _counting_order(rank[:n], largest + 2)
+    if largest + 2 <= max(2 * n, 1 << 16):
+        order = _counting_order(rank[:n], largest + 2)
+    else:                                  # few tokens of large ids: a count per id would outweigh the tokens
+        order = np.argsort(rank[:n], kind="stable").astype(np.uint32)
     span = 1
     while span < depth:
         rank, distinct = _refine(order, rank, span)
@@ -138,7 +144,7 @@ def _refine(order: np.ndarray, rank: np.ndarray, span: int) -> tuple[np.ndarray,
     temporaries."""
     n = len(order)
     new_rank = np.zeros(len(rank), dtype=np.int32)                      # [N + span room] (0 past the end)
-    counter, previous = 0, None
+    counter = 0
     start, step = 0, _chunk(n)
     while start < n:
         stop = min(start + step, n)
@@ -152,19 +158,21 @@ def _refine(order: np.ndarray, rank: np.ndarray, span: int) -> tuple[np.ndarray,
                     lo = mid + 1
             stop = lo
         rows = order[start: stop]                                         # [C] positions (a view)
-        key = rank[rows].astype(np.int64)                                 # [C]: (rank here, rank span on)
-        key <<= 32
-        key |= rank[rows + span]
+        if rank[rows[0]] == rank[rows[-1]]:     # one run (ranks do not decrease along the order): its rank span on
+            key = rank[rows + span]                                       # [C] int32
+        else:                                   # (rank here, rank span on)
+            key = rank[rows].astype(np.int64)                             # [C]
+            key <<= 32
+            key |= rank[rows + span]
         local = np.argsort(key, kind="stable")
         order[start: stop] = rows[local]
-        key = key[local]
         del local
+        key.sort(kind="stable")                # what key[local] holds, in place: no second copy
         new = np.empty(len(key), dtype=bool)
-        new[0] = previous is None or key[0] != previous
+        new[0] = True                          # a chunk starts a run: its first key differs from the last chunk's
         np.not_equal(key[1:], key[:-1], out=new[1:])
-        previous = key[-1]
         del key
-        ranks = np.cumsum(new, dtype=np.int64)
+        ranks = np.cumsum(new, dtype=np.int32)  # ranks stay below N < 2^31 (suffix_array refuses more)
         ranks += counter
         new_rank[order[start: stop]] = ranks
         counter = int(ranks[-1])

@@ -75,6 +75,18 @@ def test_the_suffix_array_is_the_brute_force_sort(monkeypatch, seed, rows_per_st
     assert datastore.suffix_array(array).tolist() == expected
 
 
+def test_large_token_ids_are_sorted_without_a_count_per_id():
+    """A few tokens with ids up to 2^28: the order of a brute-force sort, in far less memory than a count per id
+    (a gigabyte) would take."""
+    from specdec.strategies import datastore
+    tokens = np.asarray([5, 2 ** 28, 7, 2 ** 28, 5, int(SEPARATOR), 7], dtype=np.uint32)
+    tracemalloc.start()
+    order = datastore.suffix_array(tokens).tolist()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert order == [0, 4, 6, 2, 3, 1, 5] and peak < 1 << 20
+
+
 def test_continuations_stop_at_the_end_of_a_file(tmp_path):
     build([[1, 2, 3, 4], [1, 2, 9]], tmp_path / "ds", FINGERPRINT)
     store = Datastore.open(tmp_path / "ds", FINGERPRINT)
