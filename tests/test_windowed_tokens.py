@@ -1,6 +1,6 @@
 """strategies/windowed_tokens.py: a long text tokenized in overlapping windows gives exactly the ids of the
 whole text, through byte-level BPE (GPT-2's pre-tokenizer), a sentencepiece-like BPE (a prefix at each
-window's start), a word-level and a character-level tokenizer, on source code and on text with multi-byte
+window's start), a Llama-like BPE (no pre-tokenizer: the window is one word), a word-level and a character-level tokenizer, on source code and on text with multi-byte
 characters and long whitespace runs; where no stitch can be found the whole text is tokenized at once."""
 from __future__ import annotations
 
@@ -50,12 +50,24 @@ def _sentencepiece_like_bpe():
     return _fast(raw)
 
 
+def _llama_like_bpe():
+    """Llama 2's layout: no pre-tokenizer (the whole text is one word to BPE), a normalizer that prepends "▁" and
+    writes spaces as "▁", byte fallback."""
+    from tokenizers import Tokenizer, models, normalizers, trainers
+    raw = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    raw.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    raw.train_from_iterator([_source()[:20000]], trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<unk>"] + [f"<0x{b:02X}>" for b in range(256)]))
+    return _fast(raw)
+
+
 def _word_level():
     from test_rest import word_tokenizer
     return word_tokenizer(sorted(set(_source().split()))[:300])
 
 
 TOKENIZERS = {"byte-level BPE": _byte_level_bpe, "sentencepiece-like BPE": _sentencepiece_like_bpe,
+              "Llama-like BPE": _llama_like_bpe,
               "word-level": _word_level, "char-level": char_tokenizer}
 
 
@@ -70,8 +82,9 @@ def test_windows_give_the_whole_texts_ids(name, text):
     assert token_ids(tokenizer, body[:500], **SMALL) == tokenizer(body[:500], add_special_tokens=False)["input_ids"]
 
 
-def test_windows_are_stitched_not_tokenized_whole(monkeypatch):
-    tokenizer = _byte_level_bpe()
+@pytest.mark.parametrize("name", ["byte-level BPE", "Llama-like BPE"])
+def test_windows_are_stitched_not_tokenized_whole(monkeypatch, name):
+    tokenizer = TOKENIZERS[name]()
     monkeypatch.setattr(windowed_tokens, "whole", lambda *args: pytest.fail("tokenized whole"))
     calls = []
     encode = windowed_tokens._encode
