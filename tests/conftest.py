@@ -82,6 +82,18 @@ def rest_datastore(texts: tuple[str, ...]) -> str:
     return _REST_STORES[texts]
 
 
+def save_target_and_draft(root, arch: str = "llama") -> dict:
+    """A tiny `arch` target and a one-layer draft of another seed, saved as HF checkpoints (root/target,
+    root/draft) with a character tokenizer: {"target": path, "draft": path}."""
+    tokenizer = char_tokenizer()
+    folders = {"target": root / "target", "draft": root / "draft"}
+    tiny_model(arch, seed=0).save_pretrained(folders["target"])
+    tiny_model(arch, seed=1, layers=1).save_pretrained(folders["draft"])
+    for folder in folders.values():
+        tokenizer.save_pretrained(folder)
+    return {role: str(folder) for role, folder in folders.items()}
+
+
 def save_bench_family(root):
     """The benchmark tests' tiny family in `root`: a 3-layer Llama target and, as its draft, the target
     without its last layer (so drafts are partly accepted), saved as HF checkpoints (root/target,

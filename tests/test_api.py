@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import char_tokenizer, hf_greedy, tiny_model
+from conftest import char_tokenizer, hf_greedy, save_target_and_draft, tiny_model
 from specdec.strategies.autoregressive import Autoregressive
 from specdec.strategies.draft_model import DraftModel
 
@@ -18,14 +18,7 @@ PROMPT = "def f"
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("api_models")
-    tok = char_tokenizer()
-    target, draft = root / "target", root / "draft"
-    tiny_model("gpt_neox", seed=0).save_pretrained(target)
-    tok.save_pretrained(target)
-    tiny_model("gpt_neox", seed=1, layers=1).save_pretrained(draft)
-    tok.save_pretrained(draft)
-    return {"target": str(target), "draft": str(draft)}
+    return save_target_and_draft(tmp_path_factory.mktemp("api_models"), "gpt_neox")
 
 
 @pytest.fixture(scope="module")

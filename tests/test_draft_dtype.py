@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdec
-from conftest import char_tokenizer, hf_greedy, noisy_copy, tiny_model
+from conftest import hf_greedy, noisy_copy, save_target_and_draft, tiny_model
 from specdec import Speculator
 from specdec.errors import ConfigError, StrategyError
 from specdec.strategies.draft_model import DraftModel
@@ -95,13 +95,8 @@ def test_a_draft_sharing_the_targets_weights_is_not_converted():
 
 
 def test_the_config_key_reaches_the_draft_and_a_bad_dtype_is_refused(tmp_path):
-    tok = char_tokenizer()
-    target, draft = tmp_path / "target", tmp_path / "draft"
-    tiny_model("llama", seed=0).save_pretrained(target)
-    tok.save_pretrained(target)
-    tiny_model("llama", seed=1, layers=1).save_pretrained(draft)
-    tok.save_pretrained(draft)
-    paths = {"target.path": str(target), "draft.path": str(draft)}
+    folders = save_target_and_draft(tmp_path)
+    paths = {"target.path": folders["target"], "draft.path": folders["draft"]}
     sd = specdec.load("draft_model", **paths, **{"draft.dtype": "bfloat16"})
     assert sd.strategy.draft.dtype == torch.bfloat16
     assert specdec.load("draft_model", **paths).strategy.draft.dtype == torch.float32     # null: the target's
