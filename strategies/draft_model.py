@@ -178,11 +178,13 @@ class DraftModel(BaseStrategy):
         self.vocab = target_vocab   # draft logits are cut / padded to the target's width
         self.draft.to(device=target.device)
         if self.dtype is not None:
-            convert_draft(self.draft, target, self.dtype if isinstance(self.dtype, torch.dtype) else getattr(torch, self.dtype))
+            convert_draft(self.draft, target,
+                          self.dtype if isinstance(self.dtype, torch.dtype) else getattr(torch, self.dtype))
         # float16 holds magnitudes up to 65504 (float32 and bfloat16 about 3e38): a draft's activations can overflow
         # it, and infinite or NaN logits would then reach the samplers. On a CPU reading a flag is free, so its logits
         # are checked there (on CUDA a check would cost a host sync per draft forward)
-        self._check_overflow = self.draft.dtype == torch.float16 and self.dtype is not None and target.device.type == "cpu"
+        self._check_overflow = (self.dtype is not None and self.draft.dtype == torch.float16
+                                and target.device.type == "cpu")
         self.layout = draft_attention_layout(self.draft)
         self._target_processing = lambda prompt, max_new: LogitsProcessing.for_generation(target, prompt, max_new)
 
@@ -339,8 +341,9 @@ class DraftModel(BaseStrategy):
         logits = logits.float()
         if self._check_overflow and overflowed(logits):
             raise StrategyError(
-                "the draft's float16 forward overflowed (NaN logits): its activations exceed float16's range on "
-                "this text. Run the draft in bfloat16 (draft.dtype=bfloat16) or in the target's dtype (draft.dtype=null)")
+                "the draft's float16 forward overflowed (logits NaN or infinite): its activations exceed float16's "
+                "range on this text. Run the draft in bfloat16 (draft.dtype=bfloat16) or in the target's dtype "
+                "(draft.dtype=null)")
         if self.vocab_subset is not None:
             logits = self.vocab_subset.mask(logits)
         if logits.shape[-1] > self.vocab:
