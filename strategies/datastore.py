@@ -308,9 +308,13 @@ class Datastore:
 
     def continuations(self, lo: int, hi: int, length: int, depth: int, limit: int) -> list[list[int]]:
         """The `depth` tokens after the match of `length` at up to `limit` of the rows lo..hi (each cut
-        at a separator)."""
+        at a separator): all of them, or `limit` spread evenly over the range. Rows that start alike for
+        SORT_DEPTH tokens are in corpus order, so the first `limit` rows of a frequent match would all come from
+        the corpus's first files."""
         found = []
-        for row in range(lo, min(hi, lo + limit)):
+        count = hi - lo
+        rows = range(lo, hi) if count <= limit else (lo + i * count // limit for i in range(limit))
+        for row in rows:
             start = int(self.suffix[row]) + length
             tokens = self.tokens[start: start + depth].tolist()
             if int(SEPARATOR) in tokens:

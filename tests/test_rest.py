@@ -87,6 +87,21 @@ def test_large_token_ids_are_sorted_without_a_count_per_id():
     assert order == [0, 4, 6, 2, 3, 1, 5] and peak < 1 << 20
 
 
+def test_a_frequent_match_reads_rows_spread_over_its_range(tmp_path):
+    """A match with more occurrences than are read: the rows read are spread over its range, so the counts follow
+    the corpus. Its rows are sorted by what follows, so the first 256 would all continue with the smaller id."""
+    from specdec.strategies.rest import frequent_trie
+    build([[1, 2, 3]] * 300 + [[1, 2, 9]] * 700, tmp_path / "ds", FINGERPRINT)
+    store = Datastore.open(tmp_path / "ds", FINGERPRINT)
+    length, lo, hi = store.longest_match([1, 2], 2, 16)
+    assert (length, hi - lo) == (2, 1000)
+    paths = store.continuations(lo, hi, length, 1, 256)
+    assert len(paths) == 256 and 0.6 < paths.count([9]) / 256 < 0.8
+    tokens, parents = frequent_trie(paths, 1)
+    assert tokens == [9]
+    assert len(store.continuations(lo, hi, length, 1, 2000)) == 1000        # fewer than the limit: every row
+
+
 def test_continuations_stop_at_the_end_of_a_file(tmp_path):
     build([[1, 2, 3, 4], [1, 2, 9]], tmp_path / "ds", FINGERPRINT)
     store = Datastore.open(tmp_path / "ds", FINGERPRINT)
