@@ -78,7 +78,7 @@ def write_tokens(streams: Iterable[Sequence[int]], path: Path) -> tuple[int, int
 def suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
     """[N] uint32 positions sorted by the `depth` tokens that start at each (prefix doubling; positions
     past the end sort first, and SEPARATOR after every token), equal ones in their positions' order.
-    `tokens`: an array, or anything whose slices are arrays (read twice, in chunks)."""
+    `tokens`: an array, or anything whose slices are arrays (read once, in chunks)."""
     n = len(tokens)
     if n == 0:
         return np.zeros(0, dtype=np.uint32)
@@ -86,20 +86,20 @@ def suffix_array(tokens: np.ndarray, depth: int = SORT_DEPTH) -> np.ndarray:
         raise DatastoreError(f"{n} token ids are too many for one datastore (fewer than {(1 << 31) - depth}); "
                              f"index the files in parts")
     step = _chunk(n)
+    rank = np.zeros(n + depth, dtype=np.int32)     # [N + depth] >= 1; a separator after every token; 0 past the end
     largest, too_large = -1, False
     for start in range(0, n, step):        # the ids are read in chunks: no wider copy of them all
-        ids = np.asarray(tokens[start: start + step], dtype=np.uint32).view(np.int32)   # a separator reads -1
-        largest = max(largest, int(ids.max()))
-        too_large |= bool((ids < -1).any())                               # ids of 2^31 and up read negative
+        ranks = rank[start: min(start + step, n)]
+        ranks[:] = np.asarray(tokens[start: start + step], dtype=np.uint32).view(np.int32)   # a separator reads -1
+        largest = max(largest, int(ranks.max()))
+        too_large |= bool((ranks < -1).any())                             # ids of 2^31 and up read negative
+        ranks += 1                                                       # a separator: 0 for now
     if too_large or largest >= (1 << 31) - 2:
         raise DatastoreError(f"a token id is too large for the datastore (ids below {(1 << 31) - 2})")
-    rank = np.zeros(n + depth, dtype=np.int32)     # [N + depth] >= 1; a separator after every token; 0 past the end
-    for start in range(0, n, step):
+    for start in range(0, n, step):        # separators after every token, now that the largest is known
         ranks = rank[start: min(start + step, n)]
-        ranks[:] = np.asarray(tokens[start: start + step], dtype=np.uint32).view(np.int32)
-        ranks += 1                                                       # a separator: 0
         ranks[ranks == 0] = largest + 2
-    del ids, ranks                         # views: they would keep this first rank array alive through the rounds
+    del ranks                              # a view: it would keep this first rank array alive through the rounds
     if largest + 2 <= max(2 * n, 1 << 16):
         order = _counting_order(rank[:n], largest + 2)
     else:                                  # few tokens of large ids: a count per id would outweigh the tokens
@@ -138,10 +138,10 @@ def _counting_order(rank: np.ndarray, largest: int) -> np.ndarray:
 
 def _refine(order: np.ndarray, rank: np.ndarray, span: int) -> tuple[np.ndarray, int]:
     """One prefix-doubling round: `order` (positions sorted by their first `span` tokens, whose dense ranks
-    `rank` holds, with room of at least `span` zeros past the end) re-sorted in place by (rank here, rank `span` on), stably; returns (the new dense ranks,
-    how many distinct there are). Rows of equal rank are contiguous in `order`, so the work goes in chunks
-    cut between such runs: the round holds the order and both ranks (12 bytes a row) beside one chunk's
-    temporaries."""
+    `rank` holds, with room of at least `span` zeros past the end) re-sorted in place by (rank here, rank
+    `span` on), stably; returns (the new dense ranks, how many distinct there are). Rows of equal rank are
+    contiguous in `order`, so the work goes in chunks cut between such runs: the round holds the order and both
+    ranks (12 bytes a row) beside one chunk's temporaries."""
     n = len(order)
     new_rank = np.zeros(len(rank), dtype=np.int32)                      # [N + span room] (0 past the end)
     counter = 0
@@ -308,9 +308,9 @@ class Datastore:
 
     def continuations(self, lo: int, hi: int, length: int, depth: int, limit: int) -> list[list[int]]:
         """The `depth` tokens after the match of `length` at up to `limit` of the rows lo..hi (each cut
-        at a separator): all of them, or `limit` spread evenly over the range. Rows that start alike for
-        SORT_DEPTH tokens are in corpus order, so the first `limit` rows of a frequent match would all come from
-        the corpus's first files."""
+        at a separator): all of them, or `limit` spread evenly over the range. The rows are sorted by what
+        follows the match, so its first `limit` rows would hold the continuations of the smallest ids, whatever
+        the corpus's counts."""
         found = []
         count = hi - lo
         rows = range(lo, hi) if count <= limit else (lo + i * count // limit for i in range(limit))
