@@ -116,6 +116,9 @@ PRIOR_ACCEPT = {LOOKUP: (0.5, 0.85), NEURAL: (0.7, 0.7)}
 # counted, and what the greedy prior cost).
 PRIOR_ACCEPT_SAMPLED = {LOOKUP: (0.1, 0.5), NEURAL: (0.7, 0.7)}
 MAX_EXPLORE_GAP = 64
+# sibling ranks calibrated apart (0, 1, 2, then 3 and later together): a drafter's later children are kept
+# far less often than its first, and one estimate for all of them kept too many of them
+MAX_RANK_KEY = 3
 # steps whose tokens/s make a leader's rate (Auto._leader): a step keeps 1 to depth + 1 tokens, so a mode's rate
 # needs more of them than a batch size's gate does (where a step's tokens are a whole batch's)
 LEADER_MEMORY = 48
@@ -867,30 +870,30 @@ class Auto(BaseStrategy):
             values.append((len(committed), verified, alone, len(lookup_keep)))
 
     def _node_keys(self, tree: CandidateTree, source: list[str], state: DecodeState, neural: str = NEURAL,
-                   chain: Sequence[int] = ()) -> list[tuple]:
+                   chain: Sequence[int] = (), ranks: tuple[list[int], list[bool]] | None = None) -> list[tuple]:
         """(calibration key, draft confidence or None) of every node; the drafter's nodes under its slot's
         name (`neural`: each drafter auto holds is calibrated apart), those its table chain added (`chain`:
         strategies/leaf_chain.py, the drafter's node indices, kept in the merged tree) under that name + "~chain":
-        read from a table, not drafted, they are kept at rates of their own."""
+        read from a table, not drafted, they are kept at rates of their own. Each key also holds the node's
+        rank among its source's siblings and whether the other source drafted beside it (`ranks`: source_ranks's,
+        computed here when not given)."""
         depths = tree.depths()
         confidence: list[float | None] = [None] * tree.num_nodes
         if self.sampled_confidence and tree.draft_probs is not None and tree.num_nodes:
             rows = tree.draft_probs.gather(1, tree.tokens.to(tree.draft_probs.device)[:, None])[:, 0]   # [N]
             confidence = [c if s == NEURAL else None for c, s in zip(rows.tolist(), source)]
-        rank = [0] * tree.num_nodes
-        for group in (tree.children(p) for p in range(-1, tree.num_nodes)):
-            for r, node in enumerate(group):
-                rank[node] = r
+        ranks, mixed = ranks or source_ranks(tree, source)
+        marks = [("^" if mixed[i] else "") + "+" * min(ranks[i], MAX_RANK_KEY) for i in range(tree.num_nodes)]
         temperature = state.sampling.temperature
         names = {NEURAL: neural, LOOKUP: LOOKUP}
         chained = set(chain)
-        keys = [(self.calibrator.key(f"{names[source[i]]}{'~chain' if i in chained else ''}{'' if rank[i] == 0 else '+'}",
+        keys = [(self.calibrator.key(f"{names[source[i]]}{'~chain' if i in chained else ''}{marks[i]}",
                                      temperature, confidence[i], depths[i]),
                  confidence[i]) for i in range(tree.num_nodes)]
         match = self.match_length
         if match:      # suffix's nodes: their own acceptance per match length (and depth), not prompt lookup's
             bucket = match_bucket(match)
-            keys = [((f"suffix{'' if rank[i] == 0 else '+'}", temperature_key(temperature), "match", bucket,
+            keys = [((f"suffix{marks[i]}", temperature_key(temperature), "match", bucket,
                       min(depths[i], self.calibrator.max_depth_key)), None) if source[i] == LOOKUP else keys[i]
                     for i in range(tree.num_nodes)]
         return keys
@@ -898,11 +901,14 @@ class Auto(BaseStrategy):
     def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState,
                    neural: str = NEURAL, chain: Sequence[int] = ()) -> tuple[list[float], list]:
         """(acceptance estimate of every node, its (key, confidence): what observe calibrates with)."""
-        keys = self._node_keys(tree, source, state, neural, chain)
+        ranks = source_ranks(tree, source)
+        keys = self._node_keys(tree, source, state, neural, chain, ranks)
         depths = tree.depths()
         prior = PRIOR_ACCEPT if state.sampling.greedy else PRIOR_ACCEPT_SAMPLED
-        return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)])
-                for (key, conf), src, depth in zip(keys, source, depths)], keys
+        # a later sibling of its own source is kept less often than the first: a drafter ranks its children, and
+        # lookup's later matches are older ones (token_recycling's prior_accept falls the same way)
+        return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)] / (1 + rank) ** 2)
+                for (key, conf), src, depth, rank in zip(keys, source, depths, ranks[0])], keys
 
     def _calibrate(self, merged: CandidateTree, keys: list, keep: list[int], accepted: list[int]) -> None:
         """Every verified node whose parent was kept was tried: record whether it was kept. (`keep`
@@ -912,6 +918,23 @@ class Auto(BaseStrategy):
             parent = merged.parents[node]
             if parent == -1 or parent in kept:
                 self.calibrator.record(keys[node][0], node in kept)
+
+
+def source_ranks(tree: CandidateTree, source: Sequence[str]) -> tuple[list[int], list[bool]]:
+    """([N] each node's rank among its siblings of the same source (mixed.merge_paths puts the drafter's
+    children first, then lookup's), [N] whether a sibling of the other source stands beside it): what its
+    acceptance is calibrated by, beside its depth. Where lookup and the drafter disagree on a token, each is
+    right less often than where it drafts alone."""
+    rank, mixed = [0] * tree.num_nodes, [False] * tree.num_nodes
+    for group in (tree.children(p) for p in range(-1, tree.num_nodes)):
+        seen: dict[str, int] = {}
+        for node in group:
+            rank[node] = seen.get(source[node], 0)
+            seen[source[node]] = rank[node] + 1
+        if len(seen) > 1:
+            for node in group:
+                mixed[node] = True
+    return rank, mixed
 
 
 def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],

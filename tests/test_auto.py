@@ -227,6 +227,45 @@ def test_lookup_prior_is_lower_when_sampling():
     assert sampled[0] < greedy[0] and sampled[1] < greedy[1]
 
 
+def _merged_tree():
+    """A drafter's root children 3, 4, 8 (ranks 0, 1, 2) and 3's child 7, then lookup's paths [5, 6] and [3, 9]:
+    5 is a lookup child beside the drafter's, 9 a second child of 3 (after the drafter's 7)."""
+    drafted = CandidateTree(torch.tensor([3, 4, 8, 7]), (-1, -1, -1, 0))
+    return merge_paths(drafted, [[5, 6], [3, 9]])
+
+
+def test_nodes_are_ranked_among_their_own_source_and_marked_where_sources_meet():
+    from specdec.strategies.auto import source_ranks
+    tree, source = _merged_tree()
+    assert tree.tokens.tolist() == [3, 4, 8, 7, 5, 6, 9]
+    assert source == [NEURAL] * 4 + [LOOKUP] * 3
+    ranks, mixed = source_ranks(tree, source)
+    assert ranks == [0, 1, 2, 0, 0, 0, 0]           # 5: lookup's first root child, though the fourth child
+    assert mixed == [True] * 5 + [False, True]        # 6 has no sibling; 7 and 9 meet under 3
+
+
+def test_later_siblings_and_meeting_sources_are_calibrated_apart():
+    """Before calibration a sibling's estimate falls with its rank among its own source's; after it, what the
+    drafter's third child and lookup's child beside the drafter's were seen to keep moves their own estimates
+    only, not the drafter's first child's, nor lookup's child where lookup drafts alone."""
+    tree, source = _merged_tree()
+    strategy = auto(None)
+    greedy = SimpleNamespace(sampling=SamplingParams(0.0))
+    accept, keys = strategy._estimates(tree, source, greedy)
+    first = PRIOR_ACCEPT[NEURAL][0]
+    assert accept[:3] == pytest.approx([first, first / 4, first / 9])
+    assert len({key for key, _ in keys}) == len(keys)          # 7 nodes, 7 estimates kept apart
+    lookup_alone, lookup_beside = keys[5][0], keys[4][0]        # 6 (depth 1, alone), 5 (depth 0, beside the drafter's)
+    for _ in range(50):
+        strategy.calibrator.record(keys[2][0], False)
+        strategy.calibrator.record(lookup_beside, False)
+    after, _ = strategy._estimates(tree, source, greedy)
+    assert after[2] < accept[2] / 5 and after[4] < accept[4] / 5
+    assert after[0] == accept[0] and after[1] == accept[1] and after[5] == accept[5]
+    plain, plain_source = merge_paths(CandidateTree.empty(), [[5, 6]])      # lookup alone: its own records
+    assert strategy._estimates(plain, plain_source, greedy)[0][0] == pytest.approx(PRIOR_ACCEPT[LOOKUP][0])
+
+
 class SpyDrafter:
     """A neural drafter stand-in: proposes the target's own next token (one node, always accepted, so
     lookup's nodes below it are tried too) and records every StepResult it observes."""
