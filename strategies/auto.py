@@ -696,8 +696,7 @@ class Auto(BaseStrategy):
             else:
                 empty = empty if empty is not None else CandidateTree.empty(neural_tree.tokens.device)
                 steps = drafter_steps(state, result, accepted, empty)
-            for step in steps:
-                slot.drafter.observe(state, step)
+            slot.drafter.observe_steps(state, steps)
             if slot is called and self.last_draft_s is not None and self.adapt_costs:
                 self._time_call(slot, self.last_draft_s + time.perf_counter() - start)
 

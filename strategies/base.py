@@ -100,6 +100,13 @@ class BaseStrategy:
         """The verdict of the last step; state.token_ids already holds the new tokens. Not called
         after the step a stop rule ends (finish is, then)."""
 
+    def observe_steps(self, state: DecodeState, results: Sequence[StepResult]) -> None:
+        """observe() of several steps in order: one step of a strategy that holds this one as its drafter,
+        as the drafter sees it (auto's drafter_steps). Default: each observed in turn; a strategy may take
+        them at once (token_recycling: one table write for all their rows)."""
+        for result in results:
+            self.observe(state, result)
+
     def finish(self, state: DecodeState) -> None:
         """Called once when a stop rule ends the call, in place of that step's observe, with all the
         new tokens in state.token_ids: keep what the strategy learns from a finished call (suffix's

@@ -324,6 +324,21 @@ class TokenRecycling(BaseStrategy):
         spent = self.draft_s + time.perf_counter() - started
         self.draft_cost_s = 0.9 * self.draft_cost_s + 0.1 * spent if self.draft_cost_s else spent
 
+    def observe_steps(self, state: DecodeState, results) -> None:
+        """observe() of the steps in order, with one table write for all their rows: a token that rows of several
+        steps hold takes the last of them, as it would step by step (recycle keeps the last row)."""
+        started = time.perf_counter()
+        rows = [result for result in results if result.top_ids is not None]
+        if len(rows) == 1:
+            recycle(self.table, rows[0].input_ids, rows[0].top_ids)
+        elif rows:
+            recycle(self.table, torch.cat([result.input_ids for result in rows]),       # [R]
+                    torch.cat([result.top_ids[:, :self.k] for result in rows]))         # [R, k]
+        for result in results:
+            self.calibrate(result, state.sampling.temperature)
+        spent = self.draft_s + time.perf_counter() - started
+        self.draft_cost_s = 0.9 * self.draft_cost_s + 0.1 * spent if self.draft_cost_s else spent
+
     def finish(self, state: DecodeState) -> None:
         """The call's table becomes its scope's (the rows it learned persist to the next call)."""
         if self.table is not None:

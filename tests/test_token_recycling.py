@@ -62,6 +62,32 @@ def test_a_token_held_by_several_rows_takes_the_last_one():
     assert table[5].tolist() == [3, 3] and table[3].tolist() == [2, 2] and table[1].tolist() == [4, 4]
 
 
+def test_steps_observed_at_once_leave_the_table_as_steps_observed_in_turn():
+    """auto hands its drafter one step as several (drafter_steps): the table's one write for all their rows
+    (observe_steps) leaves what observing them one by one leaves, where a token is held by rows of two steps
+    (5, in steps one and three) and by two rows of one step (3, in step one), and steps without top-k rows."""
+    vocab, k = 16, 2
+    tree = CandidateTree(torch.tensor([3, 5, 3]), (-1, 0, 1))
+    steps = [StepResult(tree, (0, 1), 9, 2, None, torch.tensor([[1, 2, 0], [3, 4, 0], [5, 6, 0], [7, 8, 0]]),
+                        torch.tensor([7, 3, 5, 3])),
+             StepResult(CandidateTree.empty(), (), 4, 4, None, None, None),
+             StepResult(CandidateTree.empty(), (), 6, 5, None, torch.tensor([[9, 10, 0]]), torch.tensor([5])),
+             StepResult(CandidateTree.empty(), (), 2, 6, None, torch.tensor([[11, 12, 0]]), torch.tensor([6]))]
+    tables = []
+    for at_once in (False, True):
+        strategy = recycler(k=k)
+        strategy.table = torch.arange(vocab * k).reshape(vocab, k)
+        strategy.draft_s = 0.0
+        if at_once:
+            strategy.observe_steps(state_of([0, 7]), steps)
+        else:
+            for step in steps:
+                strategy.observe(state_of([0, 7]), step)
+        tables.append(strategy.table)
+    assert torch.equal(tables[0], tables[1])
+    assert tables[1][5].tolist() == [9, 10] and tables[1][3].tolist() == [7, 8] and tables[1][6].tolist() == [11, 12]
+
+
 def test_the_prefill_seeds_the_prompts_rows():
     """reset() writes the prefill's top-k after each prompt token (but the pending one) into that
     token's row: a cold table drafts from the prompt's own predictions at once."""
