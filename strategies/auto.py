@@ -16,11 +16,12 @@ priced whole against lookup alone. The drafter is called (or not) before it draf
 planned on earlier steps and from what its last calls did: the tokens those steps kept against the
 tokens lookup's own plan would have kept on them, both priced at the verify costs and the drafter's
 measured cost per call (Auto.planned_loss, Auto.measured_loss; the calls by more than their call-to-call
-spread: clear_loss). Where it loses, it is called only on looks, spaced by what a
-call loses (priced_gap), so a dear drafter (early_exit or layer_skip on a shallow target, lookahead's
-rows on a CPU) costs a few calls, and one that starts paying comes back. A drafter that can say what a
-call would add without being called (BaseStrategy.expected_call: early_exit, from the target's own hidden
-states on the steps auto verifies) is priced by that before each call, and not called where it loses.
+spread: clear_loss; where calls clearly paid, clear_gain, their plans are not heard). Where it loses, it is
+called only on looks, spaced by what a call loses (priced_gap), so a dear drafter (early_exit or layer_skip on
+a shallow target, lookahead's rows on a CPU) costs a few calls, and one that starts paying comes back. A
+drafter that can say what a call would add without being called (BaseStrategy.expected_call: early_exit, from
+the target's own hidden states on the steps auto verifies) is priced by that before each call, and not called
+where it loses.
 
 auto may hold more drafters beside the first (auto.more_drafters): each is judged as above on its own records,
 and a step calls at most one of them: on one sequence a leader gate (Auto._leader) runs one leader alone or the
@@ -805,7 +806,8 @@ class Auto(BaseStrategy):
         """Call the drafter where it pays: where neither its recent planned rate in this lookup context
         (planned_rates: a drafter that pays where lookup has nothing may not pay beside a long lookup match)
         nor what its last calls did there (measured_rates, beyond their noise: clear_loss) loses to lookup
-        alone. Otherwise only look again, on the temperature kind's one schedule, after a gap that doubles each
+        alone; a plan's loss does not count where the calls in this context clearly paid (clear_gain). Otherwise
+        only look again, on the temperature kind's one schedule, after a gap that doubles each
         look, up to MAX_EXPLORE_GAP or, for a dear drafter, up to what keeps its looks to LOOK_SHARE of the time
         (priced_gap): a useless or dear drafter costs next to nothing, and one that starts paying comes back.
         A drafter that knows what a call would add without making it (expected_call: early_exit's shadow
@@ -827,8 +829,15 @@ class Auto(BaseStrategy):
             # every look times a steady call; else a cost once measured high would never be measured again
             slot.reason = STEADY
             return True
-        losses = [loss for loss in (self.planned_loss(context, slot), self.measured_loss(context, slot))
-                  if loss is not None]
+        with slot.call_values_lock:
+            here = list(slot.call_values.get(context, ()))
+        # a plan is a forecast from calibrated estimates: where the calls in this context clearly paid, a plan
+        # that says they lose is overruled (one that undervalued the table beside lookup's matches kept it
+        # uncalled where its calls paid: benchmarks/results/auto_gate), as calls that clearly lost overrule a
+        # plan that says they pay (measured_loss)
+        paid = len(here) >= MIN_CALLS_MEASURED and clear_gain(self.call_gains(context, here, slot))
+        planned = None if paid else self.planned_loss(context, slot)
+        losses = [loss for loss in (planned, self.measured_loss(context, slot)) if loss is not None]
         if not losses:
             slot.reason = PAYS
             return True
@@ -984,11 +993,24 @@ def clear_loss(gains: Sequence[float]) -> bool:
     """Whether calls with these gains (Auto.call_gains: tokens each kept beyond lookup alone in its time) lose
     beyond their noise: their mean lies more than MEASURED_MARGIN standard errors of it below zero. Calls that
     all gained the same (a drafter that never drafts the target's tokens) have no spread: any loss is clear."""
+    mean, error = _mean_and_error(gains)
+    return mean + MEASURED_MARGIN * error < 0
+
+
+def clear_gain(gains: Sequence[float]) -> bool:
+    """Whether calls with these gains pay beyond their noise: their mean lies more than MEASURED_MARGIN standard
+    errors of it above zero (clear_loss's mirror)."""
+    mean, error = _mean_and_error(gains)
+    return mean - MEASURED_MARGIN * error > 0
+
+
+def _mean_and_error(gains: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean) of one or more gains (0 error for one)."""
     # in floats: statistics.stdev sums exact fractions, and auto asks this of each drafter every step
     count = len(gains)
     mean = math.fsum(gains) / count
     error = math.sqrt(math.fsum((gain - mean) ** 2 for gain in gains) / (count - 1) / count) if count > 1 else 0.0
-    return mean + MEASURED_MARGIN * error < 0
+    return mean, error
 
 
 def matched_length(tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int], committed: Sequence[int]) -> int:

@@ -406,6 +406,22 @@ def test_a_drafter_is_judged_by_what_its_calls_kept_not_by_its_plan(drafter_kind
         assert strategy.neural_calls <= steps // 4
 
 
+def test_calls_that_clearly_paid_overrule_a_plan_that_says_they_lose():
+    """The mirror of the test above: calibration frozen at its prior (each node kept at 0.7) and nodes dear
+    enough (half a plain step each) that every plan says a call loses to plain decoding, while a drafter that
+    always drafts the target's own tokens keeps 5 tokens a call for 3.3 steps' cost. Once its calls in a context
+    clearly paid, the plan no longer keeps it uncalled there: it is called on most steps. Greedy-identical."""
+    target = target_of("llama")
+    strategy = Auto(None, DraftModel(target, num_tokens=4), costs=dear_nodes(0.5), adapt_costs=False,
+                    draft_cost_s=0.3)
+    strategy.calibrator.prior = 1e9
+    out = run("llama", strategy, n=160)
+    steps = out.stats.target_forwards
+    assert strategy.planned_loss(("greedy", 0)) > 0                  # what the plan says...
+    assert strategy.measured_loss(("greedy", 0)) is None             # ...and what the calls did
+    assert strategy.neural_calls >= 0.75 * steps, (strategy.neural_calls, steps)
+
+
 def test_looks_at_a_dear_drafter_are_spaced_by_what_a_call_loses():
     """Calls that kept nothing more than lookup alone: a drafter that costs a tenth of a step a call is
     looked at every MAX_EXPLORE_GAP steps once the gap has doubled up to it; one that costs ten steps, every
