@@ -72,10 +72,18 @@ class StepResult:
     #   pending token then the tree's tokens (the token each top_ids row follows); with top_ids. A drafter
     #   inside auto gets the rows of the pending token and of its own verified nodes (strategies/auto.py
     #   drafter_steps): read each row's token here, not from the tree
+    verified: tuple[int, ...] | None = None   # the nodes of `tree` the forward verified, ascending; None: all of
+    #   them. A strategy around this one may verify part of its tree (auto plans a drafter's tree with lookup's
+    #   and keeps what pays): the others were never tried, so they say nothing of how often its guesses are kept
 
     @property
     def num_accepted(self) -> int:
         return len(self.accepted)
+
+    @property
+    def num_verified(self) -> int:
+        """How many of the tree's nodes the forward verified."""
+        return self.tree.num_nodes if self.verified is None else len(self.verified)
 
     @property
     def next_row(self) -> int:

@@ -957,7 +957,8 @@ def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
     last row) sees every row once, in order. A drafter with top_k_ids gets the rows' top-k (top_ids,
     input_ids): in the first step those of the pending token and of its own nodes that auto verified
     (merged_kept: the merged nodes verified, ascending; the drafter's come first), in each later step
-    its one row."""
+    its one row. The first step says which of its nodes were verified (StepResult.verified): auto may have
+    kept part of its tree."""
     own = 0                                  # merged nodes below the drafter's come after its own on a path
     while own < len(accepted) and accepted[own] < neural_tree.num_nodes:
         own += 1
@@ -974,8 +975,9 @@ def drafter_steps(state: DecodeState, result: StepResult, accepted: list[int],
             return None, None
         return result.top_ids[start:stop], result.input_ids[start:stop]
 
-    verified_own = sum(1 for node in merged_kept if node < neural_tree.num_nodes)
-    steps = [StepResult(neural_tree, tuple(accepted[:own]), run[own], before, rows(0, own + 1), *top(0, 1 + verified_own))]
+    verified = tuple(node for node in merged_kept if node < neural_tree.num_nodes)
+    steps = [StepResult(neural_tree, tuple(accepted[:own]), run[own], before, rows(0, own + 1),
+                        *top(0, 1 + len(verified)), verified=verified)]
     empty = CandidateTree.empty(neural_tree.tokens.device)
     for k in range(own + 1, len(run)):      # run[k] was produced by the row of the node holding run[k - 1]
         row = 1 + result.accepted[k - 1]     # that node's row in the verified tree

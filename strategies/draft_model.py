@@ -321,7 +321,7 @@ class DraftModel(BaseStrategy):
             self.tail = result.tree.tokens[unfed[0]: unfed[0] + 1].to(self.draft.device)      # [1]
         self.fed_nodes = []
         if self.adaptive and self.branching is None:
-            self._adapt(result.num_accepted, result.tree.num_nodes)
+            self._adapt(result.num_accepted, result.num_verified)
 
     def cache_device(self) -> torch.device:
         return self.draft.device

@@ -293,7 +293,7 @@ class EarlyExit(DraftModel):
             # the verify committed the accepted rows in every layer of the target's cache: nothing to keep here
             self.fed_nodes, self.exit_states = [], []
             if self.adaptive:
-                self._adapt(result.num_accepted, result.tree.num_nodes)
+                self._adapt(result.num_accepted, result.num_verified)
             if self.auto and self.choosing and ends:
                 self._switch_mid_call()
         if self.counting and ends:

@@ -375,16 +375,18 @@ class TokenRecycling(BaseStrategy):
                           chain=self.chains)
 
     def calibrate(self, result: StepResult, temperature: float) -> None:
-        """Every drafted node whose parent was kept was tried: record whether it was kept, per (depth,
-        rank). Skipped when the verified tree is not the one drafted (a strategy around this one verified
-        another, or the same one cut)."""
+        """Every verified node whose parent was kept was tried: record whether it was kept, per (depth,
+        rank). A node of the drafted tree that was not verified (result.verified: auto kept part of the tree)
+        was not tried. Skipped when the verified tree is not the one drafted (a strategy around this one
+        verified another)."""
         if self.drafted is None or result.tree is not self.drafted[1]:
             return
         shape, self.drafted = self.drafted[0], None
         kept = set(result.accepted)
+        verified = None if result.verified is None else set(result.verified)
         depths = shape.depths()
         for node, parent in enumerate(shape.parents):
-            if parent == -1 or parent in kept:
+            if (parent == -1 or parent in kept) and (verified is None or node in verified):
                 key = self.calibrator.key(f"recycle{shape.ranks[node]}", temperature, None, depths[node])
                 self.calibrator.record(key, node in kept)
 

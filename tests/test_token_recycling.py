@@ -174,6 +174,31 @@ def test_the_shape_follows_the_calibrated_acceptance():
     assert max(good.depths()) > max(bad.depths(), default=-1)
 
 
+def test_nodes_a_strategy_around_it_did_not_verify_are_not_counted_as_tried():
+    """Inside auto the table's tree is planned with lookup's and only part of it verified (StepResult.verified):
+    a node never verified was not tried, so it must not count as rejected. Shape: ranks 0, 1 at the root and rank
+    0 below the first; the path to node 2 accepted; auto verified nodes 0 and 2 only."""
+    def tried(verified):
+        strategy = recycler(k=2)
+        shape = Shape((-1, -1, 0), (0, 1, 0))
+        tree = CandidateTree(torch.tensor([3, 4, 5]), shape.parents)
+        strategy.drafted = (shape, tree)
+        strategy.calibrate(StepResult(tree, (0, 2), 6, 2, verified=verified), 0.0)
+        return {key[0] + str(key[3]): (strategy.calibrator.tried[key], strategy.calibrator.kept[key])
+                for key in strategy.calibrator.tried}
+    assert tried(None) == {"recycle00": (1, 1), "recycle10": (1, 0), "recycle01": (1, 1)}
+    assert tried((0, 2)) == {"recycle00": (1, 1), "recycle01": (1, 1)}      # rank 1 was never verified
+
+
+def test_auto_tells_its_drafter_which_of_its_nodes_it_verified():
+    from specdec.strategies.auto import drafter_steps
+    neural = CandidateTree(torch.tensor([3, 4, 5]), (-1, -1, 0))
+    state = state_of([1, 2, 3, 5, 8])                  # committed: 3 (node 0), 5 (node 2), then the target's 8
+    steps = drafter_steps(state, StepResult(neural, (0, 1), 8, 2), accepted=[0, 2], neural_tree=neural,
+                          merged_kept=[0, 2, 3])       # node 1 pruned by auto; 3 is a lookup node
+    assert steps[0].verified == (0, 2) and steps[0].num_verified == 2 and steps[0].accepted == (0, 2)
+
+
 # ---------------------------------------------------------------------- scopes and errors
 def test_scopes_never_share_a_table():
     target = tiny_model("llama", seed=1, sharpen=4.0)
