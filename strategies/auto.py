@@ -127,6 +127,11 @@ LEADER_MEMORY = 48
 # first pays the switch and is not counted, so 6 are, against the 2 of a batch gate's look, which is noisier than
 # the gap between leaders where they are close (benchmarks/results/auto_leader)
 LEADER_PROBE_STEPS = 8
+# ... and after a look that lost, the next waits until the leader has run 1 / LEADER_EXPLORE times what the look
+# lost (a batch gate's 0.02 guards against looks at speculation in a compute-bound batch, each step several plain
+# ones): the two leaders cost about the same a step, and the one that lost early (the table, still learning) may
+# win a few steps later; the gap between looks still doubles while they lose
+LEADER_EXPLORE = 0.1
 # a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
 # estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
 # pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
@@ -486,7 +491,8 @@ class Auto(BaseStrategy):
         (benchmarks/results/auto_leader)."""
         kind = temperature_key(state.sampling.temperature)
         gate = self.leader_gates.get(kind) or self.leader_gates.setdefault(
-            kind, BatchGate(margin=0.0, memory=LEADER_MEMORY, probe_steps=LEADER_PROBE_STEPS, fresh_probes=True))
+            kind, BatchGate(margin=0.0, memory=LEADER_MEMORY, probe_steps=LEADER_PROBE_STEPS, fresh_probes=True,
+                             explore=LEADER_EXPLORE))
         now = time.perf_counter()
         leads = gate.mode(self.gate_row)
         switched = True                       # a call's first step (the drafter catches up on the prompt) or a switch

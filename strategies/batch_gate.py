@@ -88,6 +88,7 @@ class BatchGate:
         # there, and a larger batch's forward is more compute-bound): it owes speculation no first look,
         # and looks at it as after a lost probe (not in a drain)
         self.first_look = speculate_first
+        self.first_probe = False               # the probe running is the first look at the other mode
         self.probing = False                   # this step runs the other mode to measure it
         self.gap = gap                         # steps in the best mode before the next probe
         self.steps = 0                         # steps since the mode last changed
@@ -188,6 +189,12 @@ class BatchGate:
                 # again will cost (speculation's steps at a batch size where it loses); not its switch
                 # step, which may have caught the drafter up on whole prompts
                 self.probe_loss = max(0.0, sum(seconds - tokens / other for seconds, tokens in self.recent[self.best]))
+                if self.fresh_probes and self.first_probe:
+                    # ... but where the modes' own state changes how fast they run, the first mode's steps before
+                    # the first look were its coldest (the table learning from nothing): what they lost says
+                    # little of a later look, and charged in full it kept the table from being looked at again
+                    # for four calls of the demo (benchmarks/results/auto_gate)
+                    self.probe_loss = 0.0
                 self.best, self.gap = not self.best, self.base_gap
             else:
                 self.gap = min(2 * self.gap, self.max_gap)
@@ -195,12 +202,13 @@ class BatchGate:
         elif self.first_look and self.rate(not self.best) is None:
             # the other mode never measured: look at it once this one has been measured enough
             if self.steps >= self.probe_steps and len(self.samples[self.best]) >= self.first_samples:
-                self._start_probe()
+                self._start_probe(first=True)
         elif (self.steps >= self.gap and self.best_seconds * self.explore >= self.probe_loss
               and (self.best or not self.draining)):     # no look at speculation in a drain (the docstring)
             self._start_probe()
 
-    def _start_probe(self) -> None:
+    def _start_probe(self, first: bool = False) -> None:
         self.probing, self.speculate, self.steps, self.probe_loss = True, not self.best, 0, 0.0
+        self.first_probe = first
         if self.fresh_probes:
             self.samples[self.speculate].clear()

@@ -219,6 +219,21 @@ def test_fresh_probes_judge_a_mode_by_its_look_not_by_its_old_steps():
     assert stale.best is False and stale.rate(True) < 100.0
 
 
+def test_with_fresh_probes_the_first_modes_cold_steps_do_not_delay_the_next_look():
+    """The first mode is measured first, on its coldest steps (auto's table learning from nothing): when the first
+    look switches away from it, what those steps lost is not charged, so it is looked at again after `gap` steps,
+    not after 1 / explore times that loss. Control: without fresh_probes the loss is charged and the next look
+    waits."""
+    def steps_to_next_look(fresh: bool) -> int:
+        gate = BatchGate(probe_steps=4, gap=8, max_gap=64, memory=16, margin=0.0, explore=0.02, fresh_probes=fresh)
+        modes = run_steps(gate, 16, 1, {True: 20.0, False: 100.0})      # cold: the first mode loses its first look
+        assert gate.best is False and modes[-1] is False
+        modes = run_steps(gate, 200, 1, {True: 20.0, False: 100.0})
+        return modes.index(True) if True in modes else len(modes)
+    assert steps_to_next_look(True) <= 8 + 1
+    assert steps_to_next_look(False) > 100
+
+
 def test_gate_rate_ignores_a_stalled_step():
     """A step that stalled (the OS, a collection: many steps' time) does not decide the mode."""
     gate = BatchGate()

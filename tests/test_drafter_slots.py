@@ -117,8 +117,9 @@ def test_one_sequence_keeps_the_leader_its_gate_measured_faster(monkeypatch, slo
 
     monkeypatch.setattr(cls, "propose", slowed)
     sd = Speculator(target, None, strategy)
-    out = sd.generate(PROMPT, max_new_tokens=160, ignore_eos=True)
-    assert out.token_ids == hf_greedy(target, PROMPT, 160, eos_token_id=None)
+    # long enough for the slow leader's second look (8 steps after it lost its first, which was free) to end in it
+    out = sd.generate(PROMPT, max_new_tokens=240, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, 240, eos_token_id=None)
     table, other = strategy.slots
     assert other.drafter.name == "lookahead" and first_leader(strategy.slots, greedy=True) is table
     gate = strategy.leader_gates["greedy"]
