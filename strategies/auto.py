@@ -921,7 +921,7 @@ class Auto(BaseStrategy):
         prior = PRIOR_ACCEPT if state.sampling.greedy else PRIOR_ACCEPT_SAMPLED
         # a later sibling of its own source is kept less often than the first: a drafter ranks its children, and
         # lookup's later matches are older ones (token_recycling's prior_accept falls the same way)
-        return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)] / (1 + rank) ** 2)
+        return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)] / (1 + min(rank, MAX_RANK_KEY)) ** 2)
                 for (key, conf), src, depth, rank in zip(keys, source, depths, ranks[0])], keys
 
     def _calibrate(self, merged: CandidateTree, keys: list, keep: list[int], accepted: list[int]) -> None:

@@ -285,6 +285,12 @@ class _WithDefaults(BaseStrategy):
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self._strategy.observe(state, result)
 
+    def observe_steps(self, state: DecodeState, results: Sequence[StepResult]) -> None:
+        if (own := self._own("observe_steps")) is not None:
+            own(state, results)
+        else:
+            BaseStrategy.observe_steps(self, state, results)
+
     def finish(self, state: DecodeState) -> None:
         if (own := self._own("finish")) is not None:
             own(state)

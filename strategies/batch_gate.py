@@ -23,7 +23,8 @@ up on every token it skipped, and is not counted in the mode's rate), and where 
 the gate also measures what each losing probe cost - its steps' wall time, the switch included,
 less the time the best mode would have taken for the tokens they made - and waits until it has
 run `1 / explore` times that long in the best mode before the next probe: looking around costs at
-most about `explore` of the time, whatever a probe costs. A row's
+most about `explore` of the time, whatever a probe costs (but for the look after a first look that
+switched, with `fresh_probes`: the first mode's steps before it were its coldest). A row's
 sample is its new tokens over the wall time since its last proposal (one batch step, its forward and
 every row's drafting and settling), less the time the batch spent starting new prompts meanwhile
 (their prefill is paid whatever the mode; speculation spreads the rows' ends over many steps where
@@ -76,7 +77,8 @@ class BatchGate:
         # a look at the other mode forgets that mode's old steps: where the modes' own state changes how fast
         # they run (auto's leaders: the table learns from every verify, a drafter's first calls are cold), steps
         # from a hundred steps back describe a mode that is gone, and kept in its rate they outweigh the look's
-        # few (benchmarks/results/auto_leader: the table's cold first call kept EAGLE leading for 11 calls)
+        # few (benchmarks/results/auto_leader: the table's cold first call kept EAGLE leading for 11 calls); and
+        # what the first mode lost at the first look, on those cold steps, is not charged to its next look
         self.fresh_probes = fresh_probes
         # counted steps of the first mode before the other is looked at: a call's first steps (the drafter
         # catching up on whole prompts, a warm-up call of a few tokens) are its slowest, and a switch made
@@ -89,6 +91,7 @@ class BatchGate:
         # and looks at it as after a lost probe (not in a drain)
         self.first_look = speculate_first
         self.first_probe = False               # the probe running is the first look at the other mode
+        self.stale = {True: False, False: False}   # fresh_probes: the mode's samples go with its look's first one
         self.probing = False                   # this step runs the other mode to measure it
         self.gap = gap                         # steps in the best mode before the next probe
         self.steps = 0                         # steps since the mode last changed
@@ -162,6 +165,9 @@ class BatchGate:
         with self._lock:
             for mode in (True, False):
                 if self.step_rows[mode]:
+                    if self.stale[mode]:
+                        self.samples[mode].clear()
+                        self.stale[mode] = False
                     self.samples[mode].append((self.step_tokens_sum[mode] / self.step_rows[mode],
                                                self.step_seconds_sum[mode] / self.step_rows[mode]))
                 if self.step_records[mode]:
@@ -210,5 +216,5 @@ class BatchGate:
     def _start_probe(self, first: bool = False) -> None:
         self.probing, self.speculate, self.steps, self.probe_loss = True, not self.best, 0, 0.0
         self.first_probe = first
-        if self.fresh_probes:
-            self.samples[self.speculate].clear()
+        if self.fresh_probes:        # its old samples go when the look's first counted one comes (end_step): until
+            self.stale[self.speculate] = True     # then the mode keeps a rate (a call may end in the switch step)

@@ -321,7 +321,8 @@ class TokenRecycling(BaseStrategy):
         if result.top_ids is not None:
             recycle(self.table, result.input_ids, result.top_ids)
         self.calibrate(result, state.sampling.temperature)
-        spent = self.draft_s + time.perf_counter() - started
+        spent, self.draft_s = self.draft_s + time.perf_counter() - started, 0.0   # a propose counts once: inside
+        #                                 auto, steps that did not call the table have none
         self.draft_cost_s = 0.9 * self.draft_cost_s + 0.1 * spent if self.draft_cost_s else spent
 
     def observe_steps(self, state: DecodeState, results) -> None:
@@ -336,7 +337,8 @@ class TokenRecycling(BaseStrategy):
                     torch.cat([result.top_ids[:, :self.k] for result in rows]))         # [R, k]
         for result in results:
             self.calibrate(result, state.sampling.temperature)
-        spent = self.draft_s + time.perf_counter() - started
+        spent, self.draft_s = self.draft_s + time.perf_counter() - started, 0.0   # a propose counts once: inside
+        #                                 auto, steps that did not call the table have none
         self.draft_cost_s = 0.9 * self.draft_cost_s + 0.1 * spent if self.draft_cost_s else spent
 
     def finish(self, state: DecodeState) -> None:

@@ -409,8 +409,9 @@ def test_a_drafter_is_judged_by_what_its_calls_kept_not_by_its_plan(drafter_kind
 def test_calls_that_clearly_paid_overrule_a_plan_that_says_they_lose():
     """The mirror of the test above: calibration frozen at its prior (each node kept at 0.7) and nodes dear
     enough (half a plain step each) that every plan says a call loses to plain decoding, while a drafter that
-    always drafts the target's own tokens keeps 5 tokens a call for 3.3 steps' cost. Once its calls in a context
-    clearly paid, the plan no longer keeps it uncalled there: it is called on most steps. Greedy-identical."""
+    always drafts the target's own tokens keeps every node the planner verifies (2 of its 4, at 2.3 steps' cost:
+    3 tokens). Once its calls in a context clearly paid, the plan no longer keeps it uncalled there: it is called
+    on most steps. Greedy-identical."""
     target = target_of("llama")
     strategy = Auto(None, DraftModel(target, num_tokens=4), costs=dear_nodes(0.5), adapt_costs=False,
                     draft_cost_s=0.3)

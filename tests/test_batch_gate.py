@@ -234,6 +234,19 @@ def test_with_fresh_probes_the_first_modes_cold_steps_do_not_delay_the_next_look
     assert steps_to_next_look(False) > 100
 
 
+def test_with_fresh_probes_a_later_switch_is_charged_as_before():
+    """Only the first look's switch is free: once the first mode has won back the lead and then loses it again at a
+    later look, what its steps lost is charged, and the look after that waits."""
+    gate = BatchGate(probe_steps=4, gap=8, max_gap=64, memory=16, margin=0.0, explore=0.02, fresh_probes=True)
+    run_steps(gate, 16, 1, {True: 20.0, False: 100.0})             # the first look switches to False, free
+    run_steps(gate, 12, 1, {True: 300.0, False: 100.0})            # a look at True 8 steps on: True leads again
+    assert gate.best is True
+    modes = run_steps(gate, 40, 1, {True: 20.0, False: 100.0})     # True slows: a look switches to False, charged
+    assert gate.best is False and not gate.first_probe
+    modes = run_steps(gate, 100, 1, {True: 20.0, False: 100.0})
+    assert True not in modes
+
+
 def test_gate_rate_ignores_a_stalled_step():
     """A step that stalled (the OS, a collection: many steps' time) does not decide the mode."""
     gate = BatchGate()

@@ -117,9 +117,8 @@ def test_one_sequence_keeps_the_leader_its_gate_measured_faster(monkeypatch, slo
 
     monkeypatch.setattr(cls, "propose", slowed)
     sd = Speculator(target, None, strategy)
-    # long enough for the slow leader's second look (8 steps after it lost its first, which was free) to end in it
-    out = sd.generate(PROMPT, max_new_tokens=240, ignore_eos=True)
-    assert out.token_ids == hf_greedy(target, PROMPT, 240, eos_token_id=None)
+    out = sd.generate(PROMPT, max_new_tokens=160, ignore_eos=True)
+    assert out.token_ids == hf_greedy(target, PROMPT, 160, eos_token_id=None)
     table, other = strategy.slots
     assert other.drafter.name == "lookahead" and first_leader(strategy.slots, greedy=True) is table
     gate = strategy.leader_gates["greedy"]
@@ -154,7 +153,7 @@ def test_auto_with_two_drafters_is_greedy_identical_and_calls_both():
         out = sd.generate(prompt, max_new_tokens=48, ignore_eos=True)
         assert out.token_ids == hf_greedy(target, prompt, 48, eos_token_id=None)
     assert all(slot.neural_calls > 0 for slot in strategy.slots), [slot.neural_calls for slot in strategy.slots]
-    names = {key[0].rstrip("+") for key in strategy.calibrator.tried}
+    names = {key[0].rstrip("+").rstrip("^") for key in strategy.calibrator.tried}
     assert {"neural", "neural:layer_skip"} <= names
 
 

@@ -169,5 +169,5 @@ def test_auto_calibrates_the_chains_nodes_under_their_own_name():
     prompt = [5, 17, 33, 9, 41] * 3
     out = Speculator(target, None, strategy).generate(prompt, max_new_tokens=24, ignore_eos=True)
     assert out.token_ids == hf_greedy(target, prompt, 24, eos_token_id=None)
-    names = {key[0] for key in strategy.calibrator.tried}
+    names = {key[0].rstrip("+").rstrip("^") for key in strategy.calibrator.tried}   # less rank and mixed marks
     assert "neural~chain" in names and "neural" in names        # the first drafter's slot is named "neural"

@@ -256,7 +256,7 @@ def test_the_engine_calls_only_declared_hooks(case, target, references):
         assert {"batch_key", "new_batch", "propose_many", "release"} <= drafted_together
     if case.startswith("auto_"):
         parts = {name for name in log.seen if name.startswith("auto.")}
-        assert {"auto.drafter.propose", "auto.drafter.observe", "auto.drafter.finish"} <= parts
+        assert {"auto.drafter.propose", "auto.drafter.observe_steps", "auto.drafter.finish"} <= parts
         if case != "auto_medusa":
             assert {"auto.lookup.propose_paths", "auto.lookup.catch_up", "auto.lookup.match_length"} <= parts
 
