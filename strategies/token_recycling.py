@@ -317,13 +317,7 @@ class TokenRecycling(BaseStrategy):
         return tree
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        started = time.perf_counter()
-        if result.top_ids is not None:
-            recycle(self.table, result.input_ids, result.top_ids)
-        self.calibrate(result, state.sampling.temperature)
-        spent, self.draft_s = self.draft_s + time.perf_counter() - started, 0.0   # a propose counts once: inside
-        #                                 auto, steps that did not call the table have none
-        self.draft_cost_s = 0.9 * self.draft_cost_s + 0.1 * spent if self.draft_cost_s else spent
+        self.observe_steps(state, (result,))
 
     def observe_steps(self, state: DecodeState, results) -> None:
         """observe() of the steps in order, with one table write for all their rows: a token that rows of several
