@@ -796,12 +796,14 @@ class Auto(BaseStrategy):
         sizes = {value[1] for value in values} | {value[3] for value in values}
         return {nodes: self.verify_cost(nodes) for nodes in sizes}
 
-    def measured_loss(self, context, slot: DrafterSlot | None = None) -> float | None:
-        """What one call of the drafter loses by what its last calls did (measured_rates), in steps of
-        lookup alone; None where they paid, where they lost by less than their noise (clear_loss) or too
-        few were made."""
+    def measured_loss(self, context, slot: DrafterSlot | None = None, values: list[tuple] | None = None
+                      ) -> float | None:
+        """What one call of the drafter loses by what its last calls did (`values`, else measured_calls; through
+        measured_rates), in steps of lookup alone; None where they paid, where they lost by less than their
+        noise (clear_loss) or too few were made."""
         slot = slot or self.slots[0]
-        values = self.measured_calls(context, slot)         # read once: the rates and the gains judge the same calls
+        if values is None:                  # read once: the rates and the gains judge the same calls
+            values = self.measured_calls(context, slot)
         measured = self.measured_rates(context, values, slot)
         if measured is None or measured[0] >= measured[1] or not clear_loss(self.call_gains(context, values, slot)):
             return None
@@ -836,14 +838,15 @@ class Auto(BaseStrategy):
             slot.reason = STEADY
             return True
         with slot.call_values_lock:
-            here = list(slot.call_values.get(context, ()))
+            measured_here = len(slot.call_values.get(context, ())) >= MIN_CALLS_MEASURED
+        values = self.measured_calls(context, slot)         # this context's own calls where measured_here
         # a plan is a forecast from calibrated estimates: where the calls in this context clearly paid, a plan
         # that says they lose is overruled (one that undervalued the table beside lookup's matches kept it
         # uncalled where its calls paid: benchmarks/results/auto_gate), as calls that clearly lost overrule a
         # plan that says they pay (measured_loss)
-        paid = len(here) >= MIN_CALLS_MEASURED and clear_gain(self.call_gains(context, here, slot))
+        paid = measured_here and clear_gain(self.call_gains(context, values, slot))
         planned = None if paid else self.planned_loss(context, slot)
-        losses = [loss for loss in (planned, self.measured_loss(context, slot)) if loss is not None]
+        losses = [loss for loss in (planned, self.measured_loss(context, slot, values)) if loss is not None]
         if not losses:
             slot.reason = PAYS
             return True

@@ -20,6 +20,7 @@ occurs in the corpus, as the range of suffix-array rows that start with it (bina
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -149,14 +150,7 @@ def _refine(order: np.ndarray, rank: np.ndarray, span: int) -> tuple[np.ndarray,
     while start < n:
         stop = min(start + step, n)
         if stop < n:                       # on to the end of the run of equal rank that row stop - 1 is in
-            last, lo, hi = rank[order[stop - 1]], stop, n
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if rank[order[mid]] > last:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            stop = lo
+            stop = bisect.bisect_right(order, rank[order[stop - 1]], lo=stop, hi=n, key=rank.__getitem__)
         rows = order[start: stop]                                         # [C] positions (a view)
         if rank[rows[0]] == rank[rows[-1]]:     # one run (ranks do not decrease along the order): its rank span on
             key = rank[rows + span]                                       # [C] int32
