@@ -54,13 +54,20 @@ weights = load_file(sys.argv[1])
 save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}, sys.argv[2])
 EOF
 fi
-tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
-packed=$(find "$PACK" -type f -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+# each file counted in whole 4 KiB blocks: the GPU tool refused a tree whose bytes summed 63.5 MiB as over its
+# 64 (benchmarks/results/gpu/h200_lease4.md); counted by blocks it came to 65.8
+blocks() { awk '{s += int(($1 + 4095) / 4096) * 4096} END {print s + 0}'; }
+tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | blocks)
+packed=$(find "$PACK" -type f -printf '%s\n' | blocks)
 total=$((tracked + packed))
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "pack: repository $(mib "$tracked") + $PACK $(mib "$packed") = $(mib "$total") of $(mib "$LIMIT")"
 find "$PACK" -type f -printf '  %p %s\n' | sort
 if [ "$total" -gt "$LIMIT" ]; then
   echo "pack: too large for the GPU machine by $(mib $((total - LIMIT)))" >&2
+  results=$(git ls-files -z benchmarks/results | xargs -0 stat -c %s 2>/dev/null | blocks)
+  echo "pack: nothing the check runs reads benchmarks/results ($(mib "$results")); to leave it behind for the calls:" >&2
+  echo "  echo /benchmarks/results/ >> .git/info/exclude && git rm -r -q --cached benchmarks/results" >&2
+  echo "and after them: git reset -q benchmarks/results && sed -i '\\#^/benchmarks/results/\$#d' .git/info/exclude" >&2
   exit 1
 fi
