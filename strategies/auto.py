@@ -53,6 +53,7 @@ from .batch_gate import BatchGate
 from .batch_width import best_width
 from .drafter_slots import LOOK, PAYS, STEADY, DrafterSlot, call_cost, first_leader, pick
 from .mixed import LOOKUP, NEURAL, merge_paths
+from .paired_leader import PairedLeader, matched_length, score_guesses
 from .planner import Calibrator, path_reach, plan, temperature_key
 from .prompt_lookup import PromptLookup
 
@@ -132,6 +133,9 @@ LEADER_PROBE_STEPS = 8
 # ones): the two leaders cost about the same a step, and the one that lost early (the table, still learning) may
 # win a few steps later; the gap between looks still doubles while they lose
 LEADER_EXPLORE = 0.1
+# a step proposed with fewer levels left than this (DecodeState.max_depth) is no sample of its leader's rate
+# (strategies/paired_leader.py): the token budget, not the leader, caps what it keeps
+PAIRED_FULL_DEPTH = 16
 # a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
 # estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
 # pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
@@ -269,6 +273,9 @@ class Auto(BaseStrategy):
         self.leader_gates: dict[str, BatchGate] = {}    # one sequence holding several drafters: temperature kind ->
         #                                                  whether its first leader leads, or the others (_leader);
         #                                                  shared by calls like the batch gates
+        self.paired_leaders: dict[str, PairedLeader] = {}   # "greedy" -> the table's lead judged on paired samples
+        #                                                  (_paired_leader, where the table can be read for free);
+        #                                                  shared by calls like the gates
         self.drafter_gates: dict[tuple, BatchGate] = {}  # the same keys -> on speculating steps, call the drafter, or
         #                                                 let lookup speculate alone (auto with both lookup and a drafter)
         self.target = None
@@ -396,6 +403,9 @@ class Auto(BaseStrategy):
         self.pending = None                   # what propose decided, for observe
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
+        self.paired_mark = None               # (whether the table led, perf_counter, committed length, counted,
+        #                                       the table's mode's trees) at the last proposal: _paired_leader
+        self.paired_waiting: list[tuple] = []  # this call's steps the other drafter ran, their table guesses unscored
         self.leader_mark = None               # (gate, whether the first leader led, perf_counter, committed length,
         #                                       whether that step switched leader) at the last proposal: _leader
         self.full_rows = 0                    # the most rows this row's batch has run with: its full batch
@@ -489,6 +499,9 @@ class Auto(BaseStrategy):
         (the table learns the rows of the trees it drafts; EAGLE catches up on the steps it did not draft), so
         the drafter that looks better step by step under one leader may run slower as the leader
         (benchmarks/results/auto_leader)."""
+        first = first_leader(self.slots, state.sampling.greedy)
+        if self._paired(state, first):
+            return first, self._paired_leader(state, first)
         kind = temperature_key(state.sampling.temperature)
         gate = self.leader_gates.get(kind) or self.leader_gates.setdefault(
             kind, BatchGate(margin=0.0, memory=LEADER_MEMORY, probe_steps=LEADER_PROBE_STEPS, fresh_probes=True,
@@ -501,7 +514,48 @@ class Auto(BaseStrategy):
             last_gate.record(led, len(state.token_ids) - length, now - at, 1, switch=last_switched)
             switched = led != leads
         self.leader_mark = (gate, leads, now, len(state.token_ids), switched)
-        return first_leader(self.slots, state.sampling.greedy), leads
+        return first, leads
+
+    def _paired(self, state: DecodeState, first: DrafterSlot) -> bool:
+        """Whether this step's leader is judged on paired samples (strategies/paired_leader.py): greedy, on a CPU
+        (reading the table is free there; on a GPU each read is a host sync), the first leader a table that can
+        be read without a call (peek), against one other drafter."""
+        return (state.sampling.greedy and state.noise is None and getattr(self.device, "type", self.device) == "cpu"
+                and hasattr(first.drafter, "peek") and sum(slot.drafter is not None for slot in self.slots) == 2)
+
+    def _paired_leader(self, state: DecodeState, first: DrafterSlot) -> bool:
+        """Whether the table leads this step (strategies/paired_leader.py): the last step goes to the judge (the
+        table's own, or the other drafter's with what the table's mode would have kept there, scored once that
+        text is committed), then the judge decides. On a step the other drafter runs, the table's mode's trees are
+        kept for scoring: the table's (TokenRecycling.peek) and lookup's kept paths."""
+        judge = self.paired_leaders.get("greedy") or self.paired_leaders.setdefault("greedy", PairedLeader())
+        now = time.perf_counter()
+        switched = True                       # a call's first step (a drafter catches up on the prompt) or a switch
+        if self.paired_mark is not None:
+            led, at, length, counted, trees = self.paired_mark
+            tokens, seconds = len(state.token_ids) - length, now - at
+            if counted:
+                if led:
+                    judge.record_table(tokens, seconds)
+                self.paired_waiting.append((length, tokens, seconds, trees, led))
+        self.paired_waiting, pairs = score_guesses(self.paired_waiting, state.token_ids)
+        if pairs:
+            judge.add_pairs(pairs)
+        leads = judge.lead()
+        if self.paired_mark is not None:
+            switched = self.paired_mark[0] != leads
+        # the table's mode's trees this step, scored once their text is committed: on the other drafter's steps
+        # what the table would have kept there, on the table's own steps against what it kept (the guess's bias)
+        table = first.drafter.peek(state)
+        paths, lookup_nodes, *_, lookup_keep = self.started[:6]
+        lookup_tokens, lookup_parents = merge_into_trie([], [], paths, lookup_nodes)
+        trees = ((lookup_tokens, lookup_parents, lookup_keep),)
+        if table is not None:
+            trees += ((table[0], table[1], range(len(table[1]))),)
+        # a step the token budget cuts short keeps at most what is left, whoever leads: not a rate's sample
+        counted = not switched and state.max_depth >= PAIRED_FULL_DEPTH
+        self.paired_mark = (leads, now, len(state.token_ids), counted, trees)
+        return leads
 
     def slot_rate(self, context, slot: DrafterSlot) -> float | None:
         """A drafter's tokens/s in this context priced now, by what its calls made (measured_rates: its last calls
@@ -1022,20 +1076,6 @@ def _mean_and_error(gains: Sequence[float]) -> tuple[float, float]:
     mean = math.fsum(gains) / count
     error = math.sqrt(math.fsum((gain - mean) ** 2 for gain in gains) / (count - 1) / count) if count > 1 else 0.0
     return mean, error
-
-
-def matched_length(tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int], committed: Sequence[int]) -> int:
-    """Nodes of the part `keep` (closed under parents) of a point-mass tree that the committed tokens walk
-    down from the root: what verifying that part alone would have accepted on the step. Exact when greedy or
-    coupled; under rejection sampling, the same in expectation (a point mass is kept with the probability
-    the target gives its token). At most len(committed): the target's tokens after the step are not known."""
-    child = {(parents[node], tokens[node]): node for node in keep}
-    parent = -1
-    for length, token in enumerate(committed):
-        parent = child.get((parent, token))
-        if parent is None:
-            return length
-    return len(committed)
 
 
 def _lookup_context(parents, accept, keep) -> int:

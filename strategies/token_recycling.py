@@ -261,6 +261,8 @@ class TokenRecycling(BaseStrategy):
         self.tree_sizes: list[int] = []
         self.drafted: tuple[Shape, CandidateTree] | None = None    # the last proposal (observe calibrates it)
         self.draft_s = 0.0
+        self.peeked: tuple[tuple[int, int], Shape] | None = None   # peek's plan where propose would plan anew
+        self.peeks = 0
 
     # ------------------------------------------------------------------ set-up
     def use_compiled_verifier(self, compiled: bool) -> None:
@@ -315,6 +317,29 @@ class TokenRecycling(BaseStrategy):
         self.drafted = (shape, tree)
         self.draft_s = time.perf_counter() - started
         return tree
+
+    def peek(self, state: DecodeState) -> tuple[list[int], tuple[int, ...]] | None:
+        """(tokens, parents) of the tree propose() would draft now, on the host, changing nothing propose reads
+        (no step counted; where propose would plan its shape anew, the same plan is made apart): what auto scores
+        the table by on steps another drafter led
+        (strategies/paired_leader.py). None before the call's reset. One read of the table: a host sync on a
+        GPU, so auto asks only on a CPU."""
+        if self.table is None:
+            return None
+        if self.steps % self.replan_every:
+            shape = self.shape
+        else:       # propose plans its shape afresh on this step: the same plan, made once while it waits (and again
+            #         every replan_every peeks, as propose would, where the table is not called for a while)
+            key = (self.steps, self.peeks // self.replan_every)
+            if self.peeked is None or self.peeked[0] != key:
+                self.peeked = (key, self.plan(state))
+            self.peeks += 1
+            shape = self.peeked[1]
+        shape = shape.cut(state.max_depth)
+        if not shape.parents:
+            return [], ()
+        pending = state.pending if state.pending is not None else host_to_device([state.token_ids[-1]], self.device)
+        return draft_tokens(self.table, pending.to(self.device), self.index(shape)).tolist(), shape.parents
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.observe_steps(state, (result,))
