@@ -405,7 +405,8 @@ class Auto(BaseStrategy):
         self.gate_row = next(_ROW_IDS)
         self.paired_mark = None               # (whether the table led, perf_counter, committed length, counted,
         #                                       the table's mode's trees) at the last proposal: _paired_leader
-        self.paired_waiting: list[tuple] = []  # this call's steps the other drafter ran, their table guesses unscored
+        self.paired_waiting: list[tuple] = []  # this call's steps whose table guesses await their text (the other
+        #                                       drafter's: pairs; the table's own: the guesses' bias)
         self.leader_mark = None               # (gate, whether the first leader led, perf_counter, committed length,
         #                                       whether that step switched leader) at the last proposal: _leader
         self.full_rows = 0                    # the most rows this row's batch has run with: its full batch

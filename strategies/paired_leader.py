@@ -16,7 +16,10 @@ step the other drafter runs is a paired sample of both leaders on the same text:
     `memory` such steps beats the drafter's by `margin`;
   * while the table leads, the other drafter is looked at for `probe_steps` steps now and then (the gap
     doubling while looks lose, as the gate does), and takes the lead if its rate beats the table's paired
-    rate over the look's own steps by `margin`.
+    rate over the look's own steps by `margin`, judged once those steps are scored (the table leads
+    meanwhile; a look whose steps are not scored in time, a call having ended, gets no verdict);
+  * while the other leads, the table runs `probe_steps` steps now and then, so that its seconds per step
+    stay current.
 
 Only greedy steps (a sampled step's tokens are a draw, not a function of the text) and only where reading
 the table costs no device sync (a CPU): elsewhere auto keeps its gate."""
@@ -40,6 +43,11 @@ def matched_length(tokens: Sequence[int], parents: Sequence[int], keep: Sequence
         if parent is None:
             return length
     return len(committed)
+
+
+# a look's pairs are waited for this many times its steps (a guess is scored some steps after it, once its text is
+# committed); then it is judged on those scored, or not at all below min_pairs
+JUDGING_STEPS = 3
 
 
 class PairedLeader:
@@ -105,7 +113,10 @@ class PairedLeader:
         per_step = self.table_seconds()
         if per_step is None or len(pairs) < self.min_pairs:
             return None
-        other = sum(tokens for tokens, _, _ in pairs) / sum(seconds for _, seconds, _ in pairs)
+        seconds = sum(seconds for _, seconds, _ in pairs)
+        if seconds <= 0:
+            return None
+        other = sum(tokens for tokens, _, _ in pairs) / seconds
         table = self.guess_bias() * sum(kept for _, _, kept in pairs) / (per_step * len(pairs))
         return other, table
 
@@ -114,12 +125,14 @@ class PairedLeader:
         the table is being looked at), from the samples so far."""
         with self._lock:
             self.steps += 1
-            if self.judging:                     # a look's pairs, all of them scored or as many as will be
-                rates = self.paired_rates(self.look_pairs) if len(self.look_pairs) >= self.probe_steps - 1 else None
-                if rates is None and self.steps < self.probe_steps:
+            if self.judging:                     # a look's pairs: all of them scored, or as many as came in time
+                if len(self.look_pairs) < self.probe_steps - 1 and self.steps < JUDGING_STEPS * self.probe_steps:
                     return self.table_leads
+                rates = self.paired_rates(self.look_pairs)
                 self.judging, self.steps = False, 0
-                if rates is not None and rates[0] > rates[1] * (1 + self.margin):
+                if rates is None:                # too few scored (a call ended): no verdict, the gap as it was
+                    pass
+                elif rates[0] > rates[1] * (1 + self.margin):
                     # the look's pairs are the other's record now: older ones may describe a table since warmed
                     self.table_leads = False
                     self.pairs = deque(self.look_pairs, maxlen=self.memory)
@@ -158,19 +171,21 @@ def score_guesses(waiting: list[tuple], token_ids: Sequence[int]) -> tuple[list[
     would have kept: 1 + the longest part of a tree that the committed text walks down, whether the table led)."""
     still, pairs = [], []
     for start, tokens, seconds, trees, table_led in waiting:
-        depth = max((_depth(parents) for _, parents, _ in trees), default=0)
-        if len(token_ids) < start + depth + 1:
+        # a guess keeps at most its kept part's depth, then the target's own token (whatever it is): its text is
+        # known once that many tokens are committed
+        depth = max((_depth(parents, keep) for _, parents, keep in trees), default=0)
+        if len(token_ids) < start + depth:
             still.append((start, tokens, seconds, trees, table_led))
             continue
-        committed = token_ids[start: start + depth + 1]
+        committed = token_ids[start: start + depth]
         kept = 1 + max((matched_length(t, p, keep, committed) for t, p, keep in trees), default=0)
         pairs.append((tokens, seconds, kept, table_led))
     return still, pairs
 
 
-def _depth(parents: Sequence[int]) -> int:
-    """Levels of a tree given by its parents (-1: below the pending token)."""
+def _depth(parents: Sequence[int], keep: Sequence[int]) -> int:
+    """Levels of the part `keep` of a tree given by its parents (-1: below the pending token)."""
     depth: list[int] = []
     for parent in parents:
         depth.append(0 if parent == -1 else depth[parent] + 1)
-    return max(depth) + 1 if depth else 0
+    return max((depth[node] + 1 for node in keep), default=0)

@@ -304,8 +304,9 @@ class TokenRecycling(BaseStrategy):
 
     def propose(self, state: DecodeState) -> CandidateTree:
         started = time.perf_counter()
-        if self.steps % self.replan_every == 0:
-            self.shape = self.plan(state)
+        if self.steps % self.replan_every == 0:   # a plan peek made for this step is this step's plan (peek)
+            peeked = self.peeked
+            self.shape = peeked[1] if peeked is not None and peeked[0][0] == self.steps else self.plan(state)
         self.steps += 1
         shape = self.shape.cut(state.max_depth)
         self.tree_sizes.append(len(shape.parents))
@@ -320,8 +321,8 @@ class TokenRecycling(BaseStrategy):
 
     def peek(self, state: DecodeState) -> tuple[list[int], tuple[int, ...]] | None:
         """(tokens, parents) of the tree propose() would draft now, on the host, changing nothing propose reads
-        (no step counted; where propose would plan its shape anew, the same plan is made apart): what auto scores
-        the table by on steps another drafter led
+        (no step counted; where propose would plan its shape anew, peek plans it, and propose takes that plan):
+        what auto scores the table by on steps another drafter led
         (strategies/paired_leader.py). None before the call's reset. One read of the table: a host sync on a
         GPU, so auto asks only on a CPU."""
         if self.table is None:

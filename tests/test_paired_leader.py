@@ -16,31 +16,33 @@ CHAIN = ([7, 8, 9], (-1, 0, 1), [0, 1, 2])       # a 3-token chain guess: (token
 def test_a_guess_waits_for_its_text_then_keeps_its_longest_matching_part():
     lookup = ([7, 8, 5], (-1, 0, 1), [0, 1, 2])
     waiting = [(2, 3, 0.01, (CHAIN, lookup), False)]
-    still, pairs = score_guesses(waiting, [1, 2, 7, 8, 5])          # the guess's 3 levels and the next token: 4 needed
+    still, pairs = score_guesses(waiting, [1, 2, 7, 8])             # the guesses are 3 levels deep: 3 tokens needed
     assert still == waiting and pairs == []
-    still, pairs = score_guesses(waiting, [1, 2, 7, 8, 5, 6])
+    still, pairs = score_guesses(waiting, [1, 2, 7, 8, 5])
     assert still == [] and pairs == [(3, 0.01, 1 + 3, False)]       # lookup's chain matched all 3: 3 + the target's
-    _, pairs = score_guesses([(2, 3, 0.01, (CHAIN,), True)], [1, 2, 7, 4, 5, 6])
+    _, pairs = score_guesses([(2, 3, 0.01, (CHAIN,), True)], [1, 2, 7, 4, 5])
     assert pairs == [(3, 0.01, 1 + 1, True)]                        # 7 matched, then 4 is not 8
-    unkept = ([7, 8, 9], (-1, 0, 1), [0])                           # a node not kept is not guessed
-    _, pairs = score_guesses([(2, 3, 0.01, (unkept,), False)], [1, 2, 7, 8, 9, 6])
-    assert pairs[0][2] == 1 + 1
+    unkept = ([7, 8, 9], (-1, 0, 1), [0])                           # a node not kept is not guessed, nor waited for
+    still, pairs = score_guesses([(2, 3, 0.01, (unkept,), False)], [1, 2, 7])
+    assert still == [] and pairs[0][2] == 1 + 1
 
 
 def drive(judge: PairedLeader, steps: int, other: tuple[int, float], table_kept: int,
-          table: tuple[int, float] = (4, 0.01), own_kept: int | None = None) -> list[bool]:
-    """Run the judge `steps` steps: a step the table runs is recorded as `table` (tokens, seconds) and, scored at
-    once, its guess said own_kept (default: what it kept); a step the other runs is a pair of `other` (tokens,
-    seconds) with the table's guess keeping table_kept there. Whether the table ran, per step."""
-    ran = []
-    for _ in range(steps):
+          table: tuple[int, float] = (4, 0.01), own_kept: int | None = None, delay: int = 0) -> list[bool]:
+    """Run the judge `steps` steps: a step the table runs is recorded as `table` (tokens, seconds) and its guess
+    said own_kept (default: what it kept); a step the other runs is a pair of `other` (tokens, seconds) with the
+    table's guess keeping table_kept there. Guesses are scored `delay` steps after their step (their text is
+    committed later). Whether the table ran, per step."""
+    ran, scored = [], []
+    for step in range(steps):
         table_runs = judge.lead()
         ran.append(table_runs)
         if table_runs:
             judge.record_table(*table)
-            judge.add_pairs([(table[0], table[1], table[0] if own_kept is None else own_kept, True)])
+            scored.append((step + delay, (table[0], table[1], table[0] if own_kept is None else own_kept, True)))
         else:
-            judge.add_pairs([(other[0], other[1], table_kept, False)])
+            scored.append((step + delay, (other[0], other[1], table_kept, False)))
+        judge.add_pairs([pair for due, pair in scored if due == step])
     return ran
 
 
@@ -54,10 +56,23 @@ def test_the_table_leads_first_then_the_other_leads_where_it_makes_more_on_the_s
 
 def test_a_look_that_loses_keeps_the_table_and_doubles_the_gap():
     judge = PairedLeader(gap=8, probe_steps=6)
-    ran = drive(judge, 60, other=(3, 0.01), table_kept=4)            # 300 against 400
-    assert judge.table_leads and judge.gap > 8
+    ran = drive(judge, 120, other=(3, 0.01), table_kept=4)           # 300 against 400
+    assert judge.table_leads and judge.gap >= 32
     looks = [i for i in range(1, len(ran)) if not ran[i] and ran[i - 1]]
-    assert len(looks) >= 2 and looks[1] - looks[0] > looks[0]       # the second look waits longer than the first
+    spacing = [later - earlier for earlier, later in zip(looks, looks[1:])]
+    assert len(spacing) >= 2 and spacing[1] >= spacing[0] + 8       # each look waits twice as long as the last
+
+
+def test_a_look_is_judged_when_its_steps_are_scored_later():
+    """Guesses are scored some steps after their own (the text they guessed comes later): the table leads meanwhile,
+    and the look is judged on its steps once they are in. Control: scored too late (past the judging wait), the
+    look gets no verdict, and the gap stays as it was."""
+    judge = PairedLeader(gap=8, probe_steps=6)
+    drive(judge, 40, other=(9, 0.01), table_kept=4, delay=4)
+    assert not judge.table_leads
+    late = PairedLeader(gap=8, probe_steps=6)
+    drive(late, 40, other=(9, 0.01), table_kept=4, delay=40)
+    assert late.table_leads and late.gap == 8
 
 
 def test_the_table_takes_the_lead_back_where_its_guesses_make_more():
@@ -93,22 +108,31 @@ def test_the_verdict_is_on_the_same_stretch_not_on_each_leaders_own():
 
 
 def test_peek_is_what_propose_drafts_and_changes_nothing(monkeypatch):
-    """Before each of the table's proposals inside auto, peek gives the same tokens and shape, and leaves the
-    table's step count and tree sizes as they were."""
+    """auto holding the table and a lookahead, greedy on a CPU: the paired judge peeks at the table on every step.
+    Where the table then drafts in the same step, it drafts exactly what the peek said; a peek leaves the table's
+    step count and tree sizes as they were. Greedy identity holds."""
     target = target_of("llama")
-    strategy = auto_with(target, **{"auto.explore_every": 1})
-    propose, checked = TokenRecycling.propose, []
+    strategy = auto_with(target, "lookahead")
+    propose, peek = TokenRecycling.propose, TokenRecycling.peek
+    peeks, checked = {}, []
+
+    def recorded_peek(self, state):
+        before = (self.steps, list(self.tree_sizes))
+        peeked = peek(self, state)
+        assert (self.steps, self.tree_sizes) == before
+        peeks[len(state.token_ids)] = peeked
+        return peeked
 
     def checked_propose(self, state):
-        before = (self.steps, list(self.tree_sizes))
-        peeked = self.peek(state)
-        assert (self.steps, self.tree_sizes) == before
         tree = propose(self, state)
-        assert peeked == (tree.tokens.tolist(), tuple(tree.parents))
+        assert peeks.pop(len(state.token_ids)) == (tree.tokens.tolist(), tuple(tree.parents))
         checked.append(tree.num_nodes)
         return tree
 
+    monkeypatch.setattr(TokenRecycling, "peek", recorded_peek)
     monkeypatch.setattr(TokenRecycling, "propose", checked_propose)
-    out = Speculator(target, None, strategy).generate(PROMPT, max_new_tokens=40, ignore_eos=True)
-    assert out.token_ids == hf_greedy(target, PROMPT, 40, eos_token_id=None)
-    assert len(checked) > 3 and max(checked) > 0
+    sd = Speculator(target, None, strategy)
+    for prompt in (PROMPT, PROMPT[::-1] + PROMPT):
+        out = sd.generate(prompt, max_new_tokens=60, ignore_eos=True)
+        assert out.token_ids == hf_greedy(target, prompt, 60, eos_token_id=None)
+    assert len(checked) > 3 and max(checked) > 0 and strategy.paired_leaders["greedy"].table_steps
