@@ -136,6 +136,7 @@ LEADER_EXPLORE = 0.1
 # a step proposed with fewer levels left than this (DecodeState.max_depth) is no sample of its leader's rate
 # (strategies/paired_leader.py): the token budget, not the leader, caps what it keeps
 PAIRED_FULL_DEPTH = 16
+PAIRED_BIAS_EVERY = 4
 # a drafter is judged by what its calls did, not only by what was planned: a plan trusts calibrated
 # estimates, whose buckets mix nodes a drafter makes very differently (lookahead's window cells and its
 # pooled n-grams share depths), while what a call kept, beside what lookup alone would have kept on the
@@ -405,6 +406,7 @@ class Auto(BaseStrategy):
         self.gate_row = next(_ROW_IDS)
         self.paired_mark = None               # (whether the table led, perf_counter, committed length, counted,
         #                                       the table's mode's trees) at the last proposal: _paired_leader
+        self.paired_steps = 0                 # this call's steps judged by the paired judge
         self.paired_waiting: list[tuple] = []  # this call's steps whose table guesses await their text (the other
         #                                       drafter's: pairs; the table's own: the guesses' bias)
         self.leader_mark = None               # (gate, whether the first leader led, perf_counter, committed length,
@@ -538,21 +540,26 @@ class Auto(BaseStrategy):
             if counted:
                 if led:
                     judge.record_table(tokens, seconds)
-                self.paired_waiting.append((length, tokens, seconds, trees, led))
+                if trees is not None:
+                    self.paired_waiting.append((length, tokens, seconds, trees, led))
         self.paired_waiting, pairs = score_guesses(self.paired_waiting, state.token_ids)
         if pairs:
             judge.add_pairs(pairs)
         leads = judge.lead()
         if self.paired_mark is not None:
             switched = self.paired_mark[0] != leads
-        # the table's mode's trees this step, scored once their text is committed: on the other drafter's steps
-        # what the table would have kept there, on the table's own steps against what it kept (the guess's bias)
-        table = first.drafter.peek(state)
-        paths, lookup_nodes, *_, lookup_keep = self.started[:6]
-        lookup_tokens, lookup_parents = merge_into_trie([], [], paths, lookup_nodes)
-        trees = ((lookup_tokens, lookup_parents, lookup_keep),)
-        if table is not None:
-            trees += ((table[0], table[1], range(len(table[1]))),)
+        # the table's mode's trees this step, scored once their text is committed: on each of the other drafter's
+        # steps what the table would have kept there; on every PAIRED_BIAS_EVERY-th of the table's own, against
+        # what it kept (the guesses' bias: a sample of them is enough, and a read of the table costs a little)
+        self.paired_steps += 1
+        trees = None
+        if not leads or self.paired_steps % PAIRED_BIAS_EVERY == 0:
+            table = first.drafter.peek(state)
+            paths, lookup_nodes, *_, lookup_keep = self.started[:6]
+            lookup_tokens, lookup_parents = merge_into_trie([], [], paths, lookup_nodes)
+            trees = ((lookup_tokens, lookup_parents, lookup_keep),)
+            if table is not None:
+                trees += ((table[0], table[1], range(len(table[1]))),)
         # a step the token budget cuts short keeps at most what is left, whoever leads: not a rate's sample
         counted = not switched and state.max_depth >= PAIRED_FULL_DEPTH
         self.paired_mark = (leads, now, len(state.token_ids), counted, trees)

@@ -94,8 +94,9 @@ def test_the_table_leads_greedy_steps_first_and_the_first_drafter_sampled_ones()
     assert first_leader(both_dear, greedy=True) is both_dear[0]
 
 
-@pytest.mark.parametrize("slow, temperature", [("lookahead", 0.0), ("lookahead", 0.8), ("token_recycling", 0.0),
-                                               ("token_recycling", 0.8)])
+# (a slow table when sampling is left out: auto prices its calls out within a dozen, and its mode is then lookup
+# alone, about as fast as the lookahead's there, so which leads is a coin toss)
+@pytest.mark.parametrize("slow, temperature", [("lookahead", 0.0), ("lookahead", 0.8), ("token_recycling", 0.0)])
 def test_one_sequence_keeps_the_leader_measured_faster(monkeypatch, slow, temperature):
     """auto weighs its first leader (the table) against the others by the wall time of their steps: greedy on a
     CPU on paired samples (strategies/paired_leader.py: the table's guesses scored on the others' steps), sampled
