@@ -57,6 +57,8 @@ class PairedLeader:
 
     def __init__(self, memory: int = 24, min_pairs: int = 4, margin: float = 0.1, probe_steps: int = 6,
                  gap: int = 8, max_gap: int = 256, table_memory: int = 24):
+        if probe_steps - 1 < min_pairs:        # a look's first step (a switch) is not counted: no look could be judged
+            raise ValueError(f"probe_steps ({probe_steps}) must exceed min_pairs ({min_pairs})")
         self.memory, self.min_pairs, self.margin = memory, min_pairs, margin
         self.probe_steps, self.base_gap, self.max_gap = probe_steps, gap, max_gap
         self.table_leads = True               # the leader now (the table first: it is read for free)

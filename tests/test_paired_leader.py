@@ -69,7 +69,7 @@ def test_a_look_is_judged_when_its_steps_are_scored_later():
     and the look is judged on its steps once they are in. Control: scored too late (past the judging wait), the
     look gets no verdict, and the gap stays as it was."""
     judge = PairedLeader(gap=8, probe_steps=6)
-    drive(judge, 40, other=(9, 0.01), table_kept=4, delay=4)
+    drive(judge, 40, other=(9, 0.01), table_kept=4, delay=10)
     assert not judge.table_leads
     late = PairedLeader(gap=8, probe_steps=6)
     drive(late, 40, other=(9, 0.01), table_kept=4, delay=40)
@@ -137,6 +137,7 @@ def test_peek_is_what_propose_drafts_and_changes_nothing(monkeypatch):
     monkeypatch.setattr(TokenRecycling, "propose", checked_propose)
     sd = Speculator(target, None, strategy)
     for prompt in (PROMPT, PROMPT[::-1] + PROMPT):
+        peeks.clear()                           # keyed by length: one call's at a time
         out = sd.generate(prompt, max_new_tokens=60, ignore_eos=True)
         assert out.token_ids == hf_greedy(target, prompt, 60, eos_token_id=None)
     assert len(checked) > 3 and max(checked) > 0 and strategy.paired_leaders["greedy"].table_steps
