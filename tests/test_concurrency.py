@@ -31,7 +31,7 @@ THREADS, CALLS = 8, 4
 PROMPTS = ["def parse(text):\n    return text", "class Foo:\n    x = 1\n    y = 2", "for i in range(10):\n    print(i)",
            "import os\nimport sys\n", "a = b = c = 1; a = b = c", "while True:\n    pass"]
 STRATEGIES = ["autoregressive", "prompt_lookup", "draft_chain", "draft_tree", "medusa", "eagle", "auto", "suffix",
-              "token_recycling", "lookahead", "rest"]
+              "token_recycling", "lookahead", "rest", "auto_paired"]
 
 
 def _target():
@@ -50,6 +50,9 @@ def build(name: str) -> Speculator:
         "medusa": lambda: Medusa(random_heads(target), max_nodes=6, top_k=2),
         "eagle": lambda: Eagle(random_drafter(target), max_nodes=6, top_k=2, depth=4),
         "auto": lambda: Auto(PromptLookup(), DraftModel(noisy_copy(target), num_tokens=3), profile=False),
+        # the table and a draft model: greedy steps are led by the paired judge, shared by the calls
+        "auto_paired": lambda: Auto(PromptLookup(), TokenRecycling(profile=False), profile=False,
+                                    more_drafters=[DraftModel(noisy_copy(target), num_tokens=3)]),
         "suffix": lambda: Suffix(),
         "token_recycling": lambda: TokenRecycling(profile=False),
         "lookahead": lambda: Lookahead(window=3, ngram=3, guesses=2),
@@ -82,7 +85,8 @@ def comparable(name: str, job: dict) -> bool:
     """Whether a call's output is fixed by its arguments alone: everywhere except auto, suffix and
     token_recycling under the rejection sampler, whose trees (and so which sample a seed gives) follow
     what they learned from earlier calls; their law is the target's all the same (the exact-law tests)."""
-    return not (name in ("auto", "suffix", "token_recycling") and job["temperature"] > 0 and job.get("sampler") == "rejection")
+    return not (name in ("auto", "auto_paired", "suffix", "token_recycling") and job["temperature"] > 0
+                and job.get("sampler") == "rejection")
 
 
 def slow_steps(sd: Speculator):
@@ -141,6 +145,8 @@ def test_threads_sharing_a_speculator_get_what_they_get_alone(name):
     # and the Speculator is whole afterwards
     again = [(call(sd, job), ref) for job, ref in zip(work[:6], reference) if comparable(name, job)]
     assert again and all(got == ref for got, ref in again)
+    if name == "auto_paired":                                # the calls' greedy steps went through the paired judge
+        assert sd.strategy.paired_leaders["greedy"].table_steps
 
 
 def test_without_the_guard_the_same_check_fails(monkeypatch):
