@@ -529,8 +529,8 @@ class Auto(BaseStrategy):
     def _paired_leader(self, state: DecodeState, first: DrafterSlot) -> bool:
         """Whether the table leads this step (strategies/paired_leader.py): the last step goes to the judge (the
         table's own, or the other drafter's with what the table's mode would have kept there, scored once that
-        text is committed), then the judge decides. On a step the other drafter runs, the table's mode's trees are
-        kept for scoring: the table's (TokenRecycling.peek) and lookup's kept paths."""
+        text is committed), then the judge decides. On a step the other drafter runs, and on some of the table's
+        own, the table's mode's trees are kept for scoring: the table's (TokenRecycling.peek) and lookup's plan."""
         judge = self.paired_leaders.get("greedy") or self.paired_leaders.setdefault("greedy", PairedLeader())
         now = time.perf_counter()
         switched = True                       # a call's first step (a drafter catches up on the prompt) or a switch
@@ -555,9 +555,8 @@ class Auto(BaseStrategy):
         trees = None
         if not leads or self.paired_steps % PAIRED_BIAS_EVERY == 0:
             table = first.drafter.peek(state)
-            paths, lookup_nodes, *_, lookup_keep = self.started[:6]
-            lookup_tokens, lookup_parents = merge_into_trie([], [], paths, lookup_nodes)
-            trees = ((lookup_tokens, lookup_parents, lookup_keep),)
+            lookup_tree, lookup_keep = self.started[2], self.started[5]   # propose_start's (on a CPU: read for free)
+            trees = ((lookup_tree.tokens.tolist(), lookup_tree.parents, lookup_keep),)
             if table is not None:
                 trees += ((table[0], table[1], range(len(table[1]))),)
         # a step the token budget cuts short keeps at most what is left, whoever leads: not a rate's sample

@@ -30,6 +30,8 @@ import threading
 from collections import deque
 from typing import Sequence
 
+from specdec.tree import depths_of
+
 
 def matched_length(tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int], committed: Sequence[int]) -> int:
     """Nodes of the part `keep` (closed under parents) of a point-mass tree that the committed tokens walk
@@ -130,15 +132,13 @@ class PairedLeader:
             if self.judging:                     # a look's pairs: all of them scored, or as many as came in time
                 if len(self.look_pairs) < self.probe_steps - 1 and self.steps < JUDGING_STEPS * self.probe_steps:
                     return self.table_leads
-                rates = self.paired_rates(self.look_pairs)
+                rates = self.paired_rates(self.look_pairs)   # None: too few scored (a call ended), no verdict
                 self.judging, self.steps = False, 0
-                if rates is None:                # too few scored (a call ended): no verdict, the gap as it was
-                    pass
-                elif rates[0] > rates[1] * (1 + self.margin):
+                if rates is not None and rates[0] > rates[1] * (1 + self.margin):
                     # the look's pairs are the other's record now: older ones may describe a table since warmed
                     self.table_leads = False
                     self.pairs = deque(self.look_pairs, maxlen=self.memory)
-                else:
+                elif rates is not None:
                     self.gap = min(2 * self.gap, self.max_gap)
             elif not self.looking:
                 if self.table_leads:
@@ -187,7 +187,5 @@ def score_guesses(waiting: list[tuple], token_ids: Sequence[int]) -> tuple[list[
 
 def _depth(parents: Sequence[int], keep: Sequence[int]) -> int:
     """Levels of the part `keep` of a tree given by its parents (-1: below the pending token)."""
-    depth: list[int] = []
-    for parent in parents:
-        depth.append(0 if parent == -1 else depth[parent] + 1)
+    depth = depths_of(parents)           # cached per shape: a waiting guess is measured again every step
     return max((depth[node] + 1 for node in keep), default=0)

@@ -310,11 +310,8 @@ class TokenRecycling(BaseStrategy):
         self.steps += 1
         shape = self.shape.cut(state.max_depth)
         self.tree_sizes.append(len(shape.parents))
-        if not shape.parents:
-            tree = CandidateTree.empty(self.device)
-        else:
-            pending = state.pending if state.pending is not None else host_to_device([state.token_ids[-1]], self.device)
-            tree = CandidateTree(draft_tokens(self.table, pending.to(self.device), self.index(shape)), shape.parents)
+        tree = (CandidateTree(self._tokens(shape, state), shape.parents) if shape.parents
+                else CandidateTree.empty(self.device))
         self.drafted = (shape, tree)
         self.draft_s = time.perf_counter() - started
         return tree
@@ -337,10 +334,12 @@ class TokenRecycling(BaseStrategy):
             self.peeks += 1
             shape = self.peeked[1]
         shape = shape.cut(state.max_depth)
-        if not shape.parents:
-            return [], ()
+        return (self._tokens(shape, state).tolist(), shape.parents) if shape.parents else ([], ())
+
+    def _tokens(self, shape: Shape, state: DecodeState) -> torch.Tensor:
+        """[N] the tokens of a non-empty `shape`, read from the table below the pending token (on the device)."""
         pending = state.pending if state.pending is not None else host_to_device([state.token_ids[-1]], self.device)
-        return draft_tokens(self.table, pending.to(self.device), self.index(shape)).tolist(), shape.parents
+        return draft_tokens(self.table, pending.to(self.device), self.index(shape))
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
         self.observe_steps(state, (result,))
