@@ -119,13 +119,16 @@ class DraftBatch:
         new = [drafter.unfed(state.token_ids, state.pending) for drafter, state in zip(drafters, states)]
         for drafter, state in zip(drafters, states):
             drafter.cached = len(state.token_ids)
-        long = {row: tokens[:-SHORT_CATCH_UP] for row, tokens in zip(rows, new) if len(tokens) > SHORT_CATCH_UP}
+        # a step's tokens: the tail and the pending one, and with a table chain (draft.table_chain) the chain's kept
+        # nodes in the tail too; fed with the logits read, in one forward. Longer runs are prompts and gaps
+        short_width = SHORT_CATCH_UP + max(getattr(drafter, "table_chain", 0) for drafter in drafters)
+        long = {row: tokens[:-short_width] for row, tokens in zip(rows, new) if len(tokens) > short_width}
         while long:                                # prompts and gaps, CATCH_UP_CHUNK tokens a forward
             self._forward({row: tokens[:CATCH_UP_CHUNK] for row, tokens in long.items()}, logits_to_keep=1,
                           prefill=True)
             long = {row: tokens[CATCH_UP_CHUNK:] for row, tokens in long.items() if len(tokens) > CATCH_UP_CHUNK}
-        short = {row: tokens[-SHORT_CATCH_UP:] for row, tokens in zip(rows, new)}
-        logits = self._forward(short)                                              # [B, <= 2, V]
+        short = {row: tokens[-short_width:] for row, tokens in zip(rows, new)}
+        logits = self._forward(short)                                              # [B, <= short_width, V]
         at_pending = [drafter.fit_vocab(logits[row, len(short[row]) - 1: len(short[row])])[0]
                       for drafter, row in zip(drafters, rows)]
         if not under_tree:

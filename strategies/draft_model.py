@@ -33,6 +33,7 @@ from specdec.verifier import CATCH_UP_CHUNK
 from .base import BaseStrategy
 from . import draft_vocab
 from .draft_vocab import DraftVocabConfig, VocabSubset
+from .leaf_chain import LeafChain
 from .lean_forward import LeanForward, why_not_lean
 from specdec.tree import host_to_device
 
@@ -60,6 +61,8 @@ class DraftConfig:
     #                                     from). float16 beside a float32 target on a CPU halves the bytes each draft
     #                                     forward reads (benchmarks/results/draft_dtype); a draft whose activations
     #                                     overflow float16 there is stopped with an error saying so
+    table_chain: int = setting(0, min=0)    # greedy chains: the chain continued by this many nodes of the target's own
+    #                                     top-1 predictions (strategies/leaf_chain.py), at no draft forward; 0 = off
 
 
 CONFIG_SECTIONS = {"draft": DraftConfig, "draft_vocab": DraftVocabConfig}
@@ -136,15 +139,22 @@ class DraftModel(BaseStrategy):
                  max_tokens: int = DraftConfig.max_tokens, draft_cost: float = DraftConfig.draft_cost,
                  min_confidence: float = DraftConfig.min_confidence, batch_rows: bool = DraftConfig.batch_rows,
                  draft_tokenizer=None, lean_forward: bool = DraftConfig.lean_forward,
-                 vocab_subset: VocabSubset | None = None, dtype: str | torch.dtype | None = DraftConfig.dtype):
+                 vocab_subset: VocabSubset | None = None, dtype: str | torch.dtype | None = DraftConfig.dtype,
+                 table_chain: int = DraftConfig.table_chain):
         if num_tokens < 1:
             raise ConfigError(f"draft.num_tokens must be >= 1, got {num_tokens}")
         if branching is not None and (not branching or any(int(b) < 1 for b in branching)):
             raise ConfigError(f"draft.branching must be a list of children per depth, each >= 1, got {branching}")
         if not 1 <= min_tokens <= max_tokens:
             raise ConfigError(f"need 1 <= draft.min_tokens <= draft.max_tokens, got {min_tokens}, {max_tokens}")
+        if table_chain < 0:
+            raise ConfigError(f"draft.table_chain must be >= 0 (nodes under the chain's last token; 0 = off), "
+                              f"got {table_chain}")
         self.draft = None
         self.num_tokens = int(num_tokens)
+        self.table_chain = int(table_chain)
+        self.top_k_ids = 1 if self.table_chain else 0   # the verifier's top-1 of every row: the chain's table
+        self.top_k_prefill = False            # the chain's table seeds from the prompt's text (strategies/leaf_chain.py)
         self.branching = None if branching is None else [int(b) for b in branching]
         self.max_nodes = int(max_nodes)
         self.adaptive = adaptive
@@ -161,6 +171,8 @@ class DraftModel(BaseStrategy):
         self.layout = None                    # the draft's attention layout, known at bind
         self._check_overflow = False          # whether fit_vocab checks the draft's logits for float16 overflow (bind)
         self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
+        self.chain: LeafChain | None = None   # this call's table chain (reset)
+        self.drafted = 0                      # nodes the draft itself proposed in the last tree (the chain's are after them)
         if draft is not None:                 # None: set by use_draft before bind (early_exit's view of the target)
             self.use_draft(draft)
 
@@ -192,12 +204,16 @@ class DraftModel(BaseStrategy):
         self.cache = new_cache(self.draft)
         self.cached = 0                       # committed tokens whose KV is in the draft cache
         self.fed_nodes: list[int] = []        # tree nodes in the draft cache after `cached`, in order
-        self.tail: torch.Tensor | None = None   # [1] an accepted drafted token the draft was not fed, on the device
+        self.tail: torch.Tensor | None = None   # [u] the accepted tokens the draft was not fed (its chain's last, the
+        #                                         table chain's), on the device
         self.gamma = self.num_tokens
         self.acceptance = 0.7                 # running estimate of the per-token acceptance rate
         self.processing = self._start_processing(state)
         self._committed: torch.Tensor | None = None   # [C] the committed ids on the device (processing only)
         self.batch = None   # the DraftBatch whose rows hold this row's KV (batched calls: specdec.batch), else own cache
+        self.chain = (LeafChain(self.table_chain, self.vocab, self.draft.device, state)
+                      if self.table_chain and self.draft is not None else None)
+        self.drafted = 0
 
     def draft_depth(self, state: DecodeState) -> int:
         """How deep a call now drafts: its tree's depth, or its chain's current length, within the step's room."""
@@ -211,8 +227,19 @@ class DraftModel(BaseStrategy):
             return CandidateTree.empty(device)
         pending_logits = self._at_pending(self._catch_up(state.token_ids, state.pending), state)   # [V]
         if self.branching is None:
-            return chains([self], [state], [depth], [pending_logits], feed_alone)[0]
-        return self._tree(pending_logits, self.branching[:depth], state)
+            return self.chained(chains([self], [state], [depth], [pending_logits], feed_alone)[0], state)
+        return self.chained(self._tree(pending_logits, self.branching[:depth], state), state)
+
+    def chained(self, tree: CandidateTree, state: DecodeState) -> CandidateTree:
+        """The drafted tree with the table chain under its deepest leaf, where there is one
+        (strategies/leaf_chain.py: greedy only)."""
+        self.drafted = tree.num_nodes
+        return tree if self.chain is None else self.chain.extend(tree, state)
+
+    @property
+    def chain_nodes(self) -> range:
+        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
+        return range(0) if self.chain is None else self.chain.nodes
 
     # ------------------------------------------------------------------ batched drafting (specdec.batch)
     def chain_lengths(self) -> list[int] | range:
@@ -261,8 +288,8 @@ class DraftModel(BaseStrategy):
             drafter.batch = batch
         logits = [drafter._at_pending(row_logits, state)                              # per row [V]
                   for drafter, state, row_logits in zip(drafters, states, batch.catch_up(drafters, states))]
-        for i, tree in zip(live, chains(drafters, states, depths, logits, batch.feed)):
-            trees[i] = tree
+        for i, tree, drafter, state in zip(live, chains(drafters, states, depths, logits, batch.feed), drafters, states):
+            trees[i] = drafter.chained(tree, state)
         return trees
 
     @staticmethod
@@ -293,11 +320,13 @@ class DraftModel(BaseStrategy):
             return {i: drafters[i].fit_vocab(logits[i][1 + level_start: 1 + len(parents)])
                     for i, (_, parents, level_start) in requests.items()}
 
-        for i, tree in zip(live, run_together(builders, answer_all)):
-            trees[i] = tree
+        for i, tree, drafter, state in zip(live, run_together(builders, answer_all), drafters, states):
+            trees[i] = drafter.chained(tree, state)
         return trees
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
+        if self.chain is not None:
+            self.chain.observe(result)
         fed = set(self.fed_nodes)
         kept = [node for node in result.accepted if node in fed]     # a leading part of the path
         position = {node: i for i, node in enumerate(self.fed_nodes)}
@@ -316,12 +345,13 @@ class DraftModel(BaseStrategy):
         else:
             commit_rows(self.cache, self.cached, rows, on_device)
         self.cached += len(kept)
-        unfed = result.accepted[len(kept):]                          # the path's deepest node, if not fed
-        if len(unfed) == 1:
-            self.tail = result.tree.tokens[unfed[0]: unfed[0] + 1].to(self.draft.device)      # [1]
+        unfed = result.accepted[len(kept):]     # the path's deepest drafted node and the table chain's, if not fed
+        if unfed:                               # [u] on the device: slices of the tree's tokens, a run of nodes each
+            self.tail = torch.cat([result.tree.tokens[start: stop] for start, stop in node_runs(unfed)]) \
+                .to(self.draft.device)
         self.fed_nodes = []
-        if self.adaptive and self.branching is None:
-            self._adapt(result.num_accepted, result.num_verified)
+        if self.adaptive and self.branching is None:     # the draft's own chain: the table chain's nodes come after it
+            self._adapt(min(result.num_accepted, self.drafted), min(result.num_verified, self.drafted))
 
     def cache_device(self) -> torch.device:
         return self.draft.device
@@ -356,7 +386,7 @@ class DraftModel(BaseStrategy):
     def _catch_up(self, token_ids: list[int], pending: torch.Tensor | None = None) -> torch.Tensor:
         """Feed the committed tokens the draft has not seen (at least the pending one), CATCH_UP_CHUNK
         tokens per forward (a long prompt's peak activations are bounded by the chunk). After a step
-        they are the accepted drafted token the draft was not fed (`tail`, on the device) and the
+        they are the accepted tokens the draft was not fed (`tail`, on the device) and the
         pending one (`pending` [1], the engine's, on the device): nothing is copied from the host."""
         new = self.unfed(token_ids, pending)[None]                      # [1, C]
         for chunk in new.split(CATCH_UP_CHUNK, dim=1):                 # [1, C] each
@@ -366,7 +396,7 @@ class DraftModel(BaseStrategy):
 
     def unfed(self, token_ids: list[int], pending: torch.Tensor | None) -> torch.Tensor:
         """[C] the committed tokens the draft has not been fed (at least the pending one), on the
-        device: after a step the accepted drafted token it was not fed (`tail`) and the pending one
+        device: after a step the accepted tokens it was not fed (`tail`) and the pending one
         (both on the device already), else (a prompt, a gap) the ids from the host. Clears `tail`."""
         tail, self.tail = self.tail, None
         if pending is not None and tail is not None and len(token_ids) - self.cached == len(tail) + 1:
@@ -542,6 +572,17 @@ def chains(drafters: Sequence[DraftModel], states: Sequence[DecodeState], depths
             for row_tokens, row_probs in zip(tokens, rows)]
 
 
+def node_runs(nodes: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending node indices as (start, stop) runs of consecutive ones: [4, 9, 10, 11] -> [(4, 5), (9, 12)]."""
+    runs: list[tuple[int, int]] = []
+    for node in nodes:
+        if runs and runs[-1][1] == node:
+            runs[-1] = (runs[-1][0], node + 1)
+        else:
+            runs.append((node, node + 1))
+    return runs
+
+
 def feed_alone(fed: Sequence[tuple[DraftModel, torch.Tensor]]) -> list[torch.Tensor]:
     """chains' feed for rows drafting on their own caches: one forward per row."""
     return [drafter._logits(token.view(1, 1))[-1] for drafter, token in fed]
@@ -572,4 +613,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> DraftModel:
                       max_nodes=d.max_nodes, adaptive=d.adaptive, min_tokens=d.min_tokens,
                       max_tokens=d.max_tokens, draft_cost=d.draft_cost, min_confidence=d.min_confidence,
                       batch_rows=d.batch_rows, draft_tokenizer=draft_tokenizer, lean_forward=d.lean_forward,
-                      vocab_subset=vocab_subset, dtype=d.dtype)
+                      vocab_subset=vocab_subset, dtype=d.dtype, table_chain=d.table_chain)

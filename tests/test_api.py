@@ -102,7 +102,11 @@ def test_speculator_without_tokenizer_takes_ids():
 def test_loaded_config_is_reachable(sd):
     """The loaded config is reachable (the CLI reads generation defaults from it)."""
     assert sd.config.strategy == "draft_model"
-    assert sd.config.draft.num_tokens == 4
+    from omegaconf import OmegaConf
+    from specdec.config import find_config_file
+    shipped = OmegaConf.load(find_config_file("draft_model")).draft           # configs/draft_model.yaml
+    assert sd.config.draft.num_tokens == shipped.num_tokens == sd.strategy.num_tokens
+    assert sd.config.draft.table_chain == shipped.table_chain == sd.strategy.table_chain
     assert sd.strategy.name == "draft_model"
 
 
