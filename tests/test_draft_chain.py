@@ -12,9 +12,17 @@ from conftest import assert_ragged_batch_greedy_identical, char_tokenizer, hf_gr
 from eagle_helpers import biased_target
 from specdec import Speculator
 from specdec.errors import ConfigError
-from specdec.strategies.draft_model import DraftModel
+from specdec.strategies.draft_model import DraftModel, node_runs
 
 PROMPT = [5, 9, 3, 5, 9, 3, 5, 9, 3, 5]
+
+
+@pytest.mark.parametrize("nodes,runs", [([], []), ([3], [(3, 4)]), ([2, 3, 4], [(2, 5)]),
+                                        ([4, 9, 10, 11], [(4, 5), (9, 12)]), ([1, 3, 5], [(1, 2), (3, 4), (5, 6)])])
+def test_node_runs(nodes, runs):
+    """An accepted path's nodes the draft was not fed, as slices of the tree's tokens: a tree's deepest leaf and
+    the chain's nodes after the tree's are two runs."""
+    assert node_runs(nodes) == runs
 
 
 @pytest.mark.parametrize("shape", [{"num_tokens": 1}, {"num_tokens": 3}, {"branching": [2, 2]}])

@@ -9,7 +9,7 @@ A row is label=strategy[:key=value;key=value]; strategy auto_old is auto as anot
     git show COMMIT:strategies/auto.py > strategies/_auto_old.py     (remove it afterwards)
 demo: the default family (make demo's prompt, 1 thread); pycode: 6 unseen code prompts of 384 tokens (2 threads).
 """
-import os, sys, time, statistics, torch, specdec
+import os, sys, time, statistics, torch, yaml, specdec
 sys.path.insert(0, os.getcwd())
 which, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 if which == "demo":
@@ -30,7 +30,7 @@ for spec in specs:
     o = over("auto" if name == "auto_old" else name)
     for item in filter(None, kv.split(";")):
         k, v = item.split("=", 1)
-        o[k] = int(v) if v.isdigit() else v
+        o[k] = yaml.safe_load(v)           # 4 -> int, [] or [a, b] -> a list, true -> bool, a path -> str
     if name == "auto_old":
         import importlib
         from specdec import Speculator
