@@ -21,6 +21,9 @@ the head's warped distribution, the tree shaped as eagle's (strategies/sampled_t
 `choices` list then shapes only greedy and coupled trees). The K heads' vocabulary projections
 run as one matmul (MedusaHeads.project); host reads: one per step (plain heads) or per depth
 (token-conditioned), none for static trees.
+Greedy trees may be continued under their deepest leaf by `table_chain` nodes of the target's own top-1
+predictions (strategies/leaf_chain.py, as eagle's), at no head call; a temperature sizes its trees by
+sampled_max_nodes, with no chain.
 Under the coupled sampler (state.noise) each head ranks tokens by its warped logits plus the
 target's Gumbel noise at the position it guesses (specdec.coupled.coupled_scores), so its best
 guess is its own coupled sample; the tree is then chosen from those perturbed scores as above.
@@ -44,16 +47,24 @@ from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, to_device, host_to_device
 from specdec.types import DecodeState, StepResult
+from specdec.strategies.leaf_chain import LeafChain
 
 @dataclass
 class MedusaConfig:
     """The `medusa:` section (the tree); the heads' folder is `heads.path`. Defaults suit a CPU
-    (configs/medusa.yaml); on a GPU wider trees are nearly free: raise max_nodes (e.g. 64) and top_k."""
+    (configs/medusa.yaml); on a GPU wider trees are nearly free: raise max_nodes and sampled_max_nodes (e.g. 64)
+    and top_k, with table_chain 0."""
     tree: str = setting("dynamic", choices=("dynamic", "static"))   # dynamic: best nodes by cumulative head
     #                                     probability; static: the paths in `choices`
     choices: Optional[List[List[int]]] = None   # static tree: paths of per-head ranks, e.g. [[0], [0, 0], [1]]
-    max_nodes: int = setting(8, min=1)      # dynamic tree node budget (CPU default; configs/medusa.yaml)
+    max_nodes: int = setting(8, min=1)      # dynamic tree node budget at greedy (configs/medusa.yaml: 2, with the
+    #                                     table chain), and at a temperature where sampled_max_nodes is null
     top_k: int = setting(4, min=1)          # candidates considered per head (dynamic tree)
+    sampled_max_nodes: Optional[int] = setting(None, min=1)   # the node budget at a temperature: the dynamic
+    #                                     tree's under either sampler, any tree's under the rejection sampler (no
+    #                                     table chain continues them there); null = max_nodes
+    table_chain: int = setting(0, min=0)    # greedy: the tree's deepest leaf continued by this many nodes of the
+    #                                     target's own top-1 predictions (strategies/leaf_chain.py), at no head call; 0 = off
 
 
 @dataclass
@@ -176,14 +187,25 @@ class Medusa(BaseStrategy):
 
     # defaults: MedusaConfig's, the one source of them
     def __init__(self, heads, tree: str = MedusaConfig.tree, choices: Sequence[Sequence[int]] | None = MedusaConfig.choices,
-                 max_nodes: int = MedusaConfig.max_nodes, top_k: int = MedusaConfig.top_k):
+                 max_nodes: int = MedusaConfig.max_nodes, top_k: int = MedusaConfig.top_k,
+                 table_chain: int = MedusaConfig.table_chain,
+                 sampled_max_nodes: int | None = MedusaConfig.sampled_max_nodes):
         if tree not in ("dynamic", "static"):
             raise ConfigError(f"medusa.tree must be 'dynamic' or 'static', got {tree!r}")
-        if max_nodes < 1 or top_k < 1:
-            raise ConfigError(f"medusa.max_nodes and medusa.top_k must be >= 1, got {max_nodes}, {top_k}")
+        if max_nodes < 1 or top_k < 1 or (sampled_max_nodes is not None and sampled_max_nodes < 1):
+            raise ConfigError(f"medusa.max_nodes, medusa.sampled_max_nodes and medusa.top_k must be >= 1, got "
+                              f"{max_nodes}, {sampled_max_nodes}, {top_k}")
+        if table_chain < 0:
+            raise ConfigError(f"medusa.table_chain must be >= 0 (nodes under the deepest leaf; 0 = off), got {table_chain}")
+        self.table_chain = int(table_chain)
+        self.top_k_ids = 1 if self.table_chain else 0   # the verifier's top-1 of every row: the chain's table
+        self.top_k_prefill = False            # the chain's table seeds from the prompt's text (strategies/leaf_chain.py)
+        self.vocab = 0                        # the target's logits' width (bind)
+        self.chain: LeafChain | None = None   # this call's table chain (reset)
         self.heads = heads.eval()
         self.tree = tree
         self.max_nodes = int(max_nodes)
+        self.sampled_max_nodes = self.max_nodes if sampled_max_nodes is None else int(sampled_max_nodes)
         self.top_k = int(top_k)
         self.choices = None
         if tree == "static":
@@ -205,14 +227,28 @@ class Medusa(BaseStrategy):
         check_module_fits_target(HEADS_FILES, self.heads, target)
         bind_heads(self.heads, target)
         self.device = target.device
+        from specdec.models import output_vocab_size
+        self.vocab = output_vocab_size(target)
 
     def reset(self, state: DecodeState) -> None:
         hidden = state.prompt_hidden                   # [P - 1, H]; None for a one-token prompt
         self.last_hidden = hidden[-1] if hidden is not None and len(hidden) else None
+        self.chain = LeafChain(self.table_chain, self.vocab, self.device, state) if self.table_chain and self.vocab else None
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
+        tree = self._heads_tree(state)
+        return tree if self.chain is None else self.chain.extend(tree, state)
+
+    @property
+    def chain_nodes(self) -> range:
+        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
+        return range(0) if self.chain is None else self.chain.nodes
+
+    def _heads_tree(self, state: DecodeState) -> CandidateTree:
+        """The heads' own tree (greedy, coupled or sampled), without the table chain."""
         depth = min(self.heads.num_heads, state.max_depth)
+        budget = self.max_nodes if state.sampling.greedy else self.sampled_max_nodes
         last_hidden = self.last_hidden
         if last_hidden is None or depth <= 0:           # a one-token prompt: no hidden state yet
             return CandidateTree.empty(self.device)
@@ -220,7 +256,7 @@ class Medusa(BaseStrategy):
         pending = state.pending if state.pending is not None else state.token_ids[-1]   # on the device if there
         noise, first = state.noise, len(state.token_ids)        # depth d guesses position first + d
         if not state.sampling.greedy and noise is None:         # rejection sampler: real distributions
-            return self._sampled_tree(last_hidden, depth, state)
+            return self._sampled_tree(last_hidden, depth, state, budget)
         if self.tree == "static":
             paths = [c for c in self.choices if len(c) <= depth]
             width = max(max(c) for c in paths) + 1 if paths else 1
@@ -230,8 +266,8 @@ class Medusa(BaseStrategy):
             return ranks_to_tree(paths, head_tokens, self.device, self.tables)
         if conditioned:
             return best_first_nodes(ConditionedExpander(self.heads, last_hidden, self.top_k, noise, first), pending,
-                                    depth, self.max_nodes)
-        return best_plain_nodes(self._head_logits(last_hidden, depth, state), self.top_k, self.max_nodes, self.device)
+                                    depth, budget)
+        return best_plain_nodes(self._head_logits(last_hidden, depth, state), self.top_k, budget, self.device)
 
     def _head_logits(self, last_hidden: torch.Tensor, depth: int, state: DecodeState) -> torch.Tensor:
         """[D, V] the first `depth` heads' logits (one stacked vocabulary matmul); under the coupled
@@ -242,7 +278,7 @@ class Medusa(BaseStrategy):
         first = len(state.token_ids)
         return coupled_scores(logits, range(first, first + depth), state.noise)
 
-    def _sampled_tree(self, last_hidden: torch.Tensor, depth: int, state: DecodeState) -> CandidateTree:
+    def _sampled_tree(self, last_hidden: torch.Tensor, depth: int, state: DecodeState, budget: int) -> CandidateTree:
         """Temperature > 0 under the rejection sampler: the heads' real (warped) distributions, siblings
         drawn without replacement (strategies.sampled_tree, as eagle). Head d + 1 gives the children
         of depth-d nodes: plain heads the same distribution for every such node (all heads in one
@@ -261,9 +297,11 @@ class Medusa(BaseStrategy):
 
             def next_probs(depth, nodes, tokens, parents):
                 return head_probs[depth + 1].expand(len(nodes), -1)                                  # [n, V]
-        return sampled_tree(root_probs, next_probs, depth, self.max_nodes, self.top_k, state.rng)
+        return sampled_tree(root_probs, next_probs, depth, budget, self.top_k, state.rng)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
+        if self.chain is not None:
+            self.chain.observe(result)
         self.last_hidden = result.hidden[-1]            # [H] the row that produced the new pending token
 
 
@@ -277,4 +315,4 @@ def from_config(cfg, target, tokenizer, device, dtype) -> Medusa:
     heads.vocab_subset = draft_vocab.from_config(cfg, tokenizer, heads.layout.vocab_size, "the heads")
     m = cfg.medusa
     return Medusa(heads, tree=m.tree, choices=[list(c) for c in m.choices] if m.choices else None,
-                  max_nodes=m.max_nodes, top_k=m.top_k)
+                  max_nodes=m.max_nodes, top_k=m.top_k, table_chain=m.table_chain, sampled_max_nodes=m.sampled_max_nodes)
