@@ -33,7 +33,7 @@ from specdec.verifier import CATCH_UP_CHUNK
 from .base import BaseStrategy
 from . import draft_vocab
 from .draft_vocab import DraftVocabConfig, VocabSubset
-from .leaf_chain import LeafChain
+from .leaf_chain import LeafChain, ask_table_chain
 from .lean_forward import LeanForward, why_not_lean
 from specdec.tree import host_to_device
 
@@ -147,14 +147,9 @@ class DraftModel(BaseStrategy):
             raise ConfigError(f"draft.branching must be a list of children per depth, each >= 1, got {branching}")
         if not 1 <= min_tokens <= max_tokens:
             raise ConfigError(f"need 1 <= draft.min_tokens <= draft.max_tokens, got {min_tokens}, {max_tokens}")
-        if table_chain < 0:
-            raise ConfigError(f"draft.table_chain must be >= 0 (nodes under the chain's last token; 0 = off), "
-                              f"got {table_chain}")
         self.draft = None
         self.num_tokens = int(num_tokens)
-        self.table_chain = int(table_chain)
-        self.top_k_ids = 1 if self.table_chain else 0   # the verifier's top-1 of every row: the chain's table
-        self.top_k_prefill = False            # the chain's table seeds from the prompt's text (strategies/leaf_chain.py)
+        ask_table_chain(self, table_chain, "draft.table_chain")
         self.branching = None if branching is None else [int(b) for b in branching]
         self.max_nodes = int(max_nodes)
         self.adaptive = adaptive

@@ -59,7 +59,7 @@ from specdec.strategies.base import BaseStrategy
 from specdec.models import output_vocab_size
 from specdec.strategies import draft_vocab
 from specdec.strategies.best_first import best_first_tree, top_children
-from specdec.strategies.leaf_chain import LeafChain
+from specdec.strategies.leaf_chain import LeafChain, ask_table_chain
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root, host_to_device
@@ -131,11 +131,7 @@ class Eagle(BaseStrategy):
                               f"got {score_temperature}")
         self.score_temperature = float(score_temperature)
         self.batch_rows = bool(batch_rows)
-        if table_chain < 0:
-            raise ConfigError(f"eagle.table_chain must be >= 0 (nodes under the deepest leaf; 0 = off), got {table_chain}")
-        self.table_chain = int(table_chain)
-        self.top_k_ids = 1 if self.table_chain else 0   # the verifier's top-1 of every row: the chain's table
-        self.top_k_prefill = False          # the chain's table seeds from the prompt's text (strategies/leaf_chain.py)
+        ask_table_chain(self, table_chain, "eagle.table_chain")
         self.vocab = 0                      # the target's logits' width (bind)
         self.dtype = dtype                       # the drafter's dtype: None = the target's; "auto" = measured (bind)
         self.drafter = drafter.eval()

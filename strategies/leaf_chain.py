@@ -24,10 +24,22 @@ from __future__ import annotations
 
 import torch
 
+from specdec.errors import ConfigError
 from specdec.tree import CandidateTree, host_to_device
 from specdec.types import DecodeState, StepResult
 
 from .token_recycling import recycle
+
+
+def ask_table_chain(strategy, length: int, key: str) -> None:
+    """Set a drafter's table chain of `length` nodes (`key`: its config key, for the error; 0 = off): the verifier
+    then computes the target's top-1 at every row of a step (top_k_ids 1) and nothing more at the prefill, since
+    the chain's table seeds from the prompt's text."""
+    if length < 0:
+        raise ConfigError(f"{key} must be >= 0 (nodes under the deepest leaf; 0 = off), got {length}")
+    strategy.table_chain = int(length)
+    strategy.top_k_ids = 1 if length else 0
+    strategy.top_k_prefill = False
 
 
 class LeafChain:

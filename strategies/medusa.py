@@ -47,7 +47,7 @@ from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, to_device, host_to_device
 from specdec.types import DecodeState, StepResult
-from specdec.strategies.leaf_chain import LeafChain
+from specdec.strategies.leaf_chain import LeafChain, ask_table_chain
 
 @dataclass
 class MedusaConfig:
@@ -195,11 +195,7 @@ class Medusa(BaseStrategy):
         if max_nodes < 1 or top_k < 1 or (sampled_max_nodes is not None and sampled_max_nodes < 1):
             raise ConfigError(f"medusa.max_nodes, medusa.sampled_max_nodes and medusa.top_k must be >= 1, got "
                               f"{max_nodes}, {sampled_max_nodes}, {top_k}")
-        if table_chain < 0:
-            raise ConfigError(f"medusa.table_chain must be >= 0 (nodes under the deepest leaf; 0 = off), got {table_chain}")
-        self.table_chain = int(table_chain)
-        self.top_k_ids = 1 if self.table_chain else 0   # the verifier's top-1 of every row: the chain's table
-        self.top_k_prefill = False            # the chain's table seeds from the prompt's text (strategies/leaf_chain.py)
+        ask_table_chain(self, table_chain, "medusa.table_chain")
         self.vocab = 0                        # the target's logits' width (bind)
         self.chain: LeafChain | None = None   # this call's table chain (reset)
         self.heads = heads.eval()
