@@ -132,11 +132,9 @@ class Stream:
 
 def tree_rows_bound(strategy) -> int:
     """Rows of the largest verify forward to plan the KV cache for: the pending token + the
-    strategy's node budget when it states one, with its table chain's nodes (strategies/leaf_chain.py) and
-    its budget at a temperature where it has one of its own (else 64 nodes; a larger tree still works,
-    the cache then grows)."""
-    greedy = int(strategy.max_nodes or 0) + int(getattr(strategy, "table_chain", 0) or 0)
-    return 1 + max(64, greedy, int(getattr(strategy, "sampled_max_nodes", 0) or 0))
+    strategy's node budget when it states one (else 64 nodes; a larger tree still works, the
+    cache then grows)."""
+    return 1 + max(64, int(strategy.max_nodes or 0))
 
 
 # Test-only switch: False turns off what keeps concurrent calls apart (the step lock and the per-call
