@@ -121,7 +121,7 @@ class DraftBatch:
             drafter.cached = len(state.token_ids)
         # a step's tokens: the tail and the pending one, and with a table chain (draft.table_chain) the chain's kept
         # nodes in the tail too; fed with the logits read, in one forward. Longer runs are prompts and gaps
-        short_width = SHORT_CATCH_UP + max(getattr(drafter, "table_chain", 0) for drafter in drafters)
+        short_width = SHORT_CATCH_UP + max(drafter.table_chain for drafter in drafters)
         long = {row: tokens[:-short_width] for row, tokens in zip(rows, new) if len(tokens) > short_width}
         while long:                                # prompts and gaps, CATCH_UP_CHUNK tokens a forward
             self._forward({row: tokens[:CATCH_UP_CHUNK] for row, tokens in long.items()}, logits_to_keep=1,

@@ -33,7 +33,7 @@ from specdec.verifier import CATCH_UP_CHUNK
 from .base import BaseStrategy
 from . import draft_vocab
 from .draft_vocab import DraftVocabConfig, VocabSubset
-from .leaf_chain import LeafChain, ask_table_chain
+from .leaf_chain import TableChained
 from .lean_forward import LeanForward, why_not_lean
 from specdec.tree import host_to_device
 
@@ -128,7 +128,7 @@ def chain_rate(acceptance: float, draft_cost: float, length: int) -> float:
     return (1 - a ** (length + 1)) / (1 - a) / (1 + draft_cost * length)
 
 
-class DraftModel(BaseStrategy):
+class DraftModel(TableChained, BaseStrategy):
     name = "draft_model"
     needs_hidden_states = False
 
@@ -149,7 +149,7 @@ class DraftModel(BaseStrategy):
             raise ConfigError(f"need 1 <= draft.min_tokens <= draft.max_tokens, got {min_tokens}, {max_tokens}")
         self.draft = None
         self.num_tokens = int(num_tokens)
-        ask_table_chain(self, table_chain, "draft.table_chain")
+        self.ask_table_chain(table_chain, "draft.table_chain")
         self.branching = None if branching is None else [int(b) for b in branching]
         self.max_nodes = int(max_nodes)
         self.adaptive = adaptive
@@ -166,7 +166,6 @@ class DraftModel(BaseStrategy):
         self.layout = None                    # the draft's attention layout, known at bind
         self._check_overflow = False          # whether fit_vocab checks the draft's logits for float16 overflow (bind)
         self.tables = ShapeTables()           # its tree shapes' tables (its per-call copies share them)
-        self.chain: LeafChain | None = None   # this call's table chain (reset)
         self.drafted = 0                      # nodes the draft itself proposed in the last tree (the chain's are after them)
         if draft is not None:                 # None: set by use_draft before bind (early_exit's view of the target)
             self.use_draft(draft)
@@ -206,8 +205,7 @@ class DraftModel(BaseStrategy):
         self.processing = self._start_processing(state)
         self._committed: torch.Tensor | None = None   # [C] the committed ids on the device (processing only)
         self.batch = None   # the DraftBatch whose rows hold this row's KV (batched calls: specdec.batch), else own cache
-        self.chain = (LeafChain(self.table_chain, self.vocab, self.draft.device, state)
-                      if self.table_chain and self.draft is not None else None)
+        self.start_chain(self.vocab, self.draft.device, state)
         self.drafted = 0
 
     def draft_depth(self, state: DecodeState) -> int:
@@ -226,15 +224,10 @@ class DraftModel(BaseStrategy):
         return self.chained(self._tree(pending_logits, self.branching[:depth], state), state)
 
     def chained(self, tree: CandidateTree, state: DecodeState) -> CandidateTree:
-        """The drafted tree with the table chain under its deepest leaf, where there is one
-        (strategies/leaf_chain.py: greedy only)."""
+        """The drafted tree with the table chain under its deepest leaf, where there is one (greedy only),
+        keeping how many nodes the draft itself proposed (adaptive lengths learn from those)."""
         self.drafted = tree.num_nodes
-        return tree if self.chain is None else self.chain.extend(tree, state)
-
-    @property
-    def chain_nodes(self) -> range:
-        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
-        return range(0) if self.chain is None else self.chain.nodes
+        return super().chained(tree, state)
 
     # ------------------------------------------------------------------ batched drafting (specdec.batch)
     def chain_lengths(self) -> list[int] | range:

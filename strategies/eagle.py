@@ -59,7 +59,7 @@ from specdec.strategies.base import BaseStrategy
 from specdec.models import output_vocab_size
 from specdec.strategies import draft_vocab
 from specdec.strategies.best_first import best_first_tree, top_children
-from specdec.strategies.leaf_chain import LeafChain, ask_table_chain
+from specdec.strategies.leaf_chain import TableChained
 from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, tree_shape, tree_visibility, with_pending_root, host_to_device
@@ -101,7 +101,7 @@ CONFIG_SECTIONS = {"eagle": EagleConfig}
 
 
 
-class Eagle(BaseStrategy):
+class Eagle(TableChained, BaseStrategy):
     name = "eagle"
     needs_hidden_states = True
 
@@ -131,7 +131,7 @@ class Eagle(BaseStrategy):
                               f"got {score_temperature}")
         self.score_temperature = float(score_temperature)
         self.batch_rows = bool(batch_rows)
-        ask_table_chain(self, table_chain, "eagle.table_chain")
+        self.ask_table_chain(table_chain, "eagle.table_chain")
         self.vocab = 0                      # the target's logits' width (bind)
         self.dtype = dtype                       # the drafter's dtype: None = the target's; "auto" = measured (bind)
         self.drafter = drafter.eval()
@@ -157,12 +157,10 @@ class Eagle(BaseStrategy):
         self.unfed: list[torch.Tensor] = []   # [n, F] target features not fed yet
         self.unfed_tokens: list[torch.Tensor] | None = []   # [n] their next tokens on the device (None: from the host)
         self.root = None                    # (out [H], logits [V]) of the last committed row
-        self.chain: LeafChain | None = None  # this call's table chain (reset)
 
     def reset(self, state: DecodeState) -> None:
         self.reset_cache()
-        if self.table_chain and self.vocab:
-            self.chain = LeafChain(self.table_chain, self.vocab, self.device, state)
+        self.start_chain(self.vocab, self.device, state)
         if state.prompt_hidden is not None and len(state.prompt_hidden):
             self.unfed.append(state.prompt_hidden)     # [P - 1, F]
             self.unfed_tokens = None                   # the prompt's tokens come from the host
@@ -219,15 +217,6 @@ class Eagle(BaseStrategy):
             for i, tree in zip(live, built):
                 trees[i] = eagles[i].chained(tree, states[i])
         return trees
-
-    def chained(self, tree: CandidateTree, state: DecodeState) -> CandidateTree:
-        """The tree with the table chain under its deepest leaf, where there is one (strategies/leaf_chain.py)."""
-        return tree if self.chain is None else self.chain.extend(tree, state)
-
-    @property
-    def chain_nodes(self) -> range:
-        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
-        return range(0) if self.chain is None else self.chain.nodes
 
     @staticmethod
     def _coupled_scorer(state: DecodeState):

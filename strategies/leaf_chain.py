@@ -31,15 +31,35 @@ from specdec.types import DecodeState, StepResult
 from .token_recycling import recycle
 
 
-def ask_table_chain(strategy, length: int, key: str) -> None:
-    """Set a drafter's table chain of `length` nodes (`key`: its config key, for the error; 0 = off): the verifier
-    then computes the target's top-1 at every row of a step (top_k_ids 1) and nothing more at the prefill, since
-    the chain's table seeds from the prompt's text."""
-    if length < 0:
-        raise ConfigError(f"{key} must be >= 0 (nodes under the deepest leaf; 0 = off), got {length}")
-    strategy.table_chain = int(length)
-    strategy.top_k_ids = 1 if length else 0
-    strategy.top_k_prefill = False
+class TableChained:
+    """What a drafter whose greedy trees a table chain may continue (eagle, medusa, draft_model) has of it: the
+    chain's settings (ask_table_chain, at construction), this call's chain (start_chain, at reset), the tree with
+    the chain (chained), the nodes it added (chain_nodes). The drafter's observe feeds the chain its steps."""
+    table_chain = 0
+    chain: "LeafChain | None" = None
+
+    def ask_table_chain(self, length: int, key: str) -> None:
+        """A chain of `length` nodes (`key`: its config key, for the error; 0 = off): the verifier then computes
+        the target's top-1 at every row of a step (top_k_ids 1) and nothing more at the prefill, since the chain's
+        table seeds from the prompt's text."""
+        if length < 0:
+            raise ConfigError(f"{key} must be >= 0 (nodes under the deepest leaf; 0 = off), got {length}")
+        self.table_chain = int(length)
+        self.top_k_ids = 1 if length else 0
+        self.top_k_prefill = False
+
+    def start_chain(self, vocab: int, device, state: DecodeState) -> None:
+        """This call's chain over a table of the target's `vocab` (0 before bind: none), or none where it is off."""
+        self.chain = LeafChain(self.table_chain, vocab, device, state) if self.table_chain and vocab else None
+
+    def chained(self, tree: CandidateTree, state: DecodeState) -> CandidateTree:
+        """The tree with the table chain under its deepest leaf, where there is one."""
+        return tree if self.chain is None else self.chain.extend(tree, state)
+
+    @property
+    def chain_nodes(self) -> range:
+        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
+        return range(0) if self.chain is None else self.chain.nodes
 
 
 class LeafChain:

@@ -39,6 +39,7 @@ import torch
 from specdec.config import setting
 from specdec.coupled import GumbelNoise, coupled_scores
 from specdec.errors import ConfigError
+from specdec.models import output_vocab_size
 from specdec.sampling import logits_to_probs
 from specdec.strategies.base import BaseStrategy
 from specdec.strategies import draft_vocab
@@ -47,7 +48,7 @@ from specdec.strategies.sampled_tree import sampled_tree
 from specdec.tables import ShapeTables
 from specdec.tree import CandidateTree, to_device, host_to_device
 from specdec.types import DecodeState, StepResult
-from specdec.strategies.leaf_chain import LeafChain, ask_table_chain
+from specdec.strategies.leaf_chain import TableChained
 
 @dataclass
 class MedusaConfig:
@@ -181,7 +182,7 @@ def static_nodes(expander: ConditionedExpander, pending: int, rank_paths: Sequen
     return CandidateTree(torch.stack(tokens), tuple(parents))
 
 
-class Medusa(BaseStrategy):
+class Medusa(TableChained, BaseStrategy):
     name = "medusa"
     needs_hidden_states = True
 
@@ -195,9 +196,8 @@ class Medusa(BaseStrategy):
         if max_nodes < 1 or top_k < 1 or (sampled_max_nodes is not None and sampled_max_nodes < 1):
             raise ConfigError(f"medusa.max_nodes, medusa.sampled_max_nodes and medusa.top_k must be >= 1, got "
                               f"{max_nodes}, {sampled_max_nodes}, {top_k}")
-        ask_table_chain(self, table_chain, "medusa.table_chain")
+        self.ask_table_chain(table_chain, "medusa.table_chain")
         self.vocab = 0                        # the target's logits' width (bind)
-        self.chain: LeafChain | None = None   # this call's table chain (reset)
         self.heads = heads.eval()
         self.tree = tree
         self.max_nodes = int(max_nodes)
@@ -223,23 +223,16 @@ class Medusa(BaseStrategy):
         check_module_fits_target(HEADS_FILES, self.heads, target)
         bind_heads(self.heads, target)
         self.device = target.device
-        from specdec.models import output_vocab_size
         self.vocab = output_vocab_size(target)
 
     def reset(self, state: DecodeState) -> None:
         hidden = state.prompt_hidden                   # [P - 1, H]; None for a one-token prompt
         self.last_hidden = hidden[-1] if hidden is not None and len(hidden) else None
-        self.chain = LeafChain(self.table_chain, self.vocab, self.device, state) if self.table_chain and self.vocab else None
+        self.start_chain(self.vocab, self.device, state)
 
     @torch.inference_mode()
     def propose(self, state: DecodeState) -> CandidateTree:
-        tree = self._heads_tree(state)
-        return tree if self.chain is None else self.chain.extend(tree, state)
-
-    @property
-    def chain_nodes(self) -> range:
-        """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
-        return range(0) if self.chain is None else self.chain.nodes
+        return self.chained(self._heads_tree(state), state)
 
     def _heads_tree(self, state: DecodeState) -> CandidateTree:
         """The heads' own tree (greedy, coupled or sampled), without the table chain."""
