@@ -23,6 +23,9 @@ WITHOUT_REPLACEMENT = "without_replacement"
 SIBLING_MODES = (INDEPENDENT, WITHOUT_REPLACEMENT)
 
 
+_EMPTY_TREES: dict = {}      # device (as given) -> CandidateTree.empty's tree
+
+
 @dataclass(frozen=True)
 class LowerRun:
     """The first `rows` rows of the forward over [pending] + tree (the pending token, then nodes 0 ..
@@ -64,7 +67,13 @@ class CandidateTree:
     # ------------------------------------------------------------------ builders
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "CandidateTree":
-        return cls(torch.empty(0, dtype=torch.long, device=device), ())
+        """The tree of no nodes (a plain step), one per device: it holds nothing to change, and a step asks
+        for it several times."""
+        tree = _EMPTY_TREES.get(device)
+        if tree is None:
+            with torch.inference_mode(False):     # a normal tensor: usable inside and outside inference mode
+                tree = _EMPTY_TREES[device] = cls(torch.empty(0, dtype=torch.long, device=device), ())
+        return tree
 
     @classmethod
     def chain(cls, tokens: Sequence[int] | torch.Tensor, draft_probs: torch.Tensor | None = None,
@@ -98,7 +107,10 @@ class CandidateTree:
         return depths_of(self.parents)
 
     def select(self, keep: Sequence[int]) -> "CandidateTree":
-        """Sub-tree of the nodes `keep` (closed under parents, in index order)."""
+        """Sub-tree of the nodes `keep` (closed under parents, in index order). Keeping every node gives the
+        tree itself (but for rows run ahead: a LowerRun is dropped by any select)."""
+        if len(keep) == self.num_nodes and self.lower_run is None:
+            return self
         new_index = {old: new for new, old in enumerate(keep)}
         parents = tuple(-1 if self.parents[o] == -1 else new_index[self.parents[o]] for o in keep)
         idx = host_to_device(list(keep), self.tokens.device)

@@ -121,6 +121,8 @@ MAX_EXPLORE_GAP = 64
 # sibling ranks calibrated apart (0, 1, 2, then 3 and later together): a drafter's later children are kept
 # far less often than its first, and one estimate for all of them kept too many of them
 MAX_RANK_KEY = 3
+# tree shapes whose nodes' calibration keys are kept (Auto._keys_and_priors); past it the kept ones are dropped
+SHAPES_KEYED = 256
 # steps whose tokens/s make a leader's rate (Auto._leader): a step keeps 1 to depth + 1 tokens, so a mode's rate
 # needs more of them than a batch size's gate does (where a step's tokens are a whole batch's)
 LEADER_MEMORY = 48
@@ -286,6 +288,7 @@ class Auto(BaseStrategy):
         self.profile = profile
         self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
+        self.step_costs: dict[int, float] | None = None   # verify_cost's prices within a proposal, else None
         self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
         # Each slot's plan_with, and plan_without here: planned (expected new tokens, nodes verified) of recent
         # steps with the drafter / with lookup alone, per context (greedy or how hot the sampling, and what lookup
@@ -299,6 +302,8 @@ class Auto(BaseStrategy):
         # its tree), the mean of its last calls without stalls (draft_times, catch-ups included: _time_call,
         # drafter_slots.call_cost) once one is timed (cost_known).
         self.plan_without: dict[tuple, tuple[float, float]] = {}
+        # tree shape (parents, sources, ...) -> its nodes' calibration keys and priors (_keys_and_priors), shared by calls
+        self.keys_by_shape: dict[tuple, list] = {}
         self.sampled_confidence = sampled_confidence
         self.tree_sizes: list[int] = []          # nodes verified per step of the current call
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}   # accepted nodes per source, current call
@@ -418,7 +423,18 @@ class Auto(BaseStrategy):
 
     def verify_cost(self, num_nodes: int) -> float:
         """This row's share of a verify forward with num_nodes nodes per row: the forward of
-        batch_size rows is shared by them, while each row's drafting adds to the step alone."""
+        batch_size rows is shared by them, while each row's drafting adds to the step alone. Within a
+        proposal (step_costs) each size is priced once: its plans and judgements ask for the same sizes
+        dozens of times, and the batch size, the profile and cost_scale hold until the step's observe."""
+        memo = self.step_costs
+        if memo is not None:
+            cost = memo.get(num_nodes)
+            if cost is None:
+                cost = memo[num_nodes] = self._verify_cost(num_nodes)
+            return cost
+        return self._verify_cost(num_nodes)
+
+    def _verify_cost(self, num_nodes: int) -> float:
         return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes) / self.batch_size
 
     def propose(self, state: DecodeState) -> CandidateTree:
@@ -444,6 +460,7 @@ class Auto(BaseStrategy):
         """Lookup's paths and their plan; whether the first drafter is called this step. Another drafter that
         the step calls (self.called) drafts here, alone, and propose_end takes its tree (self.side)."""
         self.batch_size = state.batch_size
+        self.step_costs = {}                  # verify_cost's prices for this proposal (until propose_end)
         self.started = None                   # what phase two needs (None: a plain step)
         self.called, self.side = None, None
         speculate, drafter_allowed = self._gate_modes(state)
@@ -614,6 +631,7 @@ class Auto(BaseStrategy):
         self.pending = _Step(merged, lookup_source, keys, keep, neural_tree, time.perf_counter(), context, lookup_alone,
                              slot)
         self.tree_sizes.append(tree.num_nodes)
+        self.step_costs = None
         return tree
 
     # ------------------------------------------------------------------ a batch's width (strategies/batch_width.py)
@@ -719,6 +737,7 @@ class Auto(BaseStrategy):
         self.last_draft_s = None
         self.pending = _Step(tree, [], [], [], tree, time.perf_counter(), (None, 0))
         self.tree_sizes.append(0)
+        self.step_costs = None
         return tree
 
     def finish(self, state: DecodeState) -> None:
@@ -979,14 +998,37 @@ class Auto(BaseStrategy):
     def _estimates(self, tree: CandidateTree, source: list[str], state: DecodeState,
                    neural: str = NEURAL, chain: Sequence[int] = ()) -> tuple[list[float], list]:
         """(acceptance estimate of every node, its (key, confidence): what observe calibrates with)."""
+        if not tree.num_nodes:
+            return [], []
+        keyed = self._keys_and_priors(tree, source, state, neural, chain)
+        return [self.calibrator.estimate(key, conf, prior) for (key, conf), prior in keyed], [pair for pair, _ in keyed]
+
+    def _keys_and_priors(self, tree: CandidateTree, source: list[str], state: DecodeState, neural: str,
+                         chain: Sequence[int]) -> list[tuple[tuple, float]]:
+        """((calibration key, draft confidence), prior estimate) of every node. Without confidences (greedy trees,
+        lookup's, a table's) they follow from the tree's shape and sources alone, so they are kept per shape (a
+        table's tree keeps its shape for many steps): a step then only reads the calibration."""
+        confident = self.sampled_confidence and tree.draft_probs is not None
+        shape = None
+        if not confident:
+            match = self.match_length
+            shape = (tree.parents, tuple(source), neural, tuple(chain), temperature_key(state.sampling.temperature),
+                     state.sampling.greedy, match_bucket(match) if match else None)
+            known = self.keys_by_shape.get(shape)
+            if known is not None:
+                return known
         ranks = source_ranks(tree, source)
         keys = self._node_keys(tree, source, state, neural, chain, ranks)
-        depths = tree.depths()
         prior = PRIOR_ACCEPT if state.sampling.greedy else PRIOR_ACCEPT_SAMPLED
         # a later sibling of its own source is kept less often than the first: a drafter ranks its children, and
         # lookup's later matches are older ones (token_recycling's prior_accept falls the same way)
-        return [self.calibrator.estimate(key, conf, prior[src][min(depth, 1)] / (1 + min(rank, MAX_RANK_KEY)) ** 2)
-                for (key, conf), src, depth, rank in zip(keys, source, depths, ranks[0])], keys
+        keyed = [(pair, prior[src][min(depth, 1)] / (1 + min(rank, MAX_RANK_KEY)) ** 2)
+                 for pair, src, depth, rank in zip(keys, source, tree.depths(), ranks[0])]
+        if shape is not None:
+            if len(self.keys_by_shape) >= SHAPES_KEYED:
+                self.keys_by_shape.clear()
+            self.keys_by_shape[shape] = keyed
+        return keyed
 
     def _calibrate(self, merged: CandidateTree, keys: list, keep: list[int], accepted: list[int]) -> None:
         """Every verified node whose parent was kept was tried: record whether it was kept. (`keep`

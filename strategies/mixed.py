@@ -32,6 +32,8 @@ def merge_paths(tree: CandidateTree, paths: Sequence[Sequence[int]], max_nodes: 
                 ) -> tuple[CandidateTree, list[str]]:
     """(merged tree, source of each node: NEURAL or LOOKUP). The tree's draft_probs, if any, get a
     one-hot row per lookup node; lookup nodes beyond max_nodes (in all) are dropped."""
+    if not paths:                                # nothing to merge: the tree itself (no read of its tokens)
+        return tree, [NEURAL] * tree.num_nodes
     tokens, parents = merge_into_trie(tree.tokens.tolist(), tree.parents, paths, max_nodes)
     added = len(tokens) - tree.num_nodes
     source = [NEURAL] * tree.num_nodes + [LOOKUP] * added
