@@ -288,7 +288,9 @@ class Auto(BaseStrategy):
         self.profile = profile
         self.profile_context, self.profile_repeats = int(profile_context), int(profile_repeats)
         self.cost_scale = 1.0                 # observed step time / profiled verify time (context, load)
-        self.step_costs: dict[int, float] | None = None   # verify_cost's prices within a proposal, else None
+        # within a proposal, (cost_scale, batch size, the profile's costs listed): verify_cost's prices; else None
+        self.step_costs: tuple[float, int, list[float]] | None = None
+        self.listed_costs: tuple[CostProfile, list[float]] | None = None   # (a profile, its costs: _listed_costs)
         self.adapt_costs = adapt_costs        # False: plan with the profile and draft_cost_s as given (tests)
         # Each slot's plan_with, and plan_without here: planned (expected new tokens, nodes verified) of recent
         # steps with the drafter / with lookup alone, per context (greedy or how hot the sampling, and what lookup
@@ -424,15 +426,22 @@ class Auto(BaseStrategy):
     def verify_cost(self, num_nodes: int) -> float:
         """This row's share of a verify forward with num_nodes nodes per row: the forward of
         batch_size rows is shared by them, while each row's drafting adds to the step alone. Within a
-        proposal (step_costs) each size is priced once: its plans and judgements ask for the same sizes
-        dozens of times, and the batch size, the profile and cost_scale hold until the step's observe."""
-        memo = self.step_costs
-        if memo is not None:
-            cost = memo.get(num_nodes)
-            if cost is None:
-                cost = memo[num_nodes] = self._verify_cost(num_nodes)
-            return cost
+        proposal (step_costs) the profile's costs are read from a list made once per profile: a step's plans
+        and judgements ask for them dozens of times, and the batch size, the profile and cost_scale hold
+        until the step's observe."""
+        step = self.step_costs
+        if step is not None:
+            scale, batch, listed = step
+            if type(num_nodes) is int and num_nodes < len(listed):    # a plan's mean size (a float) is interpolated
+                return scale * listed[num_nodes] / batch
         return self._verify_cost(num_nodes)
+
+    def _listed_costs(self, profile: CostProfile) -> list[float]:
+        """profile.verify_cost(n) for n = 0 .. max_nodes, listed once per profile."""
+        listed = self.listed_costs
+        if listed is None or listed[0] is not profile:
+            listed = self.listed_costs = (profile, [profile.verify_cost(n) for n in range(self.max_nodes + 1)])
+        return listed[1]
 
     def _verify_cost(self, num_nodes: int) -> float:
         return self.cost_scale * self.costs_at(self.batch_size).verify_cost(num_nodes) / self.batch_size
@@ -460,12 +469,13 @@ class Auto(BaseStrategy):
         """Lookup's paths and their plan; whether the first drafter is called this step. Another drafter that
         the step calls (self.called) drafts here, alone, and propose_end takes its tree (self.side)."""
         self.batch_size = state.batch_size
-        self.step_costs = {}                  # verify_cost's prices for this proposal (until propose_end)
         self.started = None                   # what phase two needs (None: a plain step)
         self.called, self.side = None, None
         speculate, drafter_allowed = self._gate_modes(state)
         if not speculate:
             return False
+        # verify_cost's prices for this proposal (until propose_end)
+        self.step_costs = (self.cost_scale, self.batch_size, self._listed_costs(self.costs_at(self.batch_size)))
         self.step += 1
         paths, lookup_nodes = [], 0
         self.match_length = None

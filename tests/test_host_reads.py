@@ -36,6 +36,8 @@ from specdec.batch import BatchVerifier
 from specdec.compiled import padded_parents
 from specdec.tree import is_chain, with_pending_root
 
+pytestmark = pytest.mark.usefixtures("gpu_paths")   # a GPU's budget (conftest.gpu_paths)
+
 TARGET = tiny_model("llama", seed=0, sharpen=4.0)
 DRAFT = noisy_copy(TARGET, 0.3)
 PROMPT = [5, 17, 33, 9, 41, 60, 70, 5, 17, 33, 9, 41, 60]     # repeats itself: prompt lookup proposes

@@ -33,6 +33,8 @@ from specdec.strategies.prompt_lookup import PromptLookup
 from specdec.strategies.token_recycling import TokenRecycling
 from specdec.strategies.lookahead import Lookahead
 
+pytestmark = pytest.mark.usefixtures("gpu_paths")   # a GPU's budget (conftest.gpu_paths)
+
 TARGET = tiny_model("llama", seed=1, sharpen=4.0)
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 10, 11]
 MODES = {"greedy": dict(temperature=0.0), "coupled": dict(temperature=0.8, sampler="coupled"),

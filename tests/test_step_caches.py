@@ -98,6 +98,7 @@ def test_verify_prices_hold_within_a_proposal_only():
 
     def spied_end(self, state, tree, drafted_s):
         priced = self.verify_cost(8)
+        assert priced == self._verify_cost(8) and self.verify_cost(2.5) == self._verify_cost(2.5)
         self.cost_scale *= 2.0                  # mid-proposal: not seen before the next one
         prices.append((priced, self.verify_cost(8)))
         self.cost_scale /= 2.0

@@ -16,7 +16,7 @@ from specdec.errors import ConfigError
 from specdec.sampling import SamplingParams, TorchRandom
 from specdec.strategies.base import BaseStrategy
 from specdec.strategies.token_recycling import (Shape, TokenRecycling, best_first, breadth_first, draft_tokens,
-                                                plan_shape, recycle, shape_index)
+                                                gathered_tokens, plan_shape, reads_on_host, recycle, shape_index)
 from specdec.tree import CandidateTree
 from specdec.types import DecodeState, StepResult
 from specdec.verifier import Verifier
@@ -116,6 +116,22 @@ def test_the_tree_is_filled_breadth_first_from_the_table():
         held.append(int(table[parent_token, rank]))
     assert tokens == held == [20, 21, 0, 2, 11, 0, 11]
 
+
+
+def test_a_cpu_table_read_on_the_host_drafts_what_the_device_gather_drafts():
+    """On a CPU the tree is read from the table node by node on the host (reads_on_host); it holds what the
+    per-level gather that other devices run holds, over random tables and random breadth-first shapes."""
+    generator = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        vocab, k = 5 + trial, 1 + trial % 4
+        table = torch.randint(0, vocab, (vocab, k), generator=generator)
+        parents, ranks, _ = best_first(lambda depth, rank: 0.9 / (1 + rank + depth), k, 1 + trial % 13, 1 + trial % 5)
+        index = shape_index(breadth_first(parents, ranks, list(range(len(parents)))), "cpu")
+        pending = torch.randint(0, vocab, (1,), generator=generator)
+        assert reads_on_host(table)
+        on_host = draft_tokens(table, pending, index)
+        assert on_host.dtype == torch.long and on_host.shape == (len(parents),)
+        assert on_host.tolist() == gathered_tokens(table, pending, index).tolist()
 
 def test_best_first_then_breadth_first_order():
     """The planner's nodes are the rank paths of highest reach; the shape lists them level by level,

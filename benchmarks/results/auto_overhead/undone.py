@@ -1,12 +1,14 @@
 """This change's per-step savings undone, for benchmarks/results/auto_gate/rows.py's old_* rows (PATCH=this file):
 the empty tree made anew, a select of every node and a merge of no paths doing the work they did at 65e125a, every
-tree's keys computed afresh, verify_cost not kept within a proposal."""
+tree's keys computed afresh, verify_cost not read from a list within a proposal, a CPU's token table read by a gather
+per level (as on a GPU)."""
 import contextlib
 from unittest import mock
 
 import torch
 
 import specdec.strategies.auto as auto_module
+import specdec.strategies.token_recycling as recycling_module
 from specdec.strategies.auto import Auto
 from specdec.tree import CandidateTree, host_to_device, merge_into_trie
 
@@ -39,5 +41,6 @@ def undone():
                               classmethod(lambda cls, device="cpu": cls(torch.empty(0, dtype=torch.long, device=device), ()))), \
             mock.patch.object(auto_module, "merge_paths", old_merge_paths), \
             mock.patch.object(Auto, "_estimates", old_estimates), \
-            mock.patch.object(Auto, "verify_cost", Auto._verify_cost):
+            mock.patch.object(Auto, "verify_cost", Auto._verify_cost), \
+            mock.patch.object(recycling_module, "reads_on_host", lambda table: False):
         yield
