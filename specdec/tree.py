@@ -23,7 +23,7 @@ WITHOUT_REPLACEMENT = "without_replacement"
 SIBLING_MODES = (INDEPENDENT, WITHOUT_REPLACEMENT)
 
 
-_EMPTY_TREES: dict = {}      # device (as given) -> CandidateTree.empty's tree
+_EMPTY_TREES: dict = {}      # device named in full (as given) -> CandidateTree.empty's tree
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,16 @@ class CandidateTree:
     # ------------------------------------------------------------------ builders
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> "CandidateTree":
-        """The tree of no nodes (a plain step), one per device: it holds nothing to change, and a step asks
-        for it several times."""
+        """The tree of no nodes (a plain step), one per device named in full (the CPU, or an accelerator with its
+        index): it holds nothing to change, and a step asks for it several times. A device named without its
+        index ("cuda") means whichever is current, so its tree is made anew."""
         tree = _EMPTY_TREES.get(device)
         if tree is None:
             with torch.inference_mode(False):     # a normal tensor: usable inside and outside inference mode
-                tree = _EMPTY_TREES[device] = cls(torch.empty(0, dtype=torch.long, device=device), ())
+                tree = cls(torch.empty(0, dtype=torch.long, device=device), ())
+            named = None if device is None else torch.device(device)
+            if named is not None and (named.type == "cpu" or named.index is not None):
+                _EMPTY_TREES[device] = tree
         return tree
 
     @classmethod

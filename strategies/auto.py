@@ -386,6 +386,7 @@ class Auto(BaseStrategy):
         learns across calls). Learned scalars (cost_scale, draft_cost_s) evolve in the copy alone."""
         from .base import per_call
         twin = copy.copy(self)
+        twin.step_costs = None
         twin.lookup = per_call(self.lookup) if self.lookup is not None else None
         twin.slots = [slot.for_call(None if slot.drafter is None else per_call(slot.drafter)) for slot in self.slots]
         return twin
@@ -408,6 +409,7 @@ class Auto(BaseStrategy):
         self.accepted_nodes = {NEURAL: 0, LOOKUP: 0}
         self.step = 0
         self.called, self.side = None, None
+        self.step_costs = None                # a proposal an error cut short leaves no prices behind
         self.pending = None                   # what propose decided, for observe
         self.started = None                   # propose_start's lookup plan, for propose_end
         self.gate_row = next(_ROW_IDS)
@@ -432,7 +434,7 @@ class Auto(BaseStrategy):
         step = self.step_costs
         if step is not None:
             scale, batch, listed = step
-            if type(num_nodes) is int and num_nodes < len(listed):    # a plan's mean size (a float) is interpolated
+            if type(num_nodes) is int and 0 <= num_nodes < len(listed):    # a plan's mean size (a float) is interpolated
                 return scale * listed[num_nodes] / batch
         return self._verify_cost(num_nodes)
 

@@ -215,7 +215,7 @@ def draft_tokens(table: torch.Tensor, pending: torch.Tensor, index: ShapeIndex) 
         held = [int(pending)]                              # the pending token, then each node's token
         for parent_row, rank in index.host:
             held.append(int(rows[held[parent_row], rank]))
-        return torch.tensor(held[1:], dtype=torch.long)
+        return torch.tensor(held[1:], dtype=torch.long, device=table.device)
     return gathered_tokens(table, pending, index)
 
 
@@ -358,7 +358,8 @@ class TokenRecycling(BaseStrategy):
         return (self._tokens(shape, state).tolist(), shape.parents) if shape.parents else ([], ())
 
     def _tokens(self, shape: Shape, state: DecodeState) -> torch.Tensor:
-        """[N] the tokens of a non-empty `shape`, read from the table below the pending token (on the device)."""
+        """[N] the tokens of a non-empty `shape`, read from the table below the pending token (draft_tokens), on
+        the table's device."""
         pending = state.pending if state.pending is not None else host_to_device([state.token_ids[-1]], self.device)
         return draft_tokens(self.table, pending.to(self.device), self.index(shape))
 

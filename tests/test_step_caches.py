@@ -54,7 +54,9 @@ def test_kept_keys_are_the_keys_computed_afresh():
         fresh = Auto(PromptLookup(), None, costs=LINEAR, profile=False)
         kept.match_length = fresh.match_length = match
         expected = fresh._keys_and_priors(tree, source, state, neural, chain)
-        assert kept._keys_and_priors(tree, source, state, neural, chain) == expected
+        again = kept._keys_and_priors(tree, source, state, neural, chain)
+        assert again == expected
+        assert again is kept._keys_and_priors(tree, source, state, neural, chain)     # read from what was kept
         assert [pair for pair, _ in expected] == fresh._node_keys(tree, source, state, neural, chain)
 
 
@@ -130,6 +132,9 @@ def test_select_of_every_node_is_the_tree_itself():
 def test_the_empty_tree_is_one_per_device_and_works_in_and_out_of_inference_mode():
     empty = CandidateTree.empty("cpu")
     assert CandidateTree.empty("cpu") is empty and empty.num_nodes == 0 and empty.tokens.dtype == torch.long
+    assert CandidateTree.empty(torch.device("cpu")).tokens.device == empty.tokens.device
+    meta = CandidateTree.empty("meta")          # a device named without an index: made anew each time
+    assert meta.tokens.device.type == "meta" and CandidateTree.empty("meta") is not meta
     with torch.inference_mode():
         assert CandidateTree.empty("cpu") is empty
     grown = torch.cat([empty.tokens, torch.tensor([7])])

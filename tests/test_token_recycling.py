@@ -125,6 +125,8 @@ def test_a_cpu_table_read_on_the_host_drafts_what_the_device_gather_drafts():
     for trial in range(40):
         vocab, k = 5 + trial, 1 + trial % 4
         table = torch.randint(0, vocab, (vocab, k), generator=generator)
+        if trial % 2:                                   # a view of another layout: read as it is laid out
+            table = torch.randint(0, vocab, (k, vocab), generator=generator).t()
         parents, ranks, _ = best_first(lambda depth, rank: 0.9 / (1 + rank + depth), k, 1 + trial % 13, 1 + trial % 5)
         index = shape_index(breadth_first(parents, ranks, list(range(len(parents)))), "cpu")
         pending = torch.randint(0, vocab, (1,), generator=generator)
