@@ -215,7 +215,7 @@ def draft_tokens(table: torch.Tensor, pending: torch.Tensor, index: ShapeIndex) 
         held = [int(pending)]                              # the pending token, then each node's token
         for parent_row, rank in index.host:
             held.append(int(rows[held[parent_row], rank]))
-        return torch.tensor(held[1:], dtype=torch.long, device=table.device)
+        return host_to_device(held[1:], table.device)                  # on the host already: no copy
     return gathered_tokens(table, pending, index)
 
 
