@@ -313,8 +313,7 @@ class DraftModel(TableChained, BaseStrategy):
         return trees
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        if self.chain is not None:
-            self.chain.observe(result)
+        self.observe_chain(result)
         fed = set(self.fed_nodes)
         kept = [node for node in result.accepted if node in fed]     # a leading part of the path
         position = {node: i for i, node in enumerate(self.fed_nodes)}

@@ -228,8 +228,7 @@ class Eagle(TableChained, BaseStrategy):
         return score
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        if self.chain is not None:
-            self.chain.observe(result)
+        self.observe_chain(result)
         self.unfed.append(result.hidden)               # [1 + accepted, F]: the pending row, then the accepted
         self.root = None
         # the rows' next tokens on the device: the accepted path's, then the new pending one. Only where this

@@ -34,7 +34,7 @@ from .token_recycling import recycle
 class TableChained:
     """What a drafter whose greedy trees a table chain may continue (eagle, medusa, draft_model) has of it: the
     chain's settings (ask_table_chain, at construction), this call's chain (start_chain, at reset), the tree with
-    the chain (chained), the nodes it added (chain_nodes). The drafter's observe feeds the chain its steps."""
+    the chain (chained), the nodes it added (chain_nodes); the drafter's observe feeds it each step (observe_chain)."""
     table_chain = 0
     chain: "LeafChain | None" = None
 
@@ -60,6 +60,11 @@ class TableChained:
     def chain_nodes(self) -> range:
         """The node indices of the last proposed tree that the table chain added (auto calibrates them apart)."""
         return range(0) if self.chain is None else self.chain.nodes
+
+    def observe_chain(self, result: StepResult) -> None:
+        """The step's verdict to this call's chain, where there is one (its table learns the step's rows)."""
+        if self.chain is not None:
+            self.chain.observe(result)
 
 
 class LeafChain:

@@ -289,8 +289,7 @@ class Medusa(TableChained, BaseStrategy):
         return sampled_tree(root_probs, next_probs, depth, budget, self.top_k, state.rng)
 
     def observe(self, state: DecodeState, result: StepResult) -> None:
-        if self.chain is not None:
-            self.chain.observe(result)
+        self.observe_chain(result)
         self.last_hidden = result.hidden[-1]            # [H] the row that produced the new pending token
 
 

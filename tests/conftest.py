@@ -150,13 +150,13 @@ def _restore_specdec_logger():
     logger.setLevel(level)
 
 
-
 @pytest.fixture
 def gpu_paths(monkeypatch):
     """The paths a GPU runs where a CPU takes a cheaper one: the host-sync counters (tests/host_reads.py) hold
     a GPU's budget, and on a CPU the token table is read on the host
     (specdec.strategies.token_recycling.reads_on_host), which on a GPU would be a sync."""
     monkeypatch.setattr("specdec.strategies.token_recycling.reads_on_host", lambda table: False)
+
 
 @pytest.fixture(params=ARCHITECTURES)
 def arch(request):

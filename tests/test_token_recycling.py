@@ -117,7 +117,6 @@ def test_the_tree_is_filled_breadth_first_from_the_table():
     assert tokens == held == [20, 21, 0, 2, 11, 0, 11]
 
 
-
 def test_a_cpu_table_read_on_the_host_drafts_what_the_device_gather_drafts():
     """On a CPU the tree is read from the table node by node on the host (reads_on_host); it holds what the
     per-level gather that other devices run holds, over random tables and random breadth-first shapes."""
@@ -134,6 +133,7 @@ def test_a_cpu_table_read_on_the_host_drafts_what_the_device_gather_drafts():
         on_host = draft_tokens(table, pending, index)
         assert on_host.dtype == torch.long and on_host.shape == (len(parents),)
         assert on_host.tolist() == gathered_tokens(table, pending, index).tolist()
+
 
 def test_best_first_then_breadth_first_order():
     """The planner's nodes are the rank paths of highest reach; the shape lists them level by level,
