@@ -217,7 +217,20 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
             parts.append("packed")
     if verified_on_chains(target):        # timed on chains (random_prompt_and_trees), not binary trees
         parts.append("chains")
+    held = held_cpu_kernels() if target.device.type == "cpu" else {}
+    if held:                              # and keys of the kernels the CPU has: a profile measured with them is
+        parts.append(["kernels", held])   # not what kernels held to an older instruction set cost, nor the reverse
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+# what holds PyTorch's CPU kernels (ATen's own, oneDNN's, MKL's) to an instruction set below the CPU's, read once
+# at start-up by each library: a run so held costs what an older CPU would, so it keeps profiles of its own
+HELD_KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def held_cpu_kernels() -> dict[str, str]:
+    """{variable: value} of the HELD_KERNEL_VARIABLES set (to anything but empty) in this process's environment."""
+    return {name: os.environ[name] for name in HELD_KERNEL_VARIABLES if os.environ.get(name)}
 
 
 def profile_dir() -> str:

@@ -3,7 +3,8 @@ written (the profile measured in memory is used, with one warning; `specdec prof
 could not store it), a measurement that waited for a busy CPU (used, never stored; a stored one
 is measured again), profile files of the wrong shape (re-measured, with a warning naming the
 file), and the arguments of `measure_verify_costs` / `Auto(...)` that have no meaning (refused,
-named, never clamped)."""
+named, never clamped). A run whose CPU kernels are held to an older instruction set keeps profiles of
+its own."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ import warnings
 import pytest
 
 from conftest import char_tokenizer, tiny_model
-from specdec.costmodel import (check_profile, load_or_measure, measure_verify_costs, profile_dir,
-                               profile_key, profile_path)
+from specdec.costmodel import (HELD_KERNEL_VARIABLES, check_profile, load_or_measure, measure_verify_costs,
+                               profile_dir, profile_key, profile_path)
 from specdec.errors import ConfigError
 from specdec.strategies.auto import Auto
 
@@ -215,3 +216,22 @@ def test_auto_constructor_refuses_what_the_config_refuses(argument, value, phras
 def test_auto_constructor_keeps_valid_values():
     strategy = Auto(None, None, profile=False, explore_every=1, calibration_prior=1e-3, profile_repeats=1, max_nodes=0)
     assert strategy.explore_every == 1 and strategy.profile_repeats == 1 and strategy.max_nodes == 0
+
+
+# ---------------------------------------------------------------------- kernels held to an older instruction set
+def test_kernels_held_below_the_cpu_key_a_profile_of_their_own(model, monkeypatch):
+    """ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA or MKL_ENABLE_INSTRUCTIONS make a forward cost what an older CPU's
+    does: a profile measured without them is not read with them, nor one held to AVX2 with one held otherwise.
+    With none set (or set empty) the key is the one profiles on disk were stored under."""
+    for name in HELD_KERNEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    plain = profile_key(model, SIZES, 16)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "")
+    assert profile_key(model, SIZES, 16) == plain
+    keys = {plain}
+    for name, value in (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2")):
+        monkeypatch.setenv(name, value)
+        key = profile_key(model, SIZES, 16)
+        assert key not in keys, f"{name}={value} left the profile's key as it was"
+        assert profile_key(model, SIZES, 16) == key
+        keys.add(key)
