@@ -5,7 +5,8 @@ then forwards of [pending token] + a tree of n nodes (a binary tree: it needs th
 the trees `auto` sends do) for every n up to the planner's ceiling, `repeats` rounds over all sizes,
 the median kept; the cache is rolled back after each forward. `load_or_measure` caches the result
 on disk, keyed by the target's fingerprint, device, dtype, torch thread count, sizes and context
-length ($SPECDEC_HOME/profiles, else ~/.cache/specdec/profiles); `specdec profile` redoes it. A file
+length, and on a CPU any hold on its kernels' instruction set (held_cpu_kernels)
+($SPECDEC_HOME/profiles, else ~/.cache/specdec/profiles); `specdec profile` redoes it. A file
 that is not a valid profile (check_profile) is measured again; a folder that cannot be written leaves
 the profile measured in memory, with a warning (measured again at every load).
 
@@ -199,7 +200,8 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
                 row_linear: int = 0) -> str:
     """What a profile depends on: the target's weights (heads.io's fingerprint), device, dtype,
     torch threads, sizes, context length, batch, whether the verifier is compiled and its
-    row_linear setting (and whether its weights are packed: specdec.row_linear)."""
+    row_linear setting (and whether its weights are packed: specdec.row_linear), and on a CPU the
+    variables holding its kernels to an older instruction set (held_cpu_kernels)."""
     from .heads.io import target_identity
     from .models import verified_on_chains
     from .row_linear import packs
@@ -218,19 +220,23 @@ def profile_key(target, sizes: Sequence[int], context_len: int, batch: int = 1, 
     if verified_on_chains(target):        # timed on chains (random_prompt_and_trees), not binary trees
         parts.append("chains")
     held = held_cpu_kernels() if target.device.type == "cpu" else {}
-    if held:                              # and keys of the kernels the CPU has: a profile measured with them is
-        parts.append(["kernels", held])   # not what kernels held to an older instruction set cost, nor the reverse
+    if held:                              # likewise keys with no hold set: a profile measured with the CPU's own
+        parts.append(["kernels", held])   # kernels does not price ones held to an older instruction set, or the reverse
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-# what holds PyTorch's CPU kernels (ATen's own, oneDNN's, MKL's) to an instruction set below the CPU's, read once
-# at start-up by each library: a run so held costs what an older CPU would, so it keeps profiles of its own
+# what holds PyTorch's CPU kernels (ATen's own, oneDNN's under its new and old names, MKL's) to an instruction set
+# below the CPU's: a run so held costs what an older CPU would, so it keeps profiles of its own. Each library reads
+# its variable once, at start-up, so the key follows the environment as the process found it (set them before
+# starting Python, as one must for them to act at all)
 HELD_KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def held_cpu_kernels() -> dict[str, str]:
-    """{variable: value} of the HELD_KERNEL_VARIABLES set (to anything but empty) in this process's environment."""
-    return {name: os.environ[name] for name in HELD_KERNEL_VARIABLES if os.environ.get(name)}
+    """{variable: value} of the HELD_KERNEL_VARIABLES set (to anything but blanks) in this process's environment,
+    values stripped and lower-cased (the libraries read "AVX2" and "avx2" alike)."""
+    held = {name: os.environ.get(name, "").strip().lower() for name in HELD_KERNEL_VARIABLES}
+    return {name: value for name, value in held.items() if value}
 
 
 def profile_dir() -> str:

@@ -12,8 +12,10 @@ import math
 import warnings
 
 import pytest
+import torch
 
 from conftest import char_tokenizer, tiny_model
+from specdec import costmodel
 from specdec.costmodel import (HELD_KERNEL_VARIABLES, check_profile, load_or_measure, measure_verify_costs,
                                profile_dir, profile_key, profile_path)
 from specdec.errors import ConfigError
@@ -219,19 +221,48 @@ def test_auto_constructor_keeps_valid_values():
 
 
 # ---------------------------------------------------------------------- kernels held to an older instruction set
+def key_parts(model, monkeypatch) -> list:
+    """What profile_key hashes for the model (SIZES, context 16), caught on its way to the hash."""
+    caught = []
+    real_dumps = costmodel.json.dumps
+    monkeypatch.setattr(costmodel.json, "dumps", lambda parts, **kw: caught.append(parts) or real_dumps(parts, **kw))
+    profile_key(model, SIZES, 16)
+    monkeypatch.setattr(costmodel.json, "dumps", real_dumps)
+    return caught[-1]
+
+
 def test_kernels_held_below_the_cpu_key_a_profile_of_their_own(model, monkeypatch):
-    """ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA or MKL_ENABLE_INSTRUCTIONS make a forward cost what an older CPU's
-    does: a profile measured without them is not read with them, nor one held to AVX2 with one held otherwise.
-    With none set (or set empty) the key is the one profiles on disk were stored under."""
+    """ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA (DNNL_MAX_CPU_ISA) or MKL_ENABLE_INSTRUCTIONS make a forward cost what
+    an older CPU's does: a profile measured without them is not read with them, nor one held one way with one held
+    another (two values of one variable, or two variables). With none set, or set blank, the key hashes what it
+    hashed before holds were keyed (profiles on disk stay valid); a value's case and spaces do not matter."""
     for name in HELD_KERNEL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    parts = key_parts(model, monkeypatch)
+    assert not any(isinstance(part, list) and part[:1] == ["kernels"] for part in parts), parts
     plain = profile_key(model, SIZES, 16)
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "  ")
     assert profile_key(model, SIZES, 16) == plain
     keys = {plain}
-    for name, value in (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2")):
+    for name, value in (("ATEN_CPU_CAPABILITY", "avx2"), ("ATEN_CPU_CAPABILITY", "default"),
+                        ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("DNNL_MAX_CPU_ISA", "AVX2"),
+                        ("MKL_ENABLE_INSTRUCTIONS", "AVX2")):
         monkeypatch.setenv(name, value)
         key = profile_key(model, SIZES, 16)
         assert key not in keys, f"{name}={value} left the profile's key as it was"
-        assert profile_key(model, SIZES, 16) == key
+        monkeypatch.setenv(name, f" {value.swapcase()} ")
+        assert profile_key(model, SIZES, 16) == key, f"{name}: case or spaces changed the key"
         keys.add(key)
+
+
+def test_held_kernels_do_not_key_a_profile_off_the_cpu(model, monkeypatch):
+    """The holds act on CPU kernels only: a target on another device keys its profile as before whatever they say."""
+    class Elsewhere:              # the model as profile_key reads it, but on a device that is not a CPU
+        def __getattr__(self, name):
+            return getattr(model, name)
+        device = torch.device("meta")
+    for name in HELD_KERNEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    before = profile_key(Elsewhere(), SIZES, 16)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert profile_key(Elsewhere(), SIZES, 16) == before
