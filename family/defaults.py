@@ -40,7 +40,7 @@ def apply_default_paths(cfg):
     saying so (a warning of the "specdec" logger: on stderr unless logging says otherwise) when it has
     to be built first. Returns the family (its folders: target, draft, tokenizer, ...)."""
     family = built_family("specdec: no target.path given, so specdec uses its small embedded default model family, "
-                          "which is not built yet: building it now (once, about 5 minutes on a 2-core CPU). "
+                          "which is not built yet: building it now (once, a few minutes on a 2-core CPU). "
                           "Give target.path=/path/to/checkpoint to use your own model instead.")
     cfg.target.path = family.target
     if cfg.draft.path is None:
@@ -65,7 +65,7 @@ def training_defaults(cfg) -> dict:
     if cfg.target:
         return {}
     family = built_family("specdec: no target given, so the drafter is trained for specdec's small embedded default "
-                          "model family, which is not built yet: building it now (once, about 5 minutes on a 2-core "
+                          "model family, which is not built yet: building it now (once, a few minutes on a 2-core "
                           "CPU). Give target=/path/to/checkpoint to train one for your own model instead.")
     filled = {"target": family.target}
     if "draft" in cfg and cfg.draft is None:
