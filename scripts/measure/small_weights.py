@@ -1,8 +1,9 @@
 """Small linear weights (below specdec.row_linear.CACHED_WEIGHT) twinned or left alone, two ways:
 
   kernels  each product of a small layer of the default family's target as it was before c7df314 (128 x 8:
-           128 x 128, 344 x 128, 128 x 344), and of its 2048 x 128 output layer, at 1 to 9 rows: PyTorch's own (F.linear), the twin's
-           weight @ input.T and oneDNN's on a packed copy; microseconds, medians of 5 rounds
+           128 x 128, 344 x 128, 128 x 344), and of its 2048 x 128 output layer, at 1 to 9 rows: PyTorch's
+           own (F.linear), the twin's weight @ input.T and oneDNN's on a packed copy; microseconds, medians of
+           5 rounds
   generate the demo's prompt completed by each strategy with its Speculator built twice in one process:
            small layers twinned as before ("old": every float32 linear layer) and left alone ("new", the
            rule now); every Speculator's call in turn, rounds interleaved, the median tokens/s kept
