@@ -1,4 +1,5 @@
-"""Per kind of step (the slot auto called: eagle, the table, none), steps, tokens kept a step and nodes, in auto's default (EAGLE + table)."""
+"""Per kind of step (the slot auto called: eagle, the table, none), steps, tokens kept a step and nodes, in auto's
+default (EAGLE + table). demo: the demo's prompt, or the file PROMPT_FILE names."""
 import os, sys, time, statistics, collections, torch, specdec, yaml
 sys.path.insert(0, os.getcwd())
 from specdec.strategies import auto as A
@@ -17,7 +18,7 @@ if which == "demo":
     from specdec.family.demo import choose_models, load_overrides, DEFAULT_PROMPT
     torch.set_num_threads(1)
     models = choose_models(None, None, None, None, None, [], None)
-    prompts = [DEFAULT_PROMPT]
+    prompts = [open(os.environ["PROMPT_FILE"]).read() if os.environ.get("PROMPT_FILE") else DEFAULT_PROMPT]
     def over(n): return load_overrides(n, models, "cpu")
 else:
     torch.set_num_threads(2)
